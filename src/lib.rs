@@ -1,0 +1,1 @@
+//! Workspace-level examples, benchmarks and integration tests live beside this file.
