@@ -1,0 +1,29 @@
+//! Per-chip facts of the Rockchip NPU matmul API, in one place: which matmul types each chip
+//! accepts, K/N alignment and limits, native-layout tile sizes, the K segmentation of native
+//! B, int4 packing, and the `io_attr` descriptors the runtime reports.
+//!
+//! The RKNN emulator (`rknn-emu`) uses these tables to enforce and compute; the safe layer
+//! (`rknn-matmul`) uses them to validate before any FFI call and to pack A / unpack C on the
+//! engine's hot path. One source of truth keeps the two from drifting apart.
+//!
+//! Facts are labelled as in the project's fact sheet (`docs/hardware-facts.md`): [doc]
+//! Rockchip's documentation, [hw] measured on boards, [open] unsettled. [open] items are
+//! documented defaults, never presented as fact, and [`ShapeRules`] makes the disputed limits
+//! configurable.
+//!
+//! ```
+//! use rknn_chip::{check_kn, MatmulType, Platform, ShapeRules};
+//! let p = Platform::Rk3588;
+//! let err = check_kn(p, &ShapeRules::accepted(p), MatmulType::I8_I8_I32, 64, 100).unwrap_err();
+//! assert_eq!(err.to_string(), "N=100 is not a multiple of 32 required for i8 on RK3588");
+//! assert!(!p.accepts(MatmulType::F16_I4_F32)); // no weight-only int4 on RK3588
+//! ```
+
+mod dtype;
+pub mod layout;
+mod platform;
+mod rules;
+
+pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
+pub use platform::{Platform, ShapeRules, Tiles, UnknownPlatform};
+pub use rules::{check_kn, check_type, parse_info, Dim, MatmulConfig, RuleViolation};
