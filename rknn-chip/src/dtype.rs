@@ -133,7 +133,11 @@ impl MatmulType {
     /// are the larger. For the mixed types (RK3576) which operand governs is [open]; the
     /// stricter choice is taken.
     pub fn align_kind(self) -> ElemKind {
-        if self.a.bits() <= self.b.bits() { self.a } else { self.b }
+        if self.a.bits() <= self.b.bits() {
+            self.a
+        } else {
+            self.b
+        }
     }
 
     /// Whether every operand is an integer, so the result is exact (no rounding anywhere).
@@ -146,7 +150,14 @@ impl MatmulType {
 
 impl std::fmt::Display for MatmulType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({} x {} -> {})", self.c_name(), self.a, self.b, self.c)
+        write!(
+            f,
+            "{} ({} x {} -> {})",
+            self.c_name(),
+            self.a,
+            self.b,
+            self.c
+        )
     }
 }
 
@@ -211,7 +222,10 @@ impl QuantType {
             4 | 5 => QuantGranularity::PerGroup,
             _ => return None,
         };
-        Some(QuantType { granularity, asymmetric: raw % 2 == 1 })
+        Some(QuantType {
+            granularity,
+            asymmetric: raw % 2 == 1,
+        })
     }
 
     /// The `rknn_matmul_quant_type` value.

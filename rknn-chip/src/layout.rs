@@ -70,7 +70,13 @@ impl NativeB {
             }
             _ => padded.max(sk),
         };
-        NativeB { k, n, sn, sk, segment }
+        NativeB {
+            k,
+            n,
+            sn,
+            sk,
+            segment,
+        }
     }
 
     /// Total elements.
@@ -96,7 +102,10 @@ impl NativeB {
         let k1 = ks.div_ceil(self.sk);
         let n_pad = self.n.div_ceil(self.sn) * self.sn;
         let kl = k % self.segment;
-        s * n_pad * self.segment + ((n / self.sn) * k1 + kl / self.sk) * self.sn * self.sk + (n % self.sn) * self.sk + kl % self.sk
+        s * n_pad * self.segment
+            + ((n / self.sn) * k1 + kl / self.sk) * self.sn * self.sk
+            + (n % self.sn) * self.sk
+            + kl % self.sk
     }
 
     /// Calls `f(k0, n, range)` for every run of `sk` (or fewer, at the end of K) elements of one
@@ -246,19 +255,45 @@ pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
     let d = |name, dims: &[usize], kind, layout| {
         let mut all = [0; 4];
         all[..dims.len()].copy_from_slice(dims);
-        TensorDesc { name, dims: all, n_dims: dims.len(), kind, layout }
+        TensorDesc {
+            name,
+            dims: all,
+            n_dims: dims.len(),
+            kind,
+            layout,
+        }
     };
     let a = match cfg.ac_layout {
-        Layout::Native => d("A", &[k.div_ceil(tiles.a_k), m, tiles.a_k], t.a, Layout::Native),
+        Layout::Native => d(
+            "A",
+            &[k.div_ceil(tiles.a_k), m, tiles.a_k],
+            t.a,
+            Layout::Native,
+        ),
         _ => d("A", &[m, k], t.a, Layout::Norm),
     };
     let b = match cfg.b_layout {
-        Layout::Native => d("B", &[n.div_ceil(tiles.b_n), k.div_ceil(tiles.b_k), tiles.b_n, tiles.b_k], t.b, Layout::Native),
+        Layout::Native => d(
+            "B",
+            &[
+                n.div_ceil(tiles.b_n),
+                k.div_ceil(tiles.b_k),
+                tiles.b_n,
+                tiles.b_k,
+            ],
+            t.b,
+            Layout::Native,
+        ),
         Layout::TpNorm => d("B", &[n, k], t.b, Layout::TpNorm),
         Layout::Norm => d("B", &[k, n], t.b, Layout::Norm),
     };
     let c = match cfg.ac_layout {
-        Layout::Native => d("C", &[n.div_ceil(tiles.c_n), m, tiles.c_n], t.c, Layout::Native),
+        Layout::Native => d(
+            "C",
+            &[n.div_ceil(tiles.c_n), m, tiles.c_n],
+            t.c,
+            Layout::Native,
+        ),
         _ => d("C", &[m, n], t.c, Layout::Norm),
     };
     [a, b, c]
@@ -267,5 +302,11 @@ pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
 /// The native-B geometry of a configuration on a chip (tiles and segment size).
 pub fn native_b_geometry(platform: Platform, t: MatmulType, k: usize, n: usize) -> Option<NativeB> {
     let tiles = platform.tiles(t)?;
-    Some(NativeB::new(k, n, tiles.b_n, tiles.b_k, platform.k_segment()))
+    Some(NativeB::new(
+        k,
+        n,
+        tiles.b_n,
+        tiles.b_k,
+        platform.k_segment(),
+    ))
 }

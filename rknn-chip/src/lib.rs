@@ -26,4 +26,4 @@ mod rules;
 
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
 pub use platform::{Platform, ShapeRules, Tiles, UnknownPlatform};
-pub use rules::{check_kn, check_type, parse_info, Dim, MatmulConfig, RuleViolation};
+pub use rules::{Dim, MatmulConfig, RuleViolation, check_kn, check_type, parse_info};

@@ -39,8 +39,13 @@ pub struct Tiles {
 
 impl Platform {
     /// Every platform, RK3588 first.
-    pub const ALL: [Platform; 5] =
-        [Platform::Rk3588, Platform::Rk3576, Platform::Rk3562, Platform::Rk3566, Platform::Rk3568];
+    pub const ALL: [Platform; 5] = [
+        Platform::Rk3588,
+        Platform::Rk3576,
+        Platform::Rk3562,
+        Platform::Rk3566,
+        Platform::Rk3568,
+    ];
 
     /// Lower-case name: "rk3588", ...
     pub const fn name(self) -> &'static str {
@@ -170,7 +175,10 @@ impl FromStr for Platform {
     type Err = UnknownPlatform;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let lower = s.trim().to_ascii_lowercase();
-        Platform::ALL.into_iter().find(|p| p.name() == lower).ok_or_else(|| UnknownPlatform(s.to_string()))
+        Platform::ALL
+            .into_iter()
+            .find(|p| p.name() == lower)
+            .ok_or_else(|| UnknownPlatform(s.to_string()))
     }
 }
 
@@ -181,7 +189,7 @@ impl FromStr for Platform {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShapeRules {
     /// Largest K of one context. The header says 10240; RK3588 [hw] ran K = 15360 (slowly), so
-    /// the default is no limit on RK3588/RK3576 and 10240 on the other chips.
+    /// the default is no limit on RK3588 and the header's 10240 on the other chips.
     pub max_k: Option<usize>,
     /// Largest N. The user guide says 4096; [hw] N = 8192 ran on RK3588. Default: none.
     pub max_n: Option<usize>,
@@ -193,14 +201,18 @@ impl ShapeRules {
     /// What the runtime demonstrably accepts on `platform`.
     pub const fn accepted(platform: Platform) -> ShapeRules {
         let max_k = match platform {
-            Platform::Rk3588 | Platform::Rk3576 => None,
+            Platform::Rk3588 => None,
             _ => Some(10240),
         };
         let f16_n_align = match platform.alignment(ElemKind::F16) {
             Some((_, n)) => n,
             None => 16,
         };
-        ShapeRules { max_k, max_n: None, f16_n_align }
+        ShapeRules {
+            max_k,
+            max_n: None,
+            f16_n_align,
+        }
     }
 
     /// The user guide's stricter rules: K <= 10240, N <= 4096, f16 N aligned to 32 on the
@@ -210,6 +222,10 @@ impl ShapeRules {
             Platform::Rk3588 | Platform::Rk3576 => 32,
             _ => ShapeRules::accepted(platform).f16_n_align,
         };
-        ShapeRules { max_k: Some(10240), max_n: Some(4096), f16_n_align }
+        ShapeRules {
+            max_k: Some(10240),
+            max_n: Some(4096),
+            f16_n_align,
+        }
     }
 }

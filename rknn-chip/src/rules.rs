@@ -143,18 +143,43 @@ pub fn parse_info(
     info: &rknn_sys::rknn_matmul_info,
 ) -> Result<MatmulConfig, RuleViolation> {
     let t = MatmulType::from_raw(info.type_).ok_or(RuleViolation::UnknownType(info.type_))?;
-    let b_layout = Layout::from_raw(info.B_layout.into())
-        .ok_or(RuleViolation::BadLayout { matrix: "B", value: info.B_layout.into() })?;
+    let b_layout = Layout::from_raw(info.B_layout.into()).ok_or(RuleViolation::BadLayout {
+        matrix: "B",
+        value: info.B_layout.into(),
+    })?;
     let ac_layout = match Layout::from_raw(info.AC_layout.into()) {
         Some(l @ (Layout::Norm | Layout::Native)) => l,
-        _ => return Err(RuleViolation::BadLayout { matrix: "A/C", value: info.AC_layout.into() }),
+        _ => {
+            return Err(RuleViolation::BadLayout {
+                matrix: "A/C",
+                value: info.AC_layout.into(),
+            });
+        }
     };
-    let b_quant = QuantType::from_raw(info.B_quant_type.into())
-        .ok_or(RuleViolation::BadQuantType { matrix: "B", value: info.B_quant_type.into() })?;
-    let ac_quant = QuantType::from_raw(info.AC_quant_type.into())
-        .ok_or(RuleViolation::BadQuantType { matrix: "A/C", value: info.AC_quant_type.into() })?;
-    let dim = |d: Dim, v: i32| usize::try_from(v).ok().filter(|&v| v > 0).ok_or(RuleViolation::NotPositive { dim: d, value: v.into() });
-    let (m, k, n) = (dim(Dim::M, info.M)?, dim(Dim::K, info.K)?, dim(Dim::N, info.N)?);
+    let b_quant =
+        QuantType::from_raw(info.B_quant_type.into()).ok_or(RuleViolation::BadQuantType {
+            matrix: "B",
+            value: info.B_quant_type.into(),
+        })?;
+    let ac_quant =
+        QuantType::from_raw(info.AC_quant_type.into()).ok_or(RuleViolation::BadQuantType {
+            matrix: "A/C",
+            value: info.AC_quant_type.into(),
+        })?;
+    let dim = |d: Dim, v: i32| {
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or(RuleViolation::NotPositive {
+                dim: d,
+                value: v.into(),
+            })
+    };
+    let (m, k, n) = (
+        dim(Dim::M, info.M)?,
+        dim(Dim::K, info.K)?,
+        dim(Dim::N, info.N)?,
+    );
     let group_size = if b_quant.granularity == QuantGranularity::PerGroup {
         let g = i64::from(info.group_size);
         if g <= 0 || k % g as usize != 0 {
@@ -164,7 +189,17 @@ pub fn parse_info(
     } else {
         0
     };
-    let cfg = MatmulConfig { t, m, k, n, b_layout, ac_layout, b_quant, ac_quant, group_size };
+    let cfg = MatmulConfig {
+        t,
+        m,
+        k,
+        n,
+        b_layout,
+        ac_layout,
+        b_quant,
+        ac_quant,
+        group_size,
+    };
     check_type(platform, t)?;
     check_kn(platform, rules, t, k, n)?;
     Ok(cfg)
@@ -172,11 +207,21 @@ pub fn parse_info(
 
 /// Checks that `platform` has matmul type `t`.
 pub fn check_type(platform: Platform, t: MatmulType) -> Result<(), RuleViolation> {
-    if platform.accepts(t) { Ok(()) } else { Err(RuleViolation::UnsupportedType { platform, t }) }
+    if platform.accepts(t) {
+        Ok(())
+    } else {
+        Err(RuleViolation::UnsupportedType { platform, t })
+    }
 }
 
 /// Checks K and N against the chip's alignment and limits for `t` (M has no rule).
-pub fn check_kn(platform: Platform, rules: &ShapeRules, t: MatmulType, k: usize, n: usize) -> Result<(), RuleViolation> {
+pub fn check_kn(
+    platform: Platform,
+    rules: &ShapeRules,
+    t: MatmulType,
+    k: usize,
+    n: usize,
+) -> Result<(), RuleViolation> {
     let kind = t.align_kind();
     let Some((k_align, mut n_align)) = platform.alignment(kind) else {
         return Err(RuleViolation::UnsupportedType { platform, t });
@@ -185,16 +230,40 @@ pub fn check_kn(platform: Platform, rules: &ShapeRules, t: MatmulType, k: usize,
         n_align = rules.f16_n_align;
     }
     if k % k_align != 0 {
-        return Err(RuleViolation::Misaligned { dim: Dim::K, value: k, align: k_align, kind, platform });
+        return Err(RuleViolation::Misaligned {
+            dim: Dim::K,
+            value: k,
+            align: k_align,
+            kind,
+            platform,
+        });
     }
     if n % n_align != 0 {
-        return Err(RuleViolation::Misaligned { dim: Dim::N, value: n, align: n_align, kind, platform });
+        return Err(RuleViolation::Misaligned {
+            dim: Dim::N,
+            value: n,
+            align: n_align,
+            kind,
+            platform,
+        });
     }
     if let Some(max) = rules.max_k.filter(|&max| k > max) {
-        return Err(RuleViolation::TooLarge { dim: Dim::K, value: k, max, platform, source_of_limit: "runtime header" });
+        return Err(RuleViolation::TooLarge {
+            dim: Dim::K,
+            value: k,
+            max,
+            platform,
+            source_of_limit: "runtime header",
+        });
     }
     if let Some(max) = rules.max_n.filter(|&max| n > max) {
-        return Err(RuleViolation::TooLarge { dim: Dim::N, value: n, max, platform, source_of_limit: "user guide" });
+        return Err(RuleViolation::TooLarge {
+            dim: Dim::N,
+            value: n,
+            max,
+            platform,
+            source_of_limit: "user guide",
+        });
     }
     Ok(())
 }

@@ -1,2 +1,51 @@
-//! rknn-emu: the RKNN runtime's matmul and memory API implemented in Rust. (Work in progress.)
+//! `rknn-emu`: Rockchip's RKNN matmul and memory C API implemented in Rust.
+//!
+//! The emulator fills the same [`rknn_sys::RknnApi`] function table as the real
+//! `librknnrt.so`, so code above the table (the `rknn-matmul` safe layer, examples, C programs
+//! through the drop-in library) runs unchanged on machines without an NPU and goes through the
+//! same unsafe calls, pointers and call order as on the board.
+//!
+//! What it reproduces (all from the project's fact sheet, `docs/hardware-facts.md`):
+//!
+//! * per-chip rules: accepted matmul types (unsupported → `RKNN_ERR_PARAM_INVALID`), K/N
+//!   alignment, K limits, single-core masks only, tile sizes ([`rknn_chip`]);
+//! * `io_attr` exactly as the runtime reports it (names, dims per layout, sizes in bytes);
+//! * layouts: normal, native A/B/C, TP_NORM B, int4 packing, and
+//!   `rknn_B_normal_layout_to_native_layout` with K segmentation (aliasing refused);
+//! * arithmetic: i8 × i8 → i32 bit-exact, i4 × i4 → i16 exact with a configurable overflow
+//!   policy, f16 with f32 accumulation, quantised types with per-layer/channel/group params;
+//! * `set_io_mem` takes A and B at bind time, as the docs say the runtime may;
+//! * field hazards: the handle budget (~1020), 4 GiB per IOMMU domain, concurrent use of one
+//!   context (refused with an error; the real device has panicked the kernel), and optionally
+//!   non-coherent caches ([`EmuConfig::strict_cache`]).
+//!
+//! Behaviour the public sources leave open ([open] in the docs) is configurable in
+//! [`EmuConfig`] and never presented as the hardware's.
+//!
+//! ```
+//! use rknn_emu::{EmuConfig, Emulator};
+//! use rknn_chip::Platform;
+//! use rknn_sys::*;
+//!
+//! let emu = Emulator::new(EmuConfig::new(Platform::Rk3588)).unwrap();
+//! let api = emu.api();
+//! let mut info = rknn_matmul_info { M: 1, K: 32, N: 32, type_: RKNN_FLOAT16_MM_INT4_TO_FLOAT32, ..Default::default() };
+//! let mut io = rknn_matmul_io_attr::default();
+//! let mut ctx: rknn_matmul_ctx = 0;
+//! // SAFETY: valid pointers for the call.
+//! let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
+//! assert_eq!(rc, RKNN_ERR_PARAM_INVALID); // RK3588 has no weight-only int4
+//! assert!(rknn_emu::last_error().contains("no weight-only"));
+//! ```
+
+mod abi;
+mod config;
+mod context;
+mod instance;
 pub mod kernels;
+mod memory;
+
+pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
+pub use config::{EmuConfig, Overflow, Rounding};
+pub use instance::{EmuError, EmuStats, Emulator};
+pub use rknn_chip;

@@ -157,7 +157,7 @@ pub struct _rknn_matmul_tensor_attr {
 pub type rknn_matmul_tensor_attr = _rknn_matmul_tensor_attr;
 
 #[repr(C)]
-#[derive(Debug, Copy, Clone)]
+#[derive(Debug, Default, Copy, Clone)]
 pub struct _rknn_matmul_io_attr {
     pub A: rknn_matmul_tensor_attr,
     pub B: rknn_matmul_tensor_attr,
@@ -232,15 +232,6 @@ impl Default for _rknn_matmul_tensor_attr {
             dims: [0; 16usize],
             size: 0,
             type_: 0,
-        }
-    }
-}
-impl Default for _rknn_matmul_io_attr {
-    fn default() -> Self {
-        Self {
-            A: Default::default(),
-            B: Default::default(),
-            C: Default::default(),
         }
     }
 }

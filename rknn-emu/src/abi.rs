@@ -1,0 +1,812 @@
+//! The C entry points: every function of the runtime's matmul and memory API with its exact
+//! signature. They check every pointer and handle, turn misuse into the runtime's error codes
+//! (never a crash), catch panics at the boundary, and forward to the instance of their slot.
+
+use std::ffi::{c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, TryLockError};
+
+use rknn_chip::layout::{self, TensorDesc};
+use rknn_chip::{ElemKind, Layout, MatmulType, Platform};
+use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
+
+use crate::context::{CallResult, Context};
+use crate::instance::{self, Instance, next_handle};
+use crate::memory::Source;
+
+/// The runtime version the emulator reports.
+pub const EMULATED_API_VERSION: &str = "2.3.2 (rknn-emu)";
+
+thread_local! {
+    static LAST_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// The message of the last error an emulator call returned on this thread (the real runtime
+/// prints its reasons to the log; the emulator keeps them here, and prints them to stderr when
+/// `RKNN_EMU_LOG=1`).
+pub fn last_error() -> String {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+fn record(code: c_int, msg: &str) -> c_int {
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg.to_string());
+    if std::env::var_os("RKNN_EMU_LOG").is_some_and(|v| v == "1") {
+        eprintln!("E rknn-emu: {msg} (code {code})");
+    }
+    code
+}
+
+/// Runs a call body, mapping errors and panics to codes.
+fn call(body: impl FnOnce() -> CallResult) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => 0,
+        Ok(Err((code, msg))) => record(code, &msg),
+        Err(_) => record(sys::RKNN_ERR_FAIL, "internal error (panic) in the emulator"),
+    }
+}
+
+/// As [`call`] for the functions that return a memory pointer (NULL on failure).
+fn call_ptr(body: impl FnOnce() -> CallResult<*mut rknn_tensor_mem>) -> *mut rknn_tensor_mem {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(p)) => p,
+        Ok(Err((code, msg))) => {
+            record(code, &msg);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            record(sys::RKNN_ERR_FAIL, "internal error (panic) in the emulator");
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn err(code: c_int, msg: impl Into<String>) -> (c_int, String) {
+    (code, msg.into())
+}
+
+fn param(msg: impl Into<String>) -> (c_int, String) {
+    err(sys::RKNN_ERR_PARAM_INVALID, msg)
+}
+
+fn inst(slot: usize) -> CallResult<Arc<Instance>> {
+    instance::instance(slot).ok_or_else(|| {
+        err(
+            sys::RKNN_ERR_CTX_INVALID,
+            "this emulator instance was dropped",
+        )
+    })
+}
+
+fn context(inst: &Instance, ctx: u64) -> CallResult<Arc<Mutex<Context>>> {
+    inst.state().contexts.get(&ctx).cloned().ok_or_else(|| {
+        err(
+            sys::RKNN_ERR_CTX_INVALID,
+            format!("context {ctx:#x} is not a live matmul context"),
+        )
+    })
+}
+
+/// Runs `f` on a context, refusing the call if another thread is inside a call on it: on the
+/// real NPU one context used from two threads has caused kernel panics.
+fn with_context<T>(
+    inst: &Instance,
+    ctx: u64,
+    f: impl FnOnce(&mut Context) -> CallResult<T>,
+) -> CallResult<T> {
+    let c = context(inst, ctx)?;
+    let mut guard = match c.try_lock() {
+        Ok(g) => g,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            inst.concurrent_uses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(err(
+                sys::RKNN_ERR_FAIL,
+                format!(
+                    "context {ctx:#x} is in use by another thread (one context per thread: shared contexts have panicked the kernel)"
+                ),
+            ));
+        }
+    };
+    f(&mut guard)
+}
+
+fn c_name(name: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn fill_attr(attr: &mut sys::rknn_matmul_tensor_attr, d: &TensorDesc) {
+    *attr = sys::rknn_matmul_tensor_attr::default();
+    for (dst, src) in attr.name.iter_mut().zip(d.name.bytes()) {
+        *dst = src as std::ffi::c_char;
+    }
+    attr.n_dims = d.n_dims as u32;
+    for (dst, &src) in attr.dims.iter_mut().zip(&d.dims[..d.n_dims]) {
+        *dst = src as u32;
+    }
+    attr.size = d.size_bytes() as u32;
+    attr.type_ = d.kind.tensor_type();
+}
+
+fn fill_io(io: &mut sys::rknn_matmul_io_attr, d: &[TensorDesc; 3]) {
+    fill_attr(&mut io.A, &d[0]);
+    fill_attr(&mut io.B, &d[1]);
+    fill_attr(&mut io.C, &d[2]);
+}
+
+/// Validates `info` for one shape and returns the descriptors.
+fn describe(
+    platform: Platform,
+    inst: &Instance,
+    info: &sys::rknn_matmul_info,
+) -> CallResult<(rknn_chip::MatmulConfig, [TensorDesc; 3])> {
+    let cfg =
+        rknn_chip::parse_info(platform, &inst.cfg.rules, info).map_err(|e| param(e.to_string()))?;
+    let descs = layout::io_descs(platform, &cfg)
+        .ok_or_else(|| param(format!("{} has no tiles on {platform}", cfg.t)))?;
+    if descs.iter().any(|d| d.size_bytes() > u32::MAX as usize) {
+        return Err(param("a matrix exceeds 4 GiB"));
+    }
+    Ok((cfg, descs))
+}
+
+unsafe extern "C" fn matmul_create<const S: usize>(
+    ctx: *mut rknn_matmul_ctx,
+    info: *mut sys::rknn_matmul_info,
+    io_attr: *mut sys::rknn_matmul_io_attr,
+) -> c_int {
+    call(|| {
+        if ctx.is_null() || info.is_null() || io_attr.is_null() {
+            return Err(param(
+                "rknn_matmul_create: ctx, info and io_attr must not be NULL",
+            ));
+        }
+        let inst = inst(S)?;
+        // SAFETY: checked non-null; the C contract makes them valid for the call.
+        let (info, io_attr) = unsafe { (&*info, &mut *io_attr) };
+        let (cfg, descs) = describe(inst.cfg.platform, &inst, info)?;
+        let handle = next_handle();
+        let c = Context::new(
+            cfg,
+            vec![(cfg.m, cfg.k, cfg.n)],
+            vec![descs],
+            info.iommu_domain_id,
+        );
+        inst.state().add_context(handle, c);
+        fill_io(io_attr, &descs);
+        // SAFETY: checked non-null.
+        unsafe { *ctx = handle as rknn_matmul_ctx };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
+    ctx: *mut rknn_matmul_ctx,
+    info: *mut sys::rknn_matmul_info,
+    shape_num: c_int,
+    shapes: *mut sys::rknn_matmul_shape,
+    io_attrs: *mut sys::rknn_matmul_io_attr,
+) -> c_int {
+    call(|| {
+        if ctx.is_null() || info.is_null() || shapes.is_null() || io_attrs.is_null() {
+            return Err(param(
+                "rknn_matmul_create_dynamic_shape: pointers must not be NULL",
+            ));
+        }
+        if shape_num <= 0 || shape_num as u32 > sys::RKNN_MAX_DYNAMIC_SHAPE_NUM {
+            return Err(param(format!(
+                "shape_num={shape_num} must be 1..={}",
+                sys::RKNN_MAX_DYNAMIC_SHAPE_NUM
+            )));
+        }
+        let inst = inst(S)?;
+        let n = shape_num as usize;
+        // SAFETY: non-null and, by the C contract, `shape_num` entries long.
+        let (info, shapes, io_attrs) = unsafe {
+            (
+                &*info,
+                std::slice::from_raw_parts(shapes, n),
+                std::slice::from_raw_parts_mut(io_attrs, n),
+            )
+        };
+        let mut cfgs = Vec::with_capacity(n);
+        let mut all_descs = Vec::with_capacity(n);
+        for s in shapes {
+            let one = sys::rknn_matmul_info {
+                M: s.M,
+                K: s.K,
+                N: s.N,
+                ..*info
+            };
+            let (cfg, descs) = describe(inst.cfg.platform, &inst, &one)?;
+            if cfgs
+                .iter()
+                .any(|c: &rknn_chip::MatmulConfig| (c.m, c.k, c.n) == (cfg.m, cfg.k, cfg.n))
+            {
+                return Err(param(format!(
+                    "shape M={} K={} N={} is given twice",
+                    cfg.m, cfg.k, cfg.n
+                )));
+            }
+            cfgs.push(cfg);
+            all_descs.push(descs);
+        }
+        for (io, d) in io_attrs.iter_mut().zip(&all_descs) {
+            fill_io(io, d);
+        }
+        let handle = next_handle();
+        let shapes = cfgs.iter().map(|c| (c.m, c.k, c.n)).collect();
+        let c = Context::new(cfgs[0], shapes, all_descs, info.iommu_domain_id);
+        inst.state().add_context(handle, c);
+        // SAFETY: checked non-null.
+        unsafe { *ctx = handle as rknn_matmul_ctx };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn matmul_set_dynamic_shape<const S: usize>(
+    ctx: rknn_matmul_ctx,
+    shape: *mut sys::rknn_matmul_shape,
+) -> c_int {
+    call(|| {
+        if shape.is_null() {
+            return Err(param(
+                "rknn_matmul_set_dynamic_shape: shape must not be NULL",
+            ));
+        }
+        // SAFETY: checked non-null.
+        let s = unsafe { *shape };
+        let inst = inst(S)?;
+        let dim = |v: i32| usize::try_from(v).map_err(|_| param(format!("negative dimension {v}")));
+        let (m, k, n) = (dim(s.M)?, dim(s.K)?, dim(s.N)?);
+        with_context(&inst, ctx as u64, |c| c.set_shape(m, k, n))
+    })
+}
+
+unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
+    ctx: rknn_matmul_ctx,
+    mem: *mut rknn_tensor_mem,
+    attr: *mut sys::rknn_matmul_tensor_attr,
+) -> c_int {
+    call(|| {
+        if mem.is_null() || attr.is_null() {
+            return Err(param(
+                "rknn_matmul_set_io_mem: mem and attr must not be NULL",
+            ));
+        }
+        let inst = inst(S)?;
+        // SAFETY: checked non-null.
+        let attr = unsafe { &*attr };
+        let name = c_name(&attr.name);
+        let which = match name.as_str() {
+            "A" => 0,
+            "B" => 1,
+            "C" => 2,
+            other => {
+                return Err(param(format!(
+                    "attr name {other:?} is not \"A\", \"B\" or \"C\" from io_attr"
+                )));
+            }
+        };
+        let platform = inst.cfg.platform;
+        with_context(&inst, ctx as u64, |c| {
+            let desc = c.current_descs()[which];
+            if attr.size as usize != desc.size_bytes() {
+                return Err(param(format!(
+                    "attr {name} has size {} but this context's {name} is {} bytes",
+                    attr.size,
+                    desc.size_bytes()
+                )));
+            }
+            if which == 1
+                && platform == Platform::Rk3588
+                && c.base.t == MatmulType::I4_I4_I16
+                && desc.layout != Layout::Native
+            {
+                // [hw]: on RK3588 type 10 with B in a normal layout fails at set_io_mem.
+                return Err(param(
+                    "RKNN_INT4_MM_INT4_TO_INT16 on RK3588 needs B in the native layout",
+                ));
+            }
+            let st = inst.state();
+            let m = st
+                .memories
+                .get(mem)
+                .ok_or_else(|| param("mem is not a live memory of this runtime"))?;
+            if m.size < desc.size_bytes() {
+                return Err(param(format!(
+                    "memory of {} bytes is smaller than {name}'s {} bytes",
+                    m.size,
+                    desc.size_bytes()
+                )));
+            }
+            if which == 2 {
+                c.c_mem = Some(mem as usize);
+                return Ok(());
+            }
+            // SAFETY: the memory is live (checked above, and the state lock keeps it so) and at
+            // least `desc.size_bytes()` long.
+            let bytes = unsafe { std::slice::from_raw_parts(m.device_ptr(), desc.size_bytes()) };
+            c.bind_input(platform, which, bytes)
+        })
+    })
+}
+
+unsafe extern "C" fn matmul_set_core_mask<const S: usize>(
+    ctx: rknn_matmul_ctx,
+    mask: sys::rknn_core_mask,
+) -> c_int {
+    call(|| {
+        let inst = inst(S)?;
+        let p = inst.cfg.platform;
+        with_context(&inst, ctx as u64, |c| {
+            if !p.has_core_mask() {
+                return Err(err(
+                    sys::RKNN_ERR_FAIL,
+                    format!("{p} has one NPU core: no core mask"),
+                ));
+            }
+            if !p.accepts_core_mask(mask) {
+                return Err(param(format!(
+                    "core mask {mask:#x} rejected: a matmul context runs on one core of {p} (masks 0 = auto, {}; use one context per core)",
+                    (0..p.npu_cores())
+                        .map(|i| (1u32 << i).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            c.core_mask = mask;
+            Ok(())
+        })
+    })
+}
+
+unsafe extern "C" fn matmul_set_quant_params<const S: usize>(
+    ctx: rknn_matmul_ctx,
+    params: *mut sys::rknn_quant_params,
+) -> c_int {
+    call(|| {
+        if params.is_null() {
+            return Err(param(
+                "rknn_matmul_set_quant_params: params must not be NULL",
+            ));
+        }
+        let inst = inst(S)?;
+        // SAFETY: checked non-null.
+        let p = unsafe { &*params };
+        let len = |l: i32, ptr: bool, what: &str| -> CallResult<usize> {
+            match usize::try_from(l) {
+                Ok(0) => Ok(0),
+                Ok(n) if ptr => Ok(n),
+                _ => Err(param(format!(
+                    "{what}_len={l} with a {} pointer",
+                    if ptr { "valid" } else { "NULL" }
+                ))),
+            }
+        };
+        let scale_len = len(p.scale_len, !p.scale.is_null(), "scale")?;
+        let zp_len = len(p.zp_len, !p.zp.is_null(), "zp")?;
+        // SAFETY: non-null pointers with the lengths the caller gave (C contract); copied out.
+        let scale = if scale_len == 0 {
+            vec![]
+        } else {
+            unsafe { std::slice::from_raw_parts(p.scale, scale_len) }.to_vec()
+        };
+        // SAFETY: as above.
+        let zp = if zp_len == 0 {
+            vec![]
+        } else {
+            unsafe { std::slice::from_raw_parts(p.zp, zp_len) }.to_vec()
+        };
+        let name = c_name(&p.name);
+        with_context(&inst, ctx as u64, |c| c.set_quant(&name, scale, zp))
+    })
+}
+
+unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
+    ctx: rknn_matmul_ctx,
+    params: *mut sys::rknn_quant_params,
+    scale: *mut f32,
+) -> c_int {
+    call(|| {
+        if scale.is_null() {
+            return Err(param(
+                "rknn_matmul_get_quant_params: scale must not be NULL",
+            ));
+        }
+        let inst = inst(S)?;
+        let (max, normalised) = with_context(&inst, ctx as u64, |c| c.normalised_b_scale())?;
+        // SAFETY: checked non-null.
+        unsafe { *scale = max };
+        if !params.is_null() {
+            // SAFETY: checked non-null; `scale` points to `scale_len` floats per the C contract.
+            let p = unsafe { &mut *params };
+            if !p.scale.is_null() && p.scale_len as usize >= normalised.len() {
+                // SAFETY: as above.
+                unsafe { std::slice::from_raw_parts_mut(p.scale, normalised.len()) }
+                    .copy_from_slice(&normalised);
+            }
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
+    call(|| {
+        let inst = inst(S)?;
+        with_context(&inst, ctx as u64, |c| {
+            let bytes = c.run(&inst.cfg)?;
+            let key = c.c_mem.ok_or_else(|| {
+                err(
+                    sys::RKNN_ERR_OUTPUT_INVALID,
+                    "C must be bound with set_io_mem before run",
+                )
+            })?;
+            let st = inst.state();
+            let m = st
+                .memories
+                .get(key as *const rknn_tensor_mem)
+                .ok_or_else(|| {
+                    err(
+                        sys::RKNN_ERR_OUTPUT_INVALID,
+                        "C's memory was destroyed after it was bound",
+                    )
+                })?;
+            // SAFETY: live memory (the state lock keeps it so) of at least C's size, checked at bind.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.device_ptr(), bytes.len()) };
+            Ok(())
+        })
+    })
+}
+
+unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
+    call(|| {
+        let inst = inst(S)?;
+        // Refuse while another thread is inside a call on it.
+        with_context(&inst, ctx as u64, |c| {
+            c.unbind_all();
+            Ok(())
+        })?;
+        let mut st = inst.state();
+        st.contexts.remove(&(ctx as u64));
+        st.domains.remove(&(ctx as u64));
+        let orphans = st.memories.count_for_ctx(ctx as u64);
+        inst.orphaned
+            .fetch_add(orphans, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// Element bytes of normal-layout B given to the converter (int4 is unpacked: one per byte).
+fn converter_input_bytes(kind: ElemKind) -> usize {
+    match kind {
+        ElemKind::I4 | ElemKind::I8 => 1,
+        _ => 2,
+    }
+}
+
+unsafe extern "C" fn b_normal_to_native<const S: usize>(
+    b_in: *mut c_void,
+    b_out: *mut c_void,
+    k: c_int,
+    n: c_int,
+    info: *mut sys::rknn_matmul_info,
+) -> c_int {
+    call(|| {
+        if b_in.is_null() || b_out.is_null() || info.is_null() {
+            return Err(param(
+                "rknn_B_normal_layout_to_native_layout: pointers must not be NULL",
+            ));
+        }
+        let inst = inst(S)?;
+        let platform = inst.cfg.platform;
+        // SAFETY: checked non-null.
+        let info = unsafe { *info };
+        let one = sys::rknn_matmul_info {
+            K: k,
+            N: n,
+            M: info.M.max(1),
+            B_layout: sys::RKNN_MM_LAYOUT_NATIVE as i16,
+            ..info
+        };
+        let (cfg, descs) = describe(platform, &inst, &one)?;
+        let kind = cfg.t.b;
+        let count = cfg.k * cfg.n;
+        let in_len = count * converter_input_bytes(kind);
+        let out_len = descs[1].size_bytes();
+        let (i0, o0) = (b_in as usize, b_out as usize);
+        if i0 < o0 + out_len && o0 < i0 + in_len {
+            return Err(param(
+                "B_input and B_output overlap: in-place conversion corrupts B on the real runtime",
+            ));
+        }
+        let geo = layout::native_b_geometry(platform, cfg.t, cfg.k, cfg.n)
+            .ok_or_else(|| param("no tiles"))?;
+        match kind {
+            ElemKind::I8 | ElemKind::I4 => {
+                // SAFETY: non-null, `in_len` bytes by the C contract, not overlapping the output.
+                let src = unsafe { std::slice::from_raw_parts(b_in as *const i8, count) };
+                let mut native = vec![0i8; geo.len()];
+                geo.pack_from_kn(src, &mut native);
+                // SAFETY: non-null, `out_len` bytes by the C contract.
+                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
+                if kind == ElemKind::I4 {
+                    layout::pack_i4(&native, out);
+                } else {
+                    out.iter_mut().zip(&native).for_each(|(d, &s)| *d = s as u8);
+                }
+            }
+            _ => {
+                // SAFETY: as above, for 16-bit elements (alignment is not guaranteed: read bytes).
+                let src_bytes = unsafe { std::slice::from_raw_parts(b_in as *const u8, in_len) };
+                let src: Vec<u16> = src_bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                let mut native = vec![0u16; geo.len()];
+                geo.pack_from_kn(&src, &mut native);
+                // SAFETY: as above.
+                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
+                out.chunks_exact_mut(2)
+                    .zip(&native)
+                    .for_each(|(d, s)| d.copy_from_slice(&s.to_le_bytes()));
+            }
+        }
+        Ok(())
+    })
+}
+
+fn create(
+    slot: usize,
+    ctx: u64,
+    size: u64,
+    flags: u64,
+    source: Source,
+) -> CallResult<*mut rknn_tensor_mem> {
+    let inst = inst(slot)?;
+    let no_ctx = flags & u64::from(sys::RKNN_MEM_FLAG_ALLOC_NO_CONTEXT) != 0;
+    let domain = if no_ctx && ctx == 0 {
+        0
+    } else {
+        *inst.state().domains.get(&ctx).ok_or_else(|| {
+            err(
+                sys::RKNN_ERR_CTX_INVALID,
+                format!("context {ctx:#x} is not a live matmul context"),
+            )
+        })?
+    };
+    let mut st = inst.state();
+    let st = &mut *st;
+    st.memories
+        .create(&inst.cfg, ctx, domain, size, source, &mut st.next_fd)
+        .map_err(|e| err(sys::RKNN_ERR_MALLOC_FAIL, format!("rknn_create_mem: {e}")))
+}
+
+unsafe extern "C" fn create_mem<const S: usize>(
+    ctx: sys::rknn_context,
+    size: u32,
+) -> *mut rknn_tensor_mem {
+    call_ptr(|| create(S, ctx as u64, size.into(), 0, Source::Alloc))
+}
+
+unsafe extern "C" fn create_mem2<const S: usize>(
+    ctx: sys::rknn_context,
+    size: u64,
+    flags: u64,
+) -> *mut rknn_tensor_mem {
+    call_ptr(|| create(S, ctx as u64, size, flags, Source::Alloc))
+}
+
+unsafe extern "C" fn create_mem_from_fd<const S: usize>(
+    ctx: sys::rknn_context,
+    fd: i32,
+    virt: *mut c_void,
+    size: u32,
+    offset: i32,
+) -> *mut rknn_tensor_mem {
+    call_ptr(|| {
+        if virt.is_null() || fd < 0 || offset < 0 {
+            return Err(param(
+                "rknn_create_mem_from_fd: the emulator needs the buffer's CPU mapping (virt_addr), fd >= 0, offset >= 0",
+            ));
+        }
+        let flags = sys::RKNN_TENSOR_MEMORY_FLAGS_FROM_FD;
+        create(
+            S,
+            ctx as u64,
+            size.into(),
+            0,
+            Source::Wrap {
+                fd,
+                phys: 0,
+                virt: virt.cast(),
+                offset,
+                flags,
+            },
+        )
+    })
+}
+
+unsafe extern "C" fn create_mem_from_phys<const S: usize>(
+    ctx: sys::rknn_context,
+    phys: u64,
+    virt: *mut c_void,
+    size: u32,
+) -> *mut rknn_tensor_mem {
+    call_ptr(|| {
+        if virt.is_null() {
+            return Err(param(
+                "rknn_create_mem_from_phys: the emulator needs the buffer's CPU mapping (virt_addr)",
+            ));
+        }
+        let flags = sys::RKNN_TENSOR_MEMORY_FLAGS_FROM_PHYS;
+        create(
+            S,
+            ctx as u64,
+            size.into(),
+            0,
+            Source::Wrap {
+                fd: -1,
+                phys,
+                virt: virt.cast(),
+                offset: 0,
+                flags,
+            },
+        )
+    })
+}
+
+unsafe extern "C" fn destroy_mem<const S: usize>(
+    ctx: sys::rknn_context,
+    mem: *mut rknn_tensor_mem,
+) -> c_int {
+    call(|| {
+        if mem.is_null() {
+            return Err(param("rknn_destroy_mem: mem must not be NULL"));
+        }
+        let inst = inst(S)?;
+        let mut st = inst.state();
+        let owner = st
+            .memories
+            .get(mem)
+            .map(|m| m.ctx)
+            .ok_or_else(|| param("mem is not a live memory of this runtime (double free?)"))?;
+        if owner != ctx as u64 {
+            return Err(err(
+                sys::RKNN_ERR_CTX_INVALID,
+                format!("mem belongs to context {owner:#x}, not {:#x}", ctx as u64),
+            ));
+        }
+        st.memories.destroy(mem);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn mem_sync<const S: usize>(
+    ctx: sys::rknn_context,
+    mem: *mut rknn_tensor_mem,
+    mode: sys::rknn_mem_sync_mode,
+) -> c_int {
+    call(|| {
+        if mem.is_null() {
+            return Err(param("rknn_mem_sync: mem must not be NULL"));
+        }
+        let (to, from) = match mode {
+            sys::RKNN_MEMORY_SYNC_TO_DEVICE => (true, false),
+            sys::RKNN_MEMORY_SYNC_FROM_DEVICE => (false, true),
+            sys::RKNN_MEMORY_SYNC_BIDIRECTIONAL => (true, true),
+            other => return Err(param(format!("sync mode {other} is not 1, 2 or 3"))),
+        };
+        let inst = inst(S)?;
+        let st = inst.state();
+        let m = st
+            .memories
+            .get(mem)
+            .ok_or_else(|| param("mem is not a live memory of this runtime"))?;
+        if m.ctx != ctx as u64 && m.ctx != 0 {
+            return Err(err(
+                sys::RKNN_ERR_CTX_INVALID,
+                "mem belongs to another context",
+            ));
+        }
+        m.sync(to, from);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn query<const S: usize>(
+    ctx: sys::rknn_context,
+    cmd: sys::rknn_query_cmd,
+    info: *mut c_void,
+    size: u32,
+) -> c_int {
+    call(|| {
+        let inst = inst(S)?;
+        if ctx != 0 {
+            context(&inst, ctx as u64)?;
+        }
+        if cmd != sys::RKNN_QUERY_SDK_VERSION {
+            return Err(param(format!(
+                "query command {cmd} is not emulated (only RKNN_QUERY_SDK_VERSION = 5)"
+            )));
+        }
+        if info.is_null() || (size as usize) < std::mem::size_of::<sys::rknn_sdk_version>() {
+            return Err(param(
+                "RKNN_QUERY_SDK_VERSION needs a rknn_sdk_version (512 bytes)",
+            ));
+        }
+        let mut v = sys::rknn_sdk_version::default();
+        let drv = format!(
+            "emulated {} (rknn-emu {})",
+            inst.cfg.platform.name(),
+            env!("CARGO_PKG_VERSION")
+        );
+        for (d, s) in v.api_version.iter_mut().zip(EMULATED_API_VERSION.bytes()) {
+            *d = s as std::ffi::c_char;
+        }
+        for (d, s) in v.drv_version.iter_mut().zip(drv.bytes().take(255)) {
+            *d = s as std::ffi::c_char;
+        }
+        // SAFETY: non-null and at least 512 bytes (checked); unaligned write since the caller's
+        // buffer is typed `void *`.
+        unsafe { std::ptr::write_unaligned(info.cast::<sys::rknn_sdk_version>(), v) };
+        Ok(())
+    })
+}
+
+/// The function table of instance slot `S`.
+const fn table<const S: usize>() -> RknnFunctions {
+    RknnFunctions {
+        rknn_matmul_create: matmul_create::<S>,
+        rknn_matmul_set_io_mem: matmul_set_io_mem::<S>,
+        rknn_matmul_set_core_mask: matmul_set_core_mask::<S>,
+        rknn_matmul_run: matmul_run::<S>,
+        rknn_matmul_destroy: matmul_destroy::<S>,
+        rknn_create_mem: create_mem::<S>,
+        rknn_destroy_mem: destroy_mem::<S>,
+        rknn_query: query::<S>,
+        rknn_matmul_create_dynamic_shape: Some(matmul_create_dynamic_shape::<S>),
+        rknn_matmul_set_dynamic_shape: Some(matmul_set_dynamic_shape::<S>),
+        rknn_matmul_set_quant_params: Some(matmul_set_quant_params::<S>),
+        rknn_matmul_get_quant_params: Some(matmul_get_quant_params::<S>),
+        rknn_B_normal_layout_to_native_layout: Some(b_normal_to_native::<S>),
+        rknn_create_mem2: Some(create_mem2::<S>),
+        rknn_create_mem_from_fd: Some(create_mem_from_fd::<S>),
+        rknn_create_mem_from_phys: Some(create_mem_from_phys::<S>),
+        rknn_mem_sync: Some(mem_sync::<S>),
+    }
+}
+
+const TABLES: [RknnFunctions; instance::SLOTS] = [
+    table::<0>(),
+    table::<1>(),
+    table::<2>(),
+    table::<3>(),
+    table::<4>(),
+    table::<5>(),
+    table::<6>(),
+    table::<7>(),
+    table::<8>(),
+    table::<9>(),
+    table::<10>(),
+    table::<11>(),
+    table::<12>(),
+    table::<13>(),
+    table::<14>(),
+    table::<15>(),
+];
+
+/// The table of instance slot `slot`.
+pub(crate) fn functions_for_slot(slot: usize) -> RknnFunctions {
+    TABLES[slot]
+}
+
+/// The function table of the drop-in library's instance (configured from `RKNN_EMU_*`
+/// environment variables on first use). The drop-in `librknnrt.so` exports these functions
+/// under their C names.
+pub const DROPIN_FUNCTIONS: RknnFunctions = table::<0>();

@@ -1,0 +1,515 @@
+//! One matmul context: its configuration, the data taken at `set_io_mem`, and the arithmetic
+//! of `rknn_matmul_run` for every matmul type.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rknn_chip::layout::{self, NativeB, TensorDesc};
+use rknn_chip::{ElemKind, Layout, MatmulConfig, MatmulType, Platform, QuantGranularity, Tiles};
+use rknn_sys as sys;
+
+use crate::config::{EmuConfig, Overflow, Rounding};
+use crate::kernels;
+
+/// Quantisation parameters of one matrix, copied from `rknn_matmul_set_quant_params`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct QuantParams {
+    pub(crate) scale: Vec<f32>,
+    pub(crate) zp: Vec<i32>,
+}
+
+impl QuantParams {
+    fn scale(&self, i: usize) -> f32 {
+        self.scale.get(i).copied().unwrap_or(1.0)
+    }
+    fn zp(&self, i: usize) -> i32 {
+        self.zp.get(i).copied().unwrap_or(0)
+    }
+}
+
+/// A or B as read at bind time, in the kernel's canonical form.
+enum Operand {
+    /// Integers (i8, or i4 widened to i8): A as [M, K], B as [N, K].
+    Int(Vec<i8>),
+    /// Floats (f16 widened, or int B dequantised for the float types): A [M, K], B [N, K].
+    Float(Vec<f32>),
+}
+
+/// The state of one context.
+pub(crate) struct Context {
+    pub(crate) base: MatmulConfig,
+    pub(crate) shapes: Vec<(usize, usize, usize)>,
+    pub(crate) current: usize,
+    pub(crate) descs: Vec<[TensorDesc; 3]>,
+    pub(crate) domain: i32,
+    pub(crate) core_mask: u32,
+    quant: [Option<QuantParams>; 3],
+    a: Option<Operand>,
+    b: Option<Operand>,
+    /// The memory C is bound to (key into the instance's memories).
+    pub(crate) c_mem: Option<usize>,
+}
+
+/// An error of a context call: the code returned to C and a message for diagnostics.
+pub(crate) type CallResult<T = ()> = Result<T, (i32, String)>;
+
+fn param(msg: impl Into<String>) -> (i32, String) {
+    (sys::RKNN_ERR_PARAM_INVALID, msg.into())
+}
+
+impl Context {
+    pub(crate) fn new(
+        base: MatmulConfig,
+        shapes: Vec<(usize, usize, usize)>,
+        descs: Vec<[TensorDesc; 3]>,
+        domain: i32,
+    ) -> Context {
+        Context {
+            base,
+            shapes,
+            current: 0,
+            descs,
+            domain,
+            core_mask: 0,
+            quant: [None, None, None],
+            a: None,
+            b: None,
+            c_mem: None,
+        }
+    }
+
+    /// The configuration of the current shape.
+    pub(crate) fn cfg(&self) -> MatmulConfig {
+        let (m, k, n) = self.shapes[self.current];
+        MatmulConfig {
+            m,
+            k,
+            n,
+            ..self.base
+        }
+    }
+
+    pub(crate) fn current_descs(&self) -> &[TensorDesc; 3] {
+        &self.descs[self.current]
+    }
+
+    /// Selects a creation shape; the bindings are cleared, since the sizes change and the
+    /// documented order is set_dynamic_shape, then set_io_mem.
+    pub(crate) fn set_shape(&mut self, m: usize, k: usize, n: usize) -> CallResult {
+        let i = self
+            .shapes
+            .iter()
+            .position(|&s| s == (m, k, n))
+            .ok_or_else(|| {
+                param(format!(
+                    "shape M={m} K={k} N={n} is not one of the {} shapes given at creation",
+                    self.shapes.len()
+                ))
+            })?;
+        self.current = i;
+        self.a = None;
+        self.b = None;
+        self.c_mem = None;
+        Ok(())
+    }
+
+    /// Stores quantisation parameters for "A", "B" or "C", checking their lengths.
+    pub(crate) fn set_quant(&mut self, name: &str, scale: Vec<f32>, zp: Vec<i32>) -> CallResult {
+        let cfg = self.cfg();
+        let (slot, expected) = match name {
+            "A" => (0, 1),
+            "B" => (
+                1,
+                match cfg.b_quant.granularity {
+                    QuantGranularity::PerLayer => 1,
+                    QuantGranularity::PerChannel => cfg.n,
+                    QuantGranularity::PerGroup => cfg.n * cfg.k / cfg.group_size,
+                },
+            ),
+            "C" => (
+                2,
+                if cfg.ac_quant.granularity == QuantGranularity::PerChannel {
+                    cfg.n
+                } else {
+                    1
+                },
+            ),
+            other => {
+                return Err(param(format!(
+                    "quant params name {other:?} is not \"A\", \"B\" or \"C\""
+                )));
+            }
+        };
+        if scale.len() != expected {
+            return Err(param(format!(
+                "{name}: scale_len={} but {expected} expected for this quant type",
+                scale.len()
+            )));
+        }
+        if !zp.is_empty() && zp.len() != expected {
+            return Err(param(format!(
+                "{name}: zp_len={} but 0 or {expected} expected",
+                zp.len()
+            )));
+        }
+        if scale.iter().any(|s| !s.is_finite() || *s <= 0.0) {
+            return Err(param(format!("{name}: scales must be positive and finite")));
+        }
+        self.quant[slot] = Some(QuantParams { scale, zp });
+        Ok(())
+    }
+
+    /// The single normalised scale of `rknn_matmul_get_quant_params` (i8 → i32, per-channel B).
+    /// What the runtime normalises is [open]; the emulator reports the largest B scale, and
+    /// writes the per-channel scales divided by it when the caller passes an array.
+    pub(crate) fn normalised_b_scale(&self) -> CallResult<(f32, Vec<f32>)> {
+        let cfg = self.cfg();
+        if cfg.t != MatmulType::I8_I8_I32 || cfg.b_quant.granularity != QuantGranularity::PerChannel
+        {
+            return Err(param(
+                "get_quant_params is only for RKNN_INT8_MM_INT8_TO_INT32 with per-channel B",
+            ));
+        }
+        let b = self.quant[1]
+            .as_ref()
+            .ok_or_else(|| param("B has no quant params yet"))?;
+        let max = b.scale.iter().copied().fold(0.0f32, f32::max);
+        Ok((max, b.scale.iter().map(|s| s / max).collect()))
+    }
+
+    /// Takes A or B from memory at bind time, as the runtime does (it may rearrange the data at
+    /// this point, so later writes are not seen until the next bind).
+    pub(crate) fn bind_input(
+        &mut self,
+        platform: Platform,
+        which: usize,
+        bytes: &[u8],
+    ) -> CallResult {
+        let cfg = self.cfg();
+        let desc = self.current_descs()[which];
+        let tiles = platform
+            .tiles(cfg.t)
+            .ok_or_else(|| param("no tiles for this type"))?;
+        let count = desc.elements();
+        let operand = match desc.kind {
+            ElemKind::I8 | ElemKind::I4 => {
+                let mut v = vec![0i8; count];
+                if desc.kind == ElemKind::I4 {
+                    layout::unpack_i4(bytes, &mut v);
+                } else {
+                    v.iter_mut().zip(bytes).for_each(|(d, &s)| *d = s as i8);
+                }
+                Operand::Int(v)
+            }
+            ElemKind::F16 => {
+                let h: Vec<f16> = bytes[..count * 2]
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                let mut v = vec![0f32; count];
+                h.convert_to_f32_slice(&mut v);
+                Operand::Float(v)
+            }
+            other => return Err(param(format!("input of kind {other} cannot be bound"))),
+        };
+        let seg = platform.k_segment();
+        let operand = match operand {
+            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)),
+            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)),
+        };
+        if which == 0 {
+            self.a = Some(operand);
+        } else {
+            self.b = Some(self.dequantise_b(operand));
+        }
+        Ok(())
+    }
+
+    /// For the float-A types with integer B, turns B into floats with B's quant params.
+    fn dequantise_b(&self, bt: Operand) -> Operand {
+        let cfg = self.cfg();
+        match bt {
+            Operand::Int(v) if cfg.t.a == ElemKind::F16 => {
+                let q = self.quant[1].clone().unwrap_or(QuantParams {
+                    scale: vec![1.0],
+                    zp: vec![],
+                });
+                let (n, k) = (cfg.n, cfg.k);
+                let mut out = vec![0f32; n * k];
+                for col in 0..n {
+                    for kk in 0..k {
+                        let i = b_param_index(&cfg, kk, col);
+                        out[col * k + kk] =
+                            (i32::from(v[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
+                    }
+                }
+                Operand::Float(out)
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) fn unbind_all(&mut self) {
+        self.a = None;
+        self.b = None;
+        self.c_mem = None;
+    }
+
+    /// Computes C for the bound inputs and returns it as bytes in C's layout.
+    pub(crate) fn run(&self, emu: &EmuConfig) -> CallResult<Vec<u8>> {
+        let cfg = self.cfg();
+        let (a, b) = match (&self.a, &self.b) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                return Err((
+                    sys::RKNN_ERR_INPUT_INVALID,
+                    "A and B must be bound with set_io_mem before run".into(),
+                ));
+            }
+        };
+        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+        let out = match (a, b) {
+            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt),
+            (Operand::Float(a), Operand::Float(bt)) => {
+                let mut c = vec![0f32; m * n];
+                kernels::gemm_f32(a, bt, &mut c, m, n, k);
+                match cfg.t.c {
+                    ElemKind::F16 => Out::F16(c.iter().map(|&x| f16::from_f32(x)).collect()),
+                    _ => Out::F32(c),
+                }
+            }
+            _ => {
+                return Err((
+                    sys::RKNN_ERR_FAIL,
+                    "operand kinds do not match the matmul type".into(),
+                ));
+            }
+        };
+        let desc = self.current_descs()[2];
+        let c_n = emu.platform.tiles(cfg.t).map_or(4, |t| t.c_n);
+        Ok(out.into_bytes(desc.layout == Layout::Native, m, n, c_n))
+    }
+
+    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Out {
+        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+        let mut acc = vec![0i32; m * n];
+        match cfg.t.c {
+            ElemKind::I32 => {
+                kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
+                Out::I32(acc)
+            }
+            ElemKind::I16 => {
+                kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
+                Out::I16(
+                    acc.iter()
+                        .map(|&x| match emu.i16_overflow {
+                            Overflow::Saturate => x.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
+                            Overflow::Wrap => x as i16,
+                        })
+                        .collect(),
+                )
+            }
+            // i8 → f32 and i8 → i8: dequantised sums, per K group when B is per-group.
+            ElemKind::F32 | ElemKind::I8 => {
+                let real = self.dequantised_sums(cfg, a, bt);
+                if cfg.t.c == ElemKind::F32 {
+                    return Out::F32(real.iter().map(|&r| r as f32).collect());
+                }
+                let qc = self.quant[2].clone().unwrap_or(QuantParams {
+                    scale: vec![1.0],
+                    zp: vec![],
+                });
+                Out::I8(
+                    real.iter()
+                        .enumerate()
+                        .map(|(i, &r)| {
+                            let col = i % n;
+                            let ci = if qc.scale.len() == n { col } else { 0 };
+                            let q = round(r / f64::from(qc.scale(ci)), emu.rounding)
+                                + f64::from(qc.zp(ci));
+                            q.clamp(-128.0, 127.0) as i8
+                        })
+                        .collect(),
+                )
+            }
+            _ => Out::I32(acc),
+        }
+    }
+
+    /// sA * sum over K groups of sB(g, n) * sum_{k in g} (a - zA)(b - zB(g, n)), exactly in the
+    /// integer part: the zero points are folded in with the row and column sums
+    /// (sum (a-za)(b-zb) = sum ab - zb sum a - za sum b + K za zb) so the i8 kernel stays exact.
+    /// Computed in f64, so that the i8 → i8 requantisation rounds the exact product of the
+    /// integer sum and the scales (up to one f64 rounding), not an f32 approximation of it.
+    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Vec<f64> {
+        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+        let qa = self.quant[0].clone().unwrap_or(QuantParams {
+            scale: vec![1.0],
+            zp: vec![],
+        });
+        let qb = self.quant[1].clone().unwrap_or(QuantParams {
+            scale: vec![1.0],
+            zp: vec![],
+        });
+        let group = if cfg.b_quant.granularity == QuantGranularity::PerGroup {
+            cfg.group_size
+        } else {
+            k
+        };
+        let za = i64::from(qa.zp(0));
+        let mut real = vec![0f64; m * n];
+        let mut acc = vec![0i32; m * n];
+        let (mut ag, mut bg) = (vec![0i8; m * group], vec![0i8; n * group]);
+        for g0 in (0..k).step_by(group) {
+            let (asub, bsub): (&[i8], &[i8]) = if group == k {
+                (a, bt)
+            } else {
+                for r in 0..m {
+                    ag[r * group..(r + 1) * group]
+                        .copy_from_slice(&a[r * k + g0..r * k + g0 + group]);
+                }
+                for c in 0..n {
+                    bg[c * group..(c + 1) * group]
+                        .copy_from_slice(&bt[c * k + g0..c * k + g0 + group]);
+                }
+                (&ag, &bg)
+            };
+            kernels::gemm_i8_i32(asub, bsub, &mut acc, m, n, group);
+            let row_sums: Vec<i64> = (0..m)
+                .map(|r| {
+                    asub[r * group..(r + 1) * group]
+                        .iter()
+                        .map(|&x| i64::from(x))
+                        .sum()
+                })
+                .collect();
+            let col_sums: Vec<i64> = (0..n)
+                .map(|c| {
+                    bsub[c * group..(c + 1) * group]
+                        .iter()
+                        .map(|&x| i64::from(x))
+                        .sum()
+                })
+                .collect();
+            for r in 0..m {
+                for c in 0..n {
+                    let pi = b_param_index(cfg, g0, c);
+                    let zb = i64::from(qb.zp(pi));
+                    let exact = i64::from(acc[r * n + c]) - zb * row_sums[r] - za * col_sums[c]
+                        + group as i64 * za * zb;
+                    real[r * n + c] +=
+                        exact as f64 * f64::from(qa.scale(0)) * f64::from(qb.scale(pi));
+                }
+            }
+        }
+        real
+    }
+}
+
+/// Index into B's quant arrays for element (k, n): per-layer 0, per-channel n, per-group
+/// `(k / G) * N + n` (order [K/G][N], inferred: [open]).
+fn b_param_index(cfg: &MatmulConfig, k: usize, n: usize) -> usize {
+    match cfg.b_quant.granularity {
+        QuantGranularity::PerLayer => 0,
+        QuantGranularity::PerChannel => n,
+        QuantGranularity::PerGroup => (k / cfg.group_size) * cfg.n + n,
+    }
+}
+
+fn round(x: f64, mode: Rounding) -> f64 {
+    match mode {
+        Rounding::HalfAwayFromZero => x.round(),
+        Rounding::HalfEven => {
+            let r = x.round();
+            if (x - x.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+                r - x.signum()
+            } else {
+                r
+            }
+        }
+    }
+}
+
+fn transpose<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [T]) {
+    for r in 0..rows {
+        for c in 0..cols {
+            dst[c * rows + r] = src[r * cols + c];
+        }
+    }
+}
+
+/// Reads A (`which` 0) into [M, K] or B (`which` 1) into [N, K] from the bound layout.
+fn canonical<T: Copy + Default>(
+    src: &[T],
+    which: usize,
+    desc: &TensorDesc,
+    cfg: &MatmulConfig,
+    tiles: Tiles,
+    segment: Option<usize>,
+) -> Vec<T> {
+    let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+    if which == 0 {
+        let mut d = vec![T::default(); m * k];
+        match desc.layout {
+            Layout::Native => layout::unpack_a_native(src, m, k, tiles.a_k, &mut d),
+            _ => d.copy_from_slice(&src[..m * k]),
+        }
+        d
+    } else {
+        let mut d = vec![T::default(); k * n];
+        match desc.layout {
+            Layout::Native => {
+                NativeB::new(k, n, tiles.b_n, tiles.b_k, segment).unpack_to_nk(src, &mut d)
+            }
+            Layout::TpNorm => d.copy_from_slice(&src[..k * n]),
+            Layout::Norm => transpose(src, k, n, &mut d),
+        }
+        d
+    }
+}
+
+/// The result of a run in row-major [M, N], before layout and serialisation.
+enum Out {
+    I32(Vec<i32>),
+    I16(Vec<i16>),
+    I8(Vec<i8>),
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Out {
+    fn into_bytes(self, native: bool, m: usize, n: usize, c_n: usize) -> Vec<u8> {
+        fn lay<T: Copy + Default>(
+            v: Vec<T>,
+            native: bool,
+            m: usize,
+            n: usize,
+            c_n: usize,
+        ) -> Vec<T> {
+            if !native {
+                return v;
+            }
+            let mut d = vec![T::default(); layout::native_c_len(m, n, c_n)];
+            layout::pack_c_native(&v, m, n, c_n, &mut d);
+            d
+        }
+        match self {
+            Out::I32(v) => lay(v, native, m, n, c_n)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Out::I16(v) => lay(v, native, m, n, c_n)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Out::I8(v) => lay(v, native, m, n, c_n).iter().map(|&x| x as u8).collect(),
+            Out::F32(v) => lay(v, native, m, n, c_n)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Out::F16(v) => lay(v, native, m, n, c_n)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        }
+    }
+}

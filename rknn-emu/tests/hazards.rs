@@ -1,0 +1,471 @@
+//! The field hazards the emulator reproduces, and the semantics of binding, syncing, dynamic
+//! shapes and the B converter.
+
+mod common;
+
+use common::*;
+use rknn_chip::Platform;
+use rknn_emu::{EmuConfig, Emulator, last_error};
+use rknn_sys::*;
+
+fn ctx_i8(emu: &Emulator, m: i32, k: i32, n: i32) -> (rknn_matmul_ctx, rknn_matmul_io_attr) {
+    let mut info = rknn_matmul_info {
+        M: m,
+        K: k,
+        N: n,
+        type_: RKNN_INT8_MM_INT8_TO_INT32,
+        ..Default::default()
+    };
+    let mut io = rknn_matmul_io_attr::default();
+    let mut ctx = 0;
+    // SAFETY: valid pointers.
+    assert_eq!(
+        unsafe { (emu.api().rknn_matmul_create)(&mut ctx, &mut info, &mut io) },
+        0
+    );
+    (ctx, io)
+}
+
+#[test]
+fn the_handle_budget_fails_allocation_like_the_device() {
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.handle_budget = 40;
+    let emu = Emulator::new(cfg).unwrap();
+    let (ctx, _) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    // SAFETY: memories are created and destroyed on a live context.
+    unsafe {
+        let mems: Vec<_> = (0..40).map(|_| (api.rknn_create_mem)(ctx, 64)).collect();
+        assert!(mems.iter().all(|m| !m.is_null()));
+        assert!(
+            (api.rknn_create_mem)(ctx, 64).is_null(),
+            "the 41st allocation fails"
+        );
+        assert!(
+            last_error().contains("too many open files"),
+            "{}",
+            last_error()
+        );
+        assert_eq!((api.rknn_destroy_mem)(ctx, mems[0]), 0);
+        let again = (api.rknn_create_mem)(ctx, 64);
+        assert!(!again.is_null(), "freeing one makes room");
+        assert_eq!((api.rknn_destroy_mem)(ctx, again), 0);
+        for m in &mems[1..] {
+            assert_eq!((api.rknn_destroy_mem)(ctx, *m), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+    assert_eq!(emu.stats().memories, 0);
+    assert_eq!(EmuConfig::new(Platform::Rk3588).handle_budget, 1020);
+}
+
+#[test]
+fn each_iommu_domain_holds_a_bounded_number_of_bytes() {
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.iommu_domain_bytes = 1 << 20; // scaled down from 4 GiB for the test
+    let emu = Emulator::new(cfg).unwrap();
+    let api = emu.api();
+    let make = |domain: i32| {
+        let mut info = rknn_matmul_info {
+            M: 1,
+            K: 32,
+            N: 32,
+            type_: RKNN_INT8_MM_INT8_TO_INT32,
+            iommu_domain_id: domain,
+            ..Default::default()
+        };
+        let mut io = rknn_matmul_io_attr::default();
+        let mut ctx = 0;
+        // SAFETY: valid pointers.
+        assert_eq!(
+            unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) },
+            0
+        );
+        ctx
+    };
+    let (c0, c1) = (make(0), make(1));
+    // SAFETY: memories on live contexts.
+    unsafe {
+        let big = (api.rknn_create_mem)(c0, 768 << 10);
+        assert!(!big.is_null());
+        assert!(
+            (api.rknn_create_mem)(c0, 512 << 10).is_null(),
+            "domain 0 is full"
+        );
+        assert!(
+            last_error().contains("IOMMU domain 0 is full"),
+            "{}",
+            last_error()
+        );
+        let other = (api.rknn_create_mem)(c1, 512 << 10);
+        assert!(!other.is_null(), "domain 1 has its own space");
+        assert_eq!(emu.domain_used(0), 768 << 10);
+        assert_eq!(emu.domain_used(1), 512 << 10);
+        assert_eq!((api.rknn_destroy_mem)(c0, big), 0);
+        assert_eq!((api.rknn_destroy_mem)(c1, other), 0);
+        assert_eq!(emu.domain_used(0), 0);
+        assert_eq!((api.rknn_matmul_destroy)(c0), 0);
+        assert_eq!((api.rknn_matmul_destroy)(c1), 0);
+    }
+    assert_eq!(EmuConfig::new(Platform::Rk3588).iommu_domain_bytes, 4 << 30);
+}
+
+#[test]
+fn a_context_used_from_two_threads_at_once_is_refused() {
+    let emu = emulator(Platform::Rk3588);
+    let (m, k, n) = (64, 4096, 1024); // a run long enough to overlap
+    let (ctx, mut io) = ctx_i8(&emu, m, k, n);
+    let api = emu.api();
+    // SAFETY: memories on a live context, destroyed before it.
+    let mems = unsafe {
+        let mems = [io.A.size, io.B.size, io.C.size].map(|s| (api.rknn_create_mem)(ctx, s));
+        for (mem, attr) in mems.iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+            assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+        }
+        mems
+    };
+    let run = api.rknn_matmul_run;
+    let mut refused = 0;
+    for _ in 0..20 {
+        let codes: Vec<i32> = std::thread::scope(|s| {
+            // SAFETY: the emulator detects the concurrent use; that is what is tested.
+            let hs: Vec<_> = (0..2)
+                .map(|_| s.spawn(move || unsafe { run(ctx) }))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            codes.iter().all(|&c| c == 0 || c == RKNN_ERR_FAIL),
+            "{codes:?}"
+        );
+        refused += codes.iter().filter(|&&c| c == RKNN_ERR_FAIL).count();
+        if refused > 0 {
+            break;
+        }
+    }
+    assert!(
+        refused > 0,
+        "two concurrent runs never collided in 20 tries"
+    );
+    assert_eq!(emu.stats().concurrent_uses, refused);
+    // SAFETY: as above.
+    unsafe {
+        for mem in mems {
+            assert_eq!((api.rknn_destroy_mem)(ctx, mem), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+}
+
+/// Writes `a` and `b` into A and B, binds A, B, C, runs and returns C[0].
+fn bind_run(
+    emu: &Emulator,
+    ctx: rknn_matmul_ctx,
+    io: &mut rknn_matmul_io_attr,
+    mems: &[*mut rknn_tensor_mem; 3],
+    fill: i8,
+    rebind: bool,
+) -> i32 {
+    let api = emu.api();
+    // SAFETY: live memories of at least the io sizes.
+    unsafe {
+        std::ptr::write_bytes(
+            (*mems[0]).virt_addr.cast::<u8>(),
+            fill as u8,
+            io.A.size as usize,
+        );
+        if rebind {
+            for (mem, attr) in mems.iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+                assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+            }
+        }
+        assert_eq!((api.rknn_matmul_run)(ctx), 0);
+        *((*mems[2]).virt_addr as *const i32)
+    }
+}
+
+#[test]
+fn set_io_mem_takes_the_data_at_bind_time() {
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, mut io) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    // SAFETY: memories on a live context.
+    let mems = unsafe { [io.A.size, io.B.size, io.C.size].map(|s| (api.rknn_create_mem)(ctx, s)) };
+    // SAFETY: B is K*N bytes.
+    unsafe { std::ptr::write_bytes((*mems[1]).virt_addr.cast::<u8>(), 1, io.B.size as usize) };
+    assert_eq!(bind_run(&emu, ctx, &mut io, &mems, 2, true), 64);
+    // Writing A without binding again is not seen: the documented write → bind → run order.
+    assert_eq!(bind_run(&emu, ctx, &mut io, &mems, 3, false), 64);
+    assert_eq!(bind_run(&emu, ctx, &mut io, &mems, 3, true), 96);
+    // SAFETY: destroy in the documented order.
+    unsafe {
+        for m in mems {
+            assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+}
+
+#[test]
+fn strict_cache_emulation_needs_syncs_in_both_directions() {
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.strict_cache = true;
+    let emu = Emulator::new(cfg).unwrap();
+    let (ctx, mut io) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    let sync = api.rknn_mem_sync.unwrap();
+    // SAFETY: memories on a live context, written within their sizes.
+    unsafe {
+        let mems = [io.A.size, io.B.size, io.C.size].map(|s| (api.rknn_create_mem)(ctx, s));
+        std::ptr::write_bytes((*mems[0]).virt_addr.cast::<u8>(), 2, io.A.size as usize);
+        std::ptr::write_bytes((*mems[1]).virt_addr.cast::<u8>(), 1, io.B.size as usize);
+        // No TO_DEVICE sync: the device still sees zeros.
+        for (mem, attr) in mems.iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+            assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+        }
+        assert_eq!((api.rknn_matmul_run)(ctx), 0);
+        assert_eq!(sync(ctx, mems[2], RKNN_MEMORY_SYNC_FROM_DEVICE), 0);
+        assert_eq!(
+            *((*mems[2]).virt_addr as *const i32),
+            0,
+            "unsynced inputs are stale"
+        );
+        assert_eq!(sync(ctx, mems[0], RKNN_MEMORY_SYNC_TO_DEVICE), 0);
+        assert_eq!(sync(ctx, mems[1], RKNN_MEMORY_SYNC_TO_DEVICE), 0);
+        for (mem, attr) in mems.iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+            assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+        }
+        assert_eq!((api.rknn_matmul_run)(ctx), 0);
+        assert_eq!(
+            *((*mems[2]).virt_addr as *const i32),
+            0,
+            "output not visible before FROM_DEVICE"
+        );
+        assert_eq!(sync(ctx, mems[2], RKNN_MEMORY_SYNC_FROM_DEVICE), 0);
+        assert_eq!(*((*mems[2]).virt_addr as *const i32), 64);
+        for m in mems {
+            assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+}
+
+#[test]
+fn destroying_a_context_before_its_memories_is_counted() {
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, _) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    // SAFETY: the misuse under test; the memory stays valid and is freed afterwards.
+    unsafe {
+        let m = (api.rknn_create_mem)(ctx, 64);
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+        assert_eq!(emu.stats().orphaned_memories, 1);
+        assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
+    }
+    assert_eq!(
+        emu.stats(),
+        rknn_emu::EmuStats {
+            orphaned_memories: 1,
+            ..Default::default()
+        }
+    );
+}
+
+#[test]
+fn dynamic_shapes_select_one_of_the_creation_shapes() {
+    let emu = emulator(Platform::Rk3588);
+    let api = emu.api();
+    let mut info = rknn_matmul_info {
+        type_: RKNN_INT8_MM_INT8_TO_INT32,
+        ..Default::default()
+    };
+    let mut shapes = [1, 4, 16].map(|m| rknn_matmul_shape { M: m, K: 64, N: 32 });
+    let mut ios = [rknn_matmul_io_attr::default(); 3];
+    let mut ctx = 0;
+    let mut rng = fastrand::Rng::with_seed(5);
+    // SAFETY: valid pointers and lengths; memories sized for the largest shape.
+    unsafe {
+        let create = api.rknn_matmul_create_dynamic_shape.unwrap();
+        let set = api.rknn_matmul_set_dynamic_shape.unwrap();
+        assert_eq!(
+            create(
+                &mut ctx,
+                &mut info,
+                3,
+                shapes.as_mut_ptr(),
+                ios.as_mut_ptr()
+            ),
+            0
+        );
+        assert_eq!(ios.map(|io| io.A.dims[0]), [1, 4, 16]);
+        let mems =
+            [ios[2].A.size, ios[2].B.size, ios[2].C.size].map(|s| (api.rknn_create_mem)(ctx, s));
+        let b: Vec<i8> = (0..64 * 32).map(|_| rng.i8(..)).collect();
+        std::ptr::copy_nonoverlapping(b.as_ptr(), (*mems[1]).virt_addr.cast(), b.len());
+        for (i, s) in shapes.iter_mut().enumerate() {
+            assert_eq!(set(ctx, s), 0);
+            let m = s.M as usize;
+            let a: Vec<i8> = (0..m * 64).map(|_| rng.i8(..)).collect();
+            std::ptr::copy_nonoverlapping(a.as_ptr(), (*mems[0]).virt_addr.cast(), a.len());
+            assert_eq!(
+                (api.rknn_matmul_run)(ctx),
+                RKNN_ERR_INPUT_INVALID,
+                "switching shape unbinds"
+            );
+            let io = &mut ios[i];
+            for (mem, attr) in mems.iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+                assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+            }
+            assert_eq!((api.rknn_matmul_run)(ctx), 0);
+            let c = std::slice::from_raw_parts((*mems[2]).virt_addr as *const i32, m * 32);
+            for r in 0..m {
+                for col in 0..32 {
+                    let want: i32 = (0..64)
+                        .map(|x| i32::from(a[r * 64 + x]) * i32::from(b[x * 32 + col]))
+                        .sum();
+                    assert_eq!(c[r * 32 + col], want);
+                }
+            }
+        }
+        let mut bad = rknn_matmul_shape { M: 2, K: 64, N: 32 };
+        assert_eq!(set(ctx, &mut bad), RKNN_ERR_PARAM_INVALID);
+        for m in mems {
+            assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+        assert_eq!(
+            create(
+                &mut ctx,
+                &mut info,
+                0,
+                shapes.as_mut_ptr(),
+                ios.as_mut_ptr()
+            ),
+            RKNN_ERR_PARAM_INVALID
+        );
+    }
+}
+
+#[test]
+fn the_b_converter_matches_the_documented_layout_and_refuses_aliasing() {
+    let mut rng = fastrand::Rng::with_seed(9);
+    for (p, t) in [
+        (Platform::Rk3588, RKNN_INT8_MM_INT8_TO_INT32),
+        (Platform::Rk3588, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32),
+        (Platform::Rk3588, RKNN_INT4_MM_INT4_TO_INT16),
+        (Platform::Rk3576, RKNN_INT8_MM_INT8_TO_INT32),
+        (Platform::Rk3566, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32),
+    ] {
+        let emu = emulator(p);
+        let conv = emu.api().rknn_B_normal_layout_to_native_layout.unwrap();
+        let mt = rknn_chip::MatmulType::from_raw(t).unwrap();
+        let tiles = p.tiles(mt).unwrap();
+        for (k, n) in [(64usize, 64usize), (8192 + 64, 64), (4096 + 32, 128)] {
+            let max_k = rknn_chip::ShapeRules::accepted(p)
+                .max_k
+                .unwrap_or(usize::MAX);
+            if k > max_k {
+                continue;
+            }
+            let (_, tb) = operand_types(t);
+            let b = random_values(&mut rng, tb, k * n);
+            let order = native_b_order(k, n, tiles.b_n, tiles.b_k, p.k_segment());
+            // The converter's input: int4 unpacked, one value per byte.
+            let input: Vec<u8> = match &b {
+                Values::Int(v) => v.iter().map(|&x| x as i8 as u8).collect(),
+                Values::Float(v) => v
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect(),
+            };
+            let want: Vec<u8> = match (&b, mt.b) {
+                (Values::Int(v), rknn_chip::ElemKind::I4) => {
+                    let nib: Vec<u8> = order
+                        .iter()
+                        .map(|o| o.map_or(0, |i| v[i] as u8 & 0xf))
+                        .collect();
+                    nib.chunks(2).map(|c| c[0] | (c[1] << 4)).collect()
+                }
+                (Values::Int(v), _) => order
+                    .iter()
+                    .map(|o| o.map_or(0, |i| v[i] as i8 as u8))
+                    .collect(),
+                (Values::Float(v), _) => order
+                    .iter()
+                    .flat_map(|o| half::f16::from_f32(o.map_or(0.0, |i| v[i])).to_le_bytes())
+                    .collect(),
+            };
+            let mut out = vec![0xAAu8; want.len()];
+            let mut info = rknn_matmul_info {
+                M: 1,
+                K: k as i32,
+                N: n as i32,
+                type_: t,
+                B_layout: 1,
+                ..Default::default()
+            };
+            let mut inp = input.clone();
+            // SAFETY: buffers of the sizes the converter reads and writes.
+            let rc = unsafe {
+                conv(
+                    inp.as_mut_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    k as i32,
+                    n as i32,
+                    &mut info,
+                )
+            };
+            assert_eq!(rc, 0, "{p} {t} K={k}: {}", last_error());
+            assert!(out == want, "{p} type {t} K={k} N={n}");
+            // In place: refused, not corrupted.
+            let mut same = vec![0u8; want.len().max(input.len())];
+            same[..input.len()].copy_from_slice(&input);
+            let ptr = same.as_mut_ptr().cast();
+            // SAFETY: the aliasing is the point; the emulator refuses before touching memory.
+            let rc = unsafe { conv(ptr, ptr, k as i32, n as i32, &mut info) };
+            assert_eq!(rc, RKNN_ERR_PARAM_INVALID);
+            assert_eq!(&same[..input.len()], &input[..], "input untouched");
+        }
+    }
+}
+
+#[test]
+fn wrapped_fd_and_phys_memories_use_the_callers_mapping() {
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, mut io) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    let mut backing = vec![0u8; 4096];
+    let mut b = vec![1u8; io.B.size as usize];
+    let mut c = vec![0u8; io.C.size as usize];
+    // SAFETY: the caller-owned buffers outlive the memories wrapping them.
+    unsafe {
+        backing[100..100 + 32].fill(3);
+        let a =
+            (api.rknn_create_mem_from_fd.unwrap())(ctx, 7, backing.as_mut_ptr().cast(), 32, 100);
+        let bm =
+            (api.rknn_create_mem_from_phys.unwrap())(ctx, 0x1000, b.as_mut_ptr().cast(), io.B.size);
+        let cm =
+            (api.rknn_create_mem_from_phys.unwrap())(ctx, 0x2000, c.as_mut_ptr().cast(), io.C.size);
+        assert!(!a.is_null() && !bm.is_null() && !cm.is_null());
+        assert_eq!(
+            ((*a).fd, (*a).offset, (*a).flags),
+            (7, 100, RKNN_TENSOR_MEMORY_FLAGS_FROM_FD)
+        );
+        for (mem, attr) in [a, bm, cm].iter().zip([&mut io.A, &mut io.B, &mut io.C]) {
+            assert_eq!((api.rknn_matmul_set_io_mem)(ctx, *mem, attr), 0);
+        }
+        assert_eq!((api.rknn_matmul_run)(ctx), 0);
+        assert_eq!(
+            i32::from_le_bytes(c[..4].try_into().unwrap()),
+            96,
+            "data at virt_addr + offset"
+        );
+        assert!(
+            (api.rknn_create_mem_from_fd.unwrap())(ctx, 7, std::ptr::null_mut(), 32, 0).is_null()
+        );
+        for m in [a, bm, cm] {
+            assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
+        }
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+}
