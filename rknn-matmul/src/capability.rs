@@ -1,0 +1,181 @@
+//! What a runtime can multiply: every matmul type tried (on the NPU) or looked up (emulator),
+//! and requests by quantisation scheme with reasons for refusals.
+
+use rknn_chip::{MatmulType, Platform};
+use rknn_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::runtime::Runtime;
+
+/// A quantisation scheme, named by weight and activation precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// f16 weights and activations.
+    F16,
+    /// int8 weights and activations.
+    W8A8,
+    /// int4 weights and int4 activations.
+    W4A4,
+    /// int8 weights, f16 activations (weight-only int8).
+    W8A16,
+    /// int4 weights, f16 activations (weight-only int4).
+    W4A16,
+    /// int4 weights, int8 activations.
+    W4A8,
+}
+
+impl Scheme {
+    /// Every scheme.
+    pub const ALL: [Scheme; 6] = [
+        Scheme::F16,
+        Scheme::W8A8,
+        Scheme::W4A4,
+        Scheme::W8A16,
+        Scheme::W4A16,
+        Scheme::W4A8,
+    ];
+
+    /// The scheme of a matmul type.
+    pub fn of(t: MatmulType) -> Scheme {
+        use rknn_chip::ElemKind::*;
+        match (t.a, t.b) {
+            (F16, F16) => Scheme::F16,
+            (I8, I8) => Scheme::W8A8,
+            (I4, I4) => Scheme::W4A4,
+            (F16, I8) => Scheme::W8A16,
+            (F16, I4) => Scheme::W4A16,
+            _ => Scheme::W4A8,
+        }
+    }
+
+    /// Whether the weights are narrower than the activations.
+    pub fn is_weight_only(self) -> bool {
+        matches!(self, Scheme::W8A16 | Scheme::W4A16 | Scheme::W4A8)
+    }
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// One row of the capability table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capability {
+    /// The matmul type.
+    pub matmul_type: MatmulType,
+    /// Its scheme.
+    pub scheme: Scheme,
+    /// Whether it runs here.
+    pub supported: bool,
+    /// Why not (or a note when the probe and the documented table disagree).
+    pub reason: Option<String>,
+}
+
+fn table_reason(p: Platform, t: MatmulType) -> String {
+    if p == Platform::Rk3588 && Scheme::of(t).is_weight_only() {
+        "RK3588 has no weight-only int8/int4 matmul (the hardware rejects it with RKNN_ERR_PARAM_INVALID)".to_string()
+    } else if [6, 12, 15].contains(&t.raw()) {
+        format!("{} is listed for no chip in public sources", t.c_name())
+    } else {
+        format!("not among {p}'s matmul types")
+    }
+}
+
+impl Runtime {
+    /// The capability table: on the NPU each type is tried with `rknn_matmul_create` on a
+    /// minimal aligned shape and compared with the documented table; on the emulator it is the
+    /// platform table.
+    pub fn capabilities(&self) -> Vec<Capability> {
+        let p = self.platform();
+        MatmulType::ALL
+            .iter()
+            .map(|&t| {
+                let documented = p.accepts(t);
+                let (supported, reason) = if self.is_emulator() {
+                    (documented, (!documented).then(|| table_reason(p, t)))
+                } else {
+                    match self.try_create(t) {
+                        Ok(()) if documented => (true, None),
+                        Ok(()) => (true, Some(format!("runs, although the documented table says it is not supported on {p}"))),
+                        Err(e) if documented => (false, Some(format!("documented for {p} but refused: {e}"))),
+                        Err(_) => (false, Some(table_reason(p, t))),
+                    }
+                };
+                Capability { matmul_type: t, scheme: Scheme::of(t), supported, reason }
+            })
+            .collect()
+    }
+
+    fn try_create(&self, t: MatmulType) -> Result<()> {
+        let api = self.api();
+        // K = N = 64 meets every chip's alignment for every type.
+        let mut info = sys::rknn_matmul_info {
+            M: 1,
+            K: 64,
+            N: 64,
+            type_: t.raw(),
+            B_layout: 1,
+            ..Default::default()
+        };
+        let mut io = sys::rknn_matmul_io_attr::default();
+        let mut ctx: sys::rknn_matmul_ctx = 0;
+        // SAFETY: valid pointers for the call.
+        let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
+        self.check("rknn_matmul_create", rc)?;
+        // SAFETY: destroying the context just created (no memories).
+        unsafe { (api.rknn_matmul_destroy)(ctx) };
+        Ok(())
+    }
+
+    /// The matmul types that implement `scheme` here, best first, or an error explaining why
+    /// the chip cannot.
+    ///
+    /// ```
+    /// use rknn_matmul::{Platform, Runtime, Scheme};
+    /// let rt = Runtime::emulator(Platform::Rk3588)?;
+    /// let err = rt.require(Scheme::W4A16).unwrap_err().to_string();
+    /// assert!(err.contains("no weight-only") && err.contains("W4A4"), "{err}");
+    /// assert_eq!(rt.require(Scheme::W8A8)?[0].c_name(), "RKNN_INT8_MM_INT8_TO_INT32");
+    /// # Ok::<(), rknn_matmul::Error>(())
+    /// ```
+    pub fn require(&self, scheme: Scheme) -> Result<Vec<MatmulType>> {
+        let p = self.platform();
+        let types: Vec<MatmulType> = self
+            .capabilities()
+            .into_iter()
+            .filter(|c| c.scheme == scheme && c.supported)
+            .map(|c| c.matmul_type)
+            .collect();
+        if !types.is_empty() {
+            return Ok(types);
+        }
+        let reason = if p == Platform::Rk3588 && scheme.is_weight_only() {
+            "the RK3588 NPU has no weight-only int8/int4 matmul (types 5, 7 and 11 are rejected by the \
+             hardware). Its only int4 mode is W4A4 (RKNN_INT4_MM_INT4_TO_INT16), which quantises the \
+             activations to 4 bits as well: transformer activation outliers do not fit, so W4A4 output is \
+             unusable for LLMs without rotation tricks. Use W8A8 (int8 weights, per-channel scales on the \
+             host) or F16"
+                .to_string()
+        } else {
+            let have: Vec<String> = self
+                .capabilities()
+                .iter()
+                .filter(|c| c.supported)
+                .map(|c| c.scheme.to_string())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            format!(
+                "no matmul type of this scheme runs on {p} (it has: {})",
+                have.join(", ")
+            )
+        };
+        Err(Error::Unsupported {
+            scheme,
+            platform: p,
+            reason,
+        })
+    }
+}

@@ -1,0 +1,120 @@
+//! Element types and matmul types at the type level: a context's A, B and C element types are
+//! fixed by its [`MatmulKind`], so a buffer of the wrong type cannot be bound.
+
+use half::f16;
+use rknn_chip::{ElemKind, MatmulType};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Two int4 values in one byte: the even element in the low nibble, two's complement
+/// (fact sheet §7). The storage element of every int4 matrix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct I4x2(pub u8);
+
+impl I4x2 {
+    /// Packs two values in -8..=7 (`lo` is the even element).
+    ///
+    /// ```
+    /// use rknn_matmul::I4x2;
+    /// let p = I4x2::new(-8, 7);
+    /// assert_eq!(p.get(), (-8, 7));
+    /// assert_eq!(p.0, 0x78);
+    /// ```
+    pub fn new(lo: i8, hi: i8) -> I4x2 {
+        debug_assert!(
+            (-8..=7).contains(&lo) && (-8..=7).contains(&hi),
+            "int4 values are -8..=7"
+        );
+        I4x2((lo as u8 & 0xf) | ((hi as u8 & 0xf) << 4))
+    }
+
+    /// The two values (even element first).
+    pub fn get(self) -> (i8, i8) {
+        (((self.0 << 4) as i8) >> 4, (self.0 as i8) >> 4)
+    }
+}
+
+/// A type the NPU stores: plain old data with a fixed size and no padding.
+///
+/// # Safety
+/// Implementors must be `Copy`, have no padding and accept every bit pattern, since their
+/// bytes are shared with the device. Sealed: only this crate implements it.
+pub unsafe trait Element:
+    Copy + Default + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
+{
+    /// The element kind.
+    const KIND: ElemKind;
+    /// Logical values per stored element (2 for [`I4x2`], 1 otherwise).
+    const PER_ELEMENT: usize = 1;
+}
+
+macro_rules! element {
+    ($($t:ty => $kind:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        // SAFETY: a primitive (or a transparent wrapper of one): no padding, every bit pattern valid.
+        unsafe impl Element for $t {
+            const KIND: ElemKind = ElemKind::$kind;
+        }
+    )*};
+}
+element!(i8 => I8, i16 => I16, i32 => I32, f32 => F32, f16 => F16);
+
+impl sealed::Sealed for I4x2 {}
+// SAFETY: `repr(transparent)` over `u8`.
+unsafe impl Element for I4x2 {
+    const KIND: ElemKind = ElemKind::I4;
+    const PER_ELEMENT: usize = 2;
+}
+
+/// A matmul type with its element types: the type parameter of [`crate::Matmul`].
+pub trait MatmulKind: sealed::Sealed + Send + 'static {
+    /// The runtime's matmul type.
+    const TYPE: MatmulType;
+    /// Element of A.
+    type A: Element;
+    /// Element of B.
+    type B: Element;
+    /// Element of C.
+    type C: Element;
+}
+
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $name:ident = $t:ident: $a:ty, $b:ty, $c:ty;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name;
+        impl sealed::Sealed for $name {}
+        impl MatmulKind for $name {
+            const TYPE: MatmulType = MatmulType::$t;
+            type A = $a;
+            type B = $b;
+            type C = $c;
+        }
+    )*};
+}
+
+kinds! {
+    /// f16 × f16 → f32 (type 1; every chip).
+    F16xF16ToF32 = F16_F16_F32: f16, f16, f32;
+    /// i8 × i8 → i32 (type 2; every chip). Exact.
+    I8xI8ToI32 = I8_I8_I32: i8, i8, i32;
+    /// i8 × i8 → i8 requantised (type 3; RK3588).
+    I8xI8ToI8 = I8_I8_I8: i8, i8, i8;
+    /// f16 × f16 → f16 (type 4; RK3588, RK3576).
+    F16xF16ToF16 = F16_F16_F16: f16, f16, f16;
+    /// f16 × i8 → f32 (type 5; RK3576 only: weight-only int8).
+    F16xI8ToF32 = F16_I8_F32: f16, i8, f32;
+    /// f16 × i4 → f32 (type 7; RK3576 only: weight-only int4).
+    F16xI4ToF32 = F16_I4_F32: f16, I4x2, f32;
+    /// f16 × i4 → f16 (type 8; RK3576 only).
+    F16xI4ToF16 = F16_I4_F16: f16, I4x2, f16;
+    /// i8 × i8 → f32 dequantised (type 9; RK3588).
+    I8xI8ToF32 = I8_I8_F32: i8, i8, f32;
+    /// i4 × i4 → i16 (type 10; RK3588: W4A4, the only int4 mode there).
+    I4xI4ToI16 = I4_I4_I16: I4x2, I4x2, i16;
+    /// i8 × i4 → i32 (type 11; RK3576 only).
+    I8xI4ToI32 = I8_I4_I32: i8, I4x2, i32;
+}

@@ -1,0 +1,202 @@
+//! Guards against the NPU's field hazards (fact sheet §9):
+//!
+//! * every NPU memory holds a dma-buf file descriptor, and the runtime segfaults once the
+//!   process runs out (near 1020 under the common `ulimit -n 1024`): the soft RLIMIT_NOFILE is
+//!   raised toward the hard limit, and a handle budget turns exhaustion into a typed error;
+//! * the NPU is single-tenant: two processes driving it have panicked the kernel, so a
+//!   process-wide exclusive file lock makes the second process fail with "NPU busy (held by
+//!   pid N)";
+//! * librknnrt may unmap ranges that alias glibc's mmap-backed large mallocs: the known
+//!   workaround, `mallopt(M_MMAP_MAX, 0)`, is applied before NPU memory is created.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::{Error, Result};
+
+/// Default path of the NPU lock file: one per machine, shared by every user.
+pub const DEFAULT_LOCK_PATH: &str = "/tmp/rknn-npu.lock";
+
+/// File descriptors kept free for the rest of the process when sizing the handle budget.
+pub const FD_RESERVE: usize = 64;
+
+/// The soft and hard RLIMIT_NOFILE after [`raise_fd_limit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdLimit {
+    /// The soft limit in force.
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: u64,
+    /// The soft limit before it was raised.
+    pub soft_before: u64,
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (capped at 1 << 20, since an unlimited hard
+/// limit would make some programs allocate per-fd tables) and reports both.
+pub fn raise_fd_limit() -> Result<FdLimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(Error::Os {
+            what: "getrlimit(RLIMIT_NOFILE)".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let before = lim.rlim_cur as u64;
+    let target = (lim.rlim_max as u64).min(1 << 20);
+    if target > before {
+        let new = libc::rlimit {
+            rlim_cur: target as libc::rlim_t,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: valid pointer to an initialised rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+            lim.rlim_cur = new.rlim_cur;
+        }
+    }
+    Ok(FdLimit {
+        soft: lim.rlim_cur as u64,
+        hard: lim.rlim_max as u64,
+        soft_before: before,
+    })
+}
+
+/// Counts live NPU memories against a budget, so that exhaustion is an error before the
+/// runtime fails (or, on the real device, crashes).
+#[derive(Debug)]
+pub struct HandleBudget {
+    live: AtomicUsize,
+    budget: usize,
+}
+
+impl HandleBudget {
+    /// A budget of `budget` live memories.
+    pub fn new(budget: usize) -> HandleBudget {
+        HandleBudget {
+            live: AtomicUsize::new(0),
+            budget,
+        }
+    }
+
+    /// The budget sized from a file-descriptor limit.
+    pub fn for_fd_limit(soft: u64) -> HandleBudget {
+        HandleBudget::new((soft as usize).saturating_sub(FD_RESERVE).max(1))
+    }
+
+    /// Takes one handle, or fails with [`Error::HandleBudget`].
+    pub(crate) fn acquire(&self) -> Result<()> {
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.budget).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|live| Error::HandleBudget {
+                live,
+                budget: self.budget,
+            })
+    }
+
+    /// Returns one handle.
+    pub(crate) fn release(&self) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Live memories.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// The budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+}
+
+/// An exclusive, process-wide lock on the NPU: an `flock` on a file that names its holder.
+/// Released when dropped (or when the process dies, by the kernel).
+#[derive(Debug)]
+pub struct NpuLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl NpuLock {
+    /// Takes the lock at `path` without waiting; fails with [`Error::NpuBusy`] naming the
+    /// holder's pid when another process has it.
+    pub fn acquire(path: &Path) -> Result<NpuLock> {
+        let os = |what: &str, source| Error::Os {
+            what: format!("{what} {}", path.display()),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| os("open", e))?;
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut s = String::new();
+                let _ = file.read_to_string(&mut s);
+                return Err(Error::NpuBusy {
+                    pid: s.trim().parse().ok(),
+                    path: path.to_path_buf(),
+                });
+            }
+            return Err(os("flock", err));
+        }
+        file.set_len(0).map_err(|e| os("truncate", e))?;
+        file.rewind().map_err(|e| os("rewind", e))?;
+        write!(file, "{}", std::process::id()).map_err(|e| os("write", e))?;
+        file.flush().map_err(|e| os("flush", e))?;
+        Ok(NpuLock {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Which process holds the lock at `path`, if any (`None` when free).
+    pub fn holder(path: &Path) -> Option<u32> {
+        match NpuLock::acquire(path) {
+            Err(Error::NpuBusy { pid, .. }) => pid.or(Some(0)),
+            _ => None,
+        }
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for NpuLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+        // SAFETY: unlock our own descriptor; closing it would unlock too.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Applies `mallopt(M_MMAP_MAX, 0)` so that glibc serves large allocations from the heap
+/// instead of private mmaps, which librknnrt has been seen to unmap. Returns whether glibc
+/// accepted it (always false off glibc).
+pub fn disable_malloc_mmap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator tuning; M_MMAP_MAX = 0 is a documented value.
+        unsafe { libc::mallopt(libc::M_MMAP_MAX, 0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
