@@ -60,6 +60,12 @@ fn call_ptr(body: impl FnOnce() -> CallResult<*mut rknn_tensor_mem>) -> *mut rkn
     }
 }
 
+/// The handle as the emulator's key: `rknn_context` is 32-bit on 32-bit ARM, 64-bit elsewhere.
+#[allow(clippy::useless_conversion)]
+fn handle(ctx: sys::rknn_context) -> u64 {
+    u64::from(ctx)
+}
+
 fn err(code: c_int, msg: impl Into<String>) -> (c_int, String) {
     (code, msg.into())
 }
@@ -264,7 +270,7 @@ unsafe extern "C" fn matmul_set_dynamic_shape<const S: usize>(
         let inst = inst(S)?;
         let dim = |v: i32| usize::try_from(v).map_err(|_| param(format!("negative dimension {v}")));
         let (m, k, n) = (dim(s.M)?, dim(s.K)?, dim(s.N)?);
-        with_context(&inst, ctx as u64, |c| c.set_shape(m, k, n))
+        with_context(&inst, handle(ctx), |c| c.set_shape(m, k, n))
     })
 }
 
@@ -294,7 +300,7 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
             }
         };
         let platform = inst.cfg.platform;
-        with_context(&inst, ctx as u64, |c| {
+        with_context(&inst, handle(ctx), |c| {
             let desc = c.current_descs()[which];
             if attr.size as usize != desc.size_bytes() {
                 return Err(param(format!(
@@ -344,7 +350,7 @@ unsafe extern "C" fn matmul_set_core_mask<const S: usize>(
     call(|| {
         let inst = inst(S)?;
         let p = inst.cfg.platform;
-        with_context(&inst, ctx as u64, |c| {
+        with_context(&inst, handle(ctx), |c| {
             if !p.has_core_mask() {
                 return Err(err(
                     sys::RKNN_ERR_FAIL,
@@ -391,20 +397,23 @@ unsafe extern "C" fn matmul_set_quant_params<const S: usize>(
         };
         let scale_len = len(p.scale_len, !p.scale.is_null(), "scale")?;
         let zp_len = len(p.zp_len, !p.zp.is_null(), "zp")?;
-        // SAFETY: non-null pointers with the lengths the caller gave (C contract); copied out.
         let scale = if scale_len == 0 {
             vec![]
         } else {
-            unsafe { std::slice::from_raw_parts(p.scale, scale_len) }.to_vec()
+            // SAFETY: a non-null pointer (checked by `len`) to the `scale_len` values the caller
+            // declared (C contract); the values are copied out.
+            let s = unsafe { std::slice::from_raw_parts(p.scale, scale_len) };
+            s.to_vec()
         };
-        // SAFETY: as above.
         let zp = if zp_len == 0 {
             vec![]
         } else {
-            unsafe { std::slice::from_raw_parts(p.zp, zp_len) }.to_vec()
+            // SAFETY: as above, for the zero points.
+            let z = unsafe { std::slice::from_raw_parts(p.zp, zp_len) };
+            z.to_vec()
         };
         let name = c_name(&p.name);
-        with_context(&inst, ctx as u64, |c| c.set_quant(&name, scale, zp))
+        with_context(&inst, handle(ctx), |c| c.set_quant(&name, scale, zp))
     })
 }
 
@@ -420,7 +429,7 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
             ));
         }
         let inst = inst(S)?;
-        let (max, normalised) = with_context(&inst, ctx as u64, |c| c.normalised_b_scale())?;
+        let (max, normalised) = with_context(&inst, handle(ctx), |c| c.normalised_b_scale())?;
         // SAFETY: checked non-null.
         unsafe { *scale = max };
         if !params.is_null() {
@@ -439,7 +448,7 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call(|| {
         let inst = inst(S)?;
-        with_context(&inst, ctx as u64, |c| {
+        with_context(&inst, handle(ctx), |c| {
             let bytes = c.run(&inst.cfg)?;
             let key = c.c_mem.ok_or_else(|| {
                 err(
@@ -468,14 +477,14 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
     call(|| {
         let inst = inst(S)?;
         // Refuse while another thread is inside a call on it.
-        with_context(&inst, ctx as u64, |c| {
+        with_context(&inst, handle(ctx), |c| {
             c.unbind_all();
             Ok(())
         })?;
         let mut st = inst.state();
-        st.contexts.remove(&(ctx as u64));
-        st.domains.remove(&(ctx as u64));
-        let orphans = st.memories.count_for_ctx(ctx as u64);
+        st.contexts.remove(&handle(ctx));
+        st.domains.remove(&handle(ctx));
+        let orphans = st.memories.count_for_ctx(handle(ctx));
         inst.orphaned
             .fetch_add(orphans, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -591,7 +600,7 @@ unsafe extern "C" fn create_mem<const S: usize>(
     ctx: sys::rknn_context,
     size: u32,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| create(S, ctx as u64, size.into(), 0, Source::Alloc))
+    call_ptr(|| create(S, handle(ctx), size.into(), 0, Source::Alloc))
 }
 
 unsafe extern "C" fn create_mem2<const S: usize>(
@@ -599,7 +608,7 @@ unsafe extern "C" fn create_mem2<const S: usize>(
     size: u64,
     flags: u64,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| create(S, ctx as u64, size, flags, Source::Alloc))
+    call_ptr(|| create(S, handle(ctx), size, flags, Source::Alloc))
 }
 
 unsafe extern "C" fn create_mem_from_fd<const S: usize>(
@@ -618,7 +627,7 @@ unsafe extern "C" fn create_mem_from_fd<const S: usize>(
         let flags = sys::RKNN_TENSOR_MEMORY_FLAGS_FROM_FD;
         create(
             S,
-            ctx as u64,
+            handle(ctx),
             size.into(),
             0,
             Source::Wrap {
@@ -647,7 +656,7 @@ unsafe extern "C" fn create_mem_from_phys<const S: usize>(
         let flags = sys::RKNN_TENSOR_MEMORY_FLAGS_FROM_PHYS;
         create(
             S,
-            ctx as u64,
+            handle(ctx),
             size.into(),
             0,
             Source::Wrap {
@@ -676,10 +685,10 @@ unsafe extern "C" fn destroy_mem<const S: usize>(
             .get(mem)
             .map(|m| m.ctx)
             .ok_or_else(|| param("mem is not a live memory of this runtime (double free?)"))?;
-        if owner != ctx as u64 {
+        if owner != handle(ctx) {
             return Err(err(
                 sys::RKNN_ERR_CTX_INVALID,
-                format!("mem belongs to context {owner:#x}, not {:#x}", ctx as u64),
+                format!("mem belongs to context {owner:#x}, not {:#x}", handle(ctx)),
             ));
         }
         st.memories.destroy(mem);
@@ -708,7 +717,7 @@ unsafe extern "C" fn mem_sync<const S: usize>(
             .memories
             .get(mem)
             .ok_or_else(|| param("mem is not a live memory of this runtime"))?;
-        if m.ctx != ctx as u64 && m.ctx != 0 {
+        if m.ctx != handle(ctx) && m.ctx != 0 {
             return Err(err(
                 sys::RKNN_ERR_CTX_INVALID,
                 "mem belongs to another context",
@@ -728,7 +737,7 @@ unsafe extern "C" fn query<const S: usize>(
     call(|| {
         let inst = inst(S)?;
         if ctx != 0 {
-            context(&inst, ctx as u64)?;
+            context(&inst, handle(ctx))?;
         }
         if cmd != sys::RKNN_QUERY_SDK_VERSION {
             return Err(param(format!(

@@ -149,10 +149,8 @@ impl Emulator {
     /// Starts an emulator instance.
     pub fn new(cfg: EmuConfig) -> Result<Emulator, EmuError> {
         let instance = Arc::new(Instance::new(cfg));
-        for slot in 1..SLOTS {
-            let mut entry = INSTANCES[slot]
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
+        for (slot, entry) in INSTANCES.iter().enumerate().skip(1) {
+            let mut entry = entry.write().unwrap_or_else(PoisonError::into_inner);
             if entry.is_none() {
                 *entry = Some(instance.clone());
                 let api = RknnApi::from_functions(crate::abi::functions_for_slot(slot), "rknn-emu");

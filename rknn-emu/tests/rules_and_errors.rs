@@ -242,11 +242,9 @@ fn core_masks_are_single_core_only() {
     destroy(&emu, ctx);
     let emu = emulator(Platform::Rk3568);
     let (ctx, _) = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 64)).unwrap();
-    // SAFETY: plain handle call.
-    assert_eq!(
-        unsafe { (emu.api().rknn_matmul_set_core_mask)(ctx, RKNN_NPU_CORE_0) },
-        RKNN_ERR_FAIL
-    );
+    // SAFETY: a plain handle call.
+    let rc = unsafe { (emu.api().rknn_matmul_set_core_mask)(ctx, RKNN_NPU_CORE_0) };
+    assert_eq!(rc, RKNN_ERR_FAIL);
     destroy(&emu, ctx);
 }
 
@@ -450,11 +448,9 @@ fn null_pointers_and_bad_handles_are_errors_not_crashes() {
 fn handles_of_one_emulator_are_invalid_in_another() {
     let (e1, e2) = (emulator(Platform::Rk3588), emulator(Platform::Rk3588));
     let (ctx, _) = create(&e1, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 64)).unwrap();
-    // SAFETY: plain handle call.
-    assert_eq!(
-        unsafe { (e2.api().rknn_matmul_run)(ctx) },
-        RKNN_ERR_CTX_INVALID
-    );
+    // SAFETY: a plain handle call.
+    let rc = unsafe { (e2.api().rknn_matmul_run)(ctx) };
+    assert_eq!(rc, RKNN_ERR_CTX_INVALID);
     destroy(&e1, ctx);
 }
 

@@ -36,6 +36,8 @@ pub struct FdLimit {
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit (capped at 1 << 20, since an unlimited hard
 /// limit would make some programs allocate per-fd tables) and reports both.
+// `rlim_t` is 32-bit on some 32-bit targets: the casts are not always no-ops.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_fd_limit() -> Result<FdLimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

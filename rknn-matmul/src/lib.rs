@@ -31,6 +31,7 @@
 
 mod capability;
 mod dtype;
+pub mod engine;
 mod error;
 pub mod guard;
 mod matmul;

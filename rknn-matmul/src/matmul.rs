@@ -589,11 +589,8 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
             N: n as i32,
         };
         // SAFETY: a live context and a valid shape pointer.
-        self.core
-            .rt
-            .check("rknn_matmul_set_dynamic_shape", unsafe {
-                set(self.core.ctx, &mut s)
-            })?;
+        let rc = unsafe { set(self.core.ctx, &mut s) };
+        self.core.rt.check("rknn_matmul_set_dynamic_shape", rc)?;
         self.core.current.set(i);
         for b in &self.core.bound {
             b.set(None);

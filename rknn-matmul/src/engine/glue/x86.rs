@@ -1,0 +1,291 @@
+//! x86-64 backend: AVX2 for the int8 quantisation, F16C `vcvtps2ph` for the f16 packing, and
+//! the shared relayout kernels of [`super::fast`] compiled with AVX2 enabled.
+//!
+//! Every function requires AVX2 (and the f16 one F16C) and the parent module's length checks;
+//! both are the callers' `unsafe` contract.
+
+// At the MSRV (1.85) the value-only intrinsics are `unsafe fn`s, while newer compilers consider
+// them safe inside `#[target_feature]` functions; every `unsafe` block therefore also holds
+// raw-pointer accesses, so it is needed on every compiler.
+
+use super::{RowPlan, fast, quantize_one};
+use std::arch::x86_64::{
+    __m256, __m256i, _CMP_ORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_and_ps,
+    _mm256_and_si256, _mm256_cmp_ps, _mm256_cvtps_epi32, _mm256_cvtps_ph, _mm256_loadu_ps,
+    _mm256_loadu_si256, _mm256_max_epu32, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
+    _mm256_packs_epi16, _mm256_packs_epi32, _mm256_permutevar8x32_epi32, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_storeu_si256,
+};
+
+/// [`quantize_rows`](super::quantize_rows) with AVX2.
+///
+/// # Safety
+///
+/// AVX2 is available; the parent's length checks hold.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize_rows(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    k_pad: usize,
+    q: &mut [i8],
+    scales: &mut [f32],
+) {
+    for r in 0..m {
+        let row = &x[r * k..][..k];
+        let out = &mut q[r * k_pad..][..k_pad];
+        // SAFETY: `row` holds `k` elements; AVX2 is available (contract).
+        let bits = unsafe { max_abs_bits(row.as_ptr(), k) };
+        let (scale, inv, general) = match RowPlan::new(bits, row) {
+            RowPlan::Zero => {
+                scales[r] = 0.0;
+                out.fill(0);
+                continue;
+            }
+            RowPlan::Plain { scale, inv } => (scale, inv, false),
+            RowPlan::General { scale, inv } => (scale, inv, true),
+        };
+        scales[r] = scale;
+        let (src, dst) = (row.as_ptr(), out.as_mut_ptr());
+        // SAFETY: `row` holds `k` elements and `out` `k_pad >= k`; AVX2 is available.
+        unsafe {
+            if general {
+                quantize_row::<true>(src, dst, k, inv);
+            } else {
+                quantize_row::<false>(src, dst, k, inv);
+            }
+        }
+        out[k..].fill(0);
+    }
+}
+
+/// The maximum of the `|x|` bit patterns of `p[..k]` (NaN patterns included, which exceed
+/// `+inf`). An integer max is exact and needs no NaN handling; [`RowPlan::new`] sorts the
+/// NaN case out.
+///
+/// # Safety
+///
+/// AVX2; `p` valid for reads of `k` elements.
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_bits(p: *const f32, k: usize) -> u32 {
+    // SAFETY: every load is inside `p[..k]`: vectors only while `i + 8 <= k`.
+    unsafe {
+        let mask = _mm256_set1_epi32(0x7FFF_FFFF);
+        // Four independent chains so the loop runs at load throughput, not max latency.
+        let mut acc = [_mm256_setzero_si256(); 4];
+        let mut i = 0;
+        while i + 32 <= k {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(p.add(i + 8 * u).cast());
+                *a = _mm256_max_epu32(*a, _mm256_and_si256(v, mask));
+            }
+            i += 32;
+        }
+        while i + 8 <= k {
+            let v = _mm256_loadu_si256(p.add(i).cast());
+            acc[0] = _mm256_max_epu32(acc[0], _mm256_and_si256(v, mask));
+            i += 8;
+        }
+        let v = _mm256_max_epu32(
+            _mm256_max_epu32(acc[0], acc[1]),
+            _mm256_max_epu32(acc[2], acc[3]),
+        );
+        let mut lanes = [0u32; 8];
+        _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v);
+        let mut best = lanes.into_iter().max().unwrap_or(0);
+        while i < k {
+            best = best.max((*p.add(i)).to_bits() & 0x7FFF_FFFF);
+            i += 1;
+        }
+        best
+    }
+}
+
+/// Eight quantised lanes of `x` as i32. The plain form relies on `vcvtps2dq` rounding to
+/// nearest even (the default MXCSR mode, which Rust code may assume) and on the products
+/// lying within +-127.0000077 (see [`RowPlan::Plain`]). The general form first maps NaN to
+/// +0 (an ordered-compare mask) and clamps to +-127 in float, where the clamp commutes with
+/// rounding because the bounds are integers; `vmaxps`/`vminps` see no NaN by then.
+macro_rules! quantize8 {
+    ($x:expr, $vinv:expr, $general:expr) => {{
+        let y: __m256 = _mm256_mul_ps($x, $vinv);
+        let y = if $general {
+            let y = _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_ORD_Q>(y, y));
+            _mm256_min_ps(
+                _mm256_max_ps(y, _mm256_set1_ps(-127.0)),
+                _mm256_set1_ps(127.0),
+            )
+        } else {
+            y
+        };
+        let q: __m256i = _mm256_cvtps_epi32(y);
+        q
+    }};
+}
+
+/// Quantises `src[..k]` into `dst[..k]` with the reciprocal `inv`, 32 elements per step.
+///
+/// # Safety
+///
+/// AVX2; `src` valid for reads and `dst` for writes of `k` elements.
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row<const GENERAL: bool>(src: *const f32, dst: *mut i8, k: usize, inv: f32) {
+    // SAFETY: vector accesses only while `i + 32 <= k`, the tail element by element.
+    unsafe {
+        let vinv = _mm256_set1_ps(inv);
+        // `vpackssdw`/`vpacksswb` interleave the 128-bit lanes; this puts the dwords back in
+        // order. Their saturation never triggers: the values are within +-127 already.
+        let unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut i = 0;
+        while i + 32 <= k {
+            let q0 = quantize8!(_mm256_loadu_ps(src.add(i)), vinv, GENERAL);
+            let q1 = quantize8!(_mm256_loadu_ps(src.add(i + 8)), vinv, GENERAL);
+            let q2 = quantize8!(_mm256_loadu_ps(src.add(i + 16)), vinv, GENERAL);
+            let q3 = quantize8!(_mm256_loadu_ps(src.add(i + 24)), vinv, GENERAL);
+            let w01 = _mm256_packs_epi32(q0, q1);
+            let w23 = _mm256_packs_epi32(q2, q3);
+            let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), unshuffle);
+            _mm256_storeu_si256(dst.add(i).cast(), b);
+            i += 32;
+        }
+        while i < k {
+            *dst.add(i) = quantize_one(*src.add(i), inv);
+            i += 1;
+        }
+    }
+}
+
+/// [`pack_a_native_i8`](super::pack_a_native_i8) compiled with AVX2.
+///
+/// # Safety
+///
+/// AVX2 is available; the parent's length checks hold.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn pack_a_native_i8(
+    q: &[i8],
+    m: usize,
+    k_pad: usize,
+    k0: usize,
+    kseg: usize,
+    sk: usize,
+    dst: &mut [i8],
+) {
+    // SAFETY: the parent's length checks hold (contract).
+    unsafe { fast::pack_a_native_i8(q, m, k_pad, k0, kseg, sk, dst) }
+}
+
+/// [`accumulate_c_native_i32`](super::accumulate_c_native_i32) compiled with AVX2.
+///
+/// # Safety
+///
+/// AVX2 is available; the parent's length checks hold.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn accumulate_c_native_i32(
+    c: &[i32],
+    m: usize,
+    n: usize,
+    sn: usize,
+    acc: &mut [i32],
+    first: bool,
+) {
+    // SAFETY: the parent's length checks hold (contract).
+    unsafe { fast::accumulate_c_native_i32(c, m, n, sn, acc, first) }
+}
+
+/// [`accumulate_c_native_f32`](super::accumulate_c_native_f32) compiled with AVX2.
+///
+/// # Safety
+///
+/// AVX2 is available; the parent's length checks hold.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn accumulate_c_native_f32(
+    c: &[f32],
+    m: usize,
+    n: usize,
+    sn: usize,
+    out: &mut [f32],
+    ld: usize,
+    n0: usize,
+    first: bool,
+) {
+    // SAFETY: the parent's length checks hold (contract).
+    unsafe { fast::accumulate_c_native_f32(c, m, n, sn, out, ld, n0, first) }
+}
+
+/// [`scale_out`](super::scale_out) compiled with AVX2 (`vcvtdq2ps` rounds to nearest even
+/// like `as f32`; the two multiplies stay separate, Rust never contracts them into an FMA).
+///
+/// # Safety
+///
+/// AVX2 is available; the parent's length checks hold.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn scale_out(
+    acc: &[i32],
+    m: usize,
+    n: usize,
+    row_scales: &[f32],
+    ch_scales: &[f32],
+    out: &mut [f32],
+    ld: usize,
+    n0: usize,
+) {
+    fast::scale_out(acc, m, n, row_scales, ch_scales, out, ld, n0);
+}
+
+/// [`pack_a_native_f16`](super::pack_a_native_f16) with F16C: `vcvtps2ph` with an explicit
+/// round-to-nearest-even immediate is the IEEE conversion `half::f16::from_f32` performs,
+/// NaN payloads included (quiet bit set, top 10 mantissa bits kept).
+///
+/// # Safety
+///
+/// AVX2 and F16C are available; the parent's length checks hold.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn pack_a_native_f16(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    k0: usize,
+    kseg: usize,
+    sk: usize,
+    dst: &mut [half::f16],
+) {
+    if sk % 8 != 0 {
+        // No RK chip uses such a block; not worth a vector path.
+        return super::scalar::pack_a_native_f16(x, m, k, k0, kseg, sk, dst);
+    }
+    let nb = kseg / sk;
+    // `half::f16` is a `repr(transparent)` `u16`.
+    let (xp, dp) = (x.as_ptr(), dst.as_mut_ptr().cast::<u16>());
+    // SAFETY: `x` holds `m * k` elements, and source columns are read only below `k` (whole
+    // vectors only when `c0 + sk <= k`); `dst` holds `m * kseg = nb * m * sk` elements and
+    // block `b` of row `r` is `dst[(b * m + r) * sk..][..sk]`; F16C is available.
+    unsafe {
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = 4.min(m - r0);
+            for b in 0..nb {
+                let c0 = k0 + b * sk;
+                for r in r0..r0 + rows {
+                    let s = xp.add(r * k);
+                    let d = dp.add((b * m + r) * sk);
+                    if c0 + sk <= k {
+                        for h in (0..sk).step_by(8) {
+                            let v = _mm256_loadu_ps(s.add(c0 + h));
+                            let h16 = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                            _mm_storeu_si128(d.add(h).cast(), h16);
+                        }
+                    } else {
+                        for l in 0..sk {
+                            let c = c0 + l;
+                            let v = if c < k { *s.add(c) } else { 0.0 };
+                            *d.add(l) = half::f16::from_f32(v).to_bits();
+                        }
+                    }
+                }
+            }
+            r0 += 4;
+        }
+    }
+}
