@@ -332,7 +332,7 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                 )));
             }
             if which == 2 {
-                c.c_mem = Some(mem as usize);
+                c.c_mem = Some(crate::memory::key(mem));
                 return Ok(());
             }
             // SAFETY: the memory is live (checked above, and the state lock keeps it so) and at
@@ -457,15 +457,12 @@ unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
                 )
             })?;
             let st = inst.state();
-            let m = st
-                .memories
-                .get(key as *const rknn_tensor_mem)
-                .ok_or_else(|| {
-                    err(
-                        sys::RKNN_ERR_OUTPUT_INVALID,
-                        "C's memory was destroyed after it was bound",
-                    )
-                })?;
+            let m = st.memories.get_key(key).ok_or_else(|| {
+                err(
+                    sys::RKNN_ERR_OUTPUT_INVALID,
+                    "C's memory was destroyed after it was bound",
+                )
+            })?;
             // SAFETY: live memory (the state lock keeps it so) of at least C's size, checked at bind.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.device_ptr(), bytes.len()) };
             Ok(())
@@ -528,7 +525,7 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
         let count = cfg.k * cfg.n;
         let in_len = count * converter_input_bytes(kind);
         let out_len = descs[1].size_bytes();
-        let (i0, o0) = (b_in as usize, b_out as usize);
+        let (i0, o0) = (b_in.addr(), b_out.addr());
         if i0 < o0 + out_len && o0 < i0 + in_len {
             return Err(param(
                 "B_input and B_output overlap: in-place conversion corrupts B on the real runtime",

@@ -123,6 +123,12 @@ pub(crate) struct Memories {
     domain_bytes: HashMap<i32, u64>,
 }
 
+/// The registry key of a memory: its address. Pointers from C are only ever compared with
+/// keys, never turned back into pointers (the stored `desc` keeps the provenance).
+pub(crate) fn key(mem: *const sys::rknn_tensor_mem) -> usize {
+    mem.addr()
+}
+
 /// Where a new memory's bytes come from.
 pub(crate) enum Source {
     /// The runtime allocates (`rknn_create_mem`, `rknn_create_mem2`).
@@ -211,7 +217,7 @@ impl Memories {
             *self.domain_bytes.entry(domain).or_insert(0) += size as u64;
         }
         self.live.insert(
-            desc as usize,
+            key(desc),
             Memory {
                 desc,
                 cpu,
@@ -227,12 +233,21 @@ impl Memories {
 
     /// The live memory behind a pointer handed out by `create`.
     pub(crate) fn get(&self, mem: *const sys::rknn_tensor_mem) -> Option<&Memory> {
-        self.live.get(&(mem as usize))
+        self.get_key(key(mem))
+    }
+
+    /// The live memory with this key (see [`key`]).
+    pub(crate) fn get_key(&self, k: usize) -> Option<&Memory> {
+        self.live.get(&k)
     }
 
     /// Destroys a memory. `None` if the pointer is not a live memory of this instance.
     pub(crate) fn destroy(&mut self, mem: *mut sys::rknn_tensor_mem) -> Option<()> {
-        let m = self.live.remove(&(mem as usize))?;
+        self.destroy_key(key(mem))
+    }
+
+    fn destroy_key(&mut self, k: usize) -> Option<()> {
+        let m = self.live.remove(&k)?;
         if m.cpu.is_some() {
             if let Some(used) = self.domain_bytes.get_mut(&m.domain) {
                 *used -= m.size as u64;
@@ -260,7 +275,7 @@ impl Drop for Memories {
     fn drop(&mut self) {
         let keys: Vec<usize> = self.live.keys().copied().collect();
         for k in keys {
-            self.destroy(k as *mut sys::rknn_tensor_mem);
+            self.destroy_key(k);
         }
     }
 }

@@ -32,20 +32,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Spins (with the CPU's pause hint) until `ready()`, for at most `spin`, then parks until
-/// unparked and `ready()`.
+/// Waits until `ready()`: first a short busy spin (with the CPU's pause hint), then yielding
+/// the CPU for up to `spin`, then parking until unparked. Yielding rather than spinning keeps
+/// the hand-off fast when there are more engine threads than CPUs, where a pure spin would
+/// hold the very CPU the other side needs.
 fn wait_until(spin: Duration, ready: impl Fn() -> bool) {
+    for _ in 0..256 {
+        if ready() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
     let start = Instant::now();
-    let mut i = 0u32;
     while !ready() {
-        i = i.wrapping_add(1);
-        if i % 64 == 0 && start.elapsed() > spin {
+        if start.elapsed() > spin {
             while !ready() {
                 std::thread::park();
             }
             return;
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }
 
