@@ -200,51 +200,32 @@ fn build_shard(rt: &Runtime, spec: ShardSpec) -> Result<Shard<'_>> {
         buckets,
         core,
     } = spec;
-    let first = buckets[0];
+    let ctx = |ks: usize| SegmentContext {
+        rt,
+        m: buckets[0],
+        ks,
+        width,
+        buckets: &buckets,
+        core,
+    };
     let (segs, ch_scales) = match weights {
         ShardWeights::I8 { q, ch_scales } => {
-            let mut out = Vec::new();
-            for &(k0, ks) in &segments {
-                let mm = rt
-                    .matmul::<I8xI8ToI32>(first, ks, width)
-                    .dynamic_m(&buckets)
-                    .ac_layout(Layout::Native)
-                    .b_layout(Layout::Native)
-                    .core(core)
-                    .build()?;
-                out.push(I8Segment::try_new(mm, |mm| -> Result<_> {
-                    let mut b = mm.alloc_b()?;
-                    write_native_b(mm.tiles().1, &q, k_pad, k0, ks, width, b.as_mut_slice())?;
-                    Ok(Buffers {
-                        a: mm.alloc_a()?,
-                        b,
-                        c: mm.alloc_c()?,
-                    })
-                })?);
-            }
-            (Segments::I8(out), ch_scales)
+            let segs = segments
+                .iter()
+                .map(|&(k0, ks)| {
+                    I8Segment::try_new(ctx(ks).build()?, |mm| resident_buffers(mm, &q, k_pad, k0))
+                })
+                .collect::<Result<_>>()?;
+            (Segments::I8(segs), ch_scales)
         }
         ShardWeights::F16 { w } => {
-            let mut out = Vec::new();
-            for &(k0, ks) in &segments {
-                let mm = rt
-                    .matmul::<F16xF16ToF32>(first, ks, width)
-                    .dynamic_m(&buckets)
-                    .ac_layout(Layout::Native)
-                    .b_layout(Layout::Native)
-                    .core(core)
-                    .build()?;
-                out.push(F16Segment::try_new(mm, |mm| -> Result<_> {
-                    let mut b = mm.alloc_b()?;
-                    write_native_b(mm.tiles().1, &w, k_pad, k0, ks, width, b.as_mut_slice())?;
-                    Ok(Buffers {
-                        a: mm.alloc_a()?,
-                        b,
-                        c: mm.alloc_c()?,
-                    })
-                })?);
-            }
-            (Segments::F16(out), Vec::new())
+            let segs = segments
+                .iter()
+                .map(|&(k0, ks)| {
+                    F16Segment::try_new(ctx(ks).build()?, |mm| resident_buffers(mm, &w, k_pad, k0))
+                })
+                .collect::<Result<_>>()?;
+            (Segments::F16(segs), Vec::new())
         }
     };
     Ok(Shard {
@@ -253,6 +234,46 @@ fn build_shard(rt: &Runtime, spec: ShardSpec) -> Result<Shard<'_>> {
         width,
         valid,
         ch_scales,
+    })
+}
+
+/// The context of one K segment of a shard: native A/B/C, dynamic M over the buckets.
+struct SegmentContext<'rt, 'b> {
+    rt: &'rt Runtime,
+    m: usize,
+    ks: usize,
+    width: usize,
+    buckets: &'b [usize],
+    core: Core,
+}
+
+impl<'rt> SegmentContext<'rt, '_> {
+    fn build<K: MatmulKind>(&self) -> Result<Matmul<'rt, K>> {
+        self.rt
+            .matmul::<K>(self.m, self.ks, self.width)
+            .dynamic_m(self.buckets)
+            .ac_layout(Layout::Native)
+            .b_layout(Layout::Native)
+            .core(self.core)
+            .build()
+    }
+}
+
+/// Allocates a segment's memories and writes its weights (columns k0.. of `w`) into B, where
+/// they stay.
+fn resident_buffers<'a, K: MatmulKind>(
+    mm: &'a Matmul<'_, K>,
+    w: &[K::B],
+    k_pad: usize,
+    k0: usize,
+) -> Result<Buffers<'a, K>> {
+    let (_, ks, width) = mm.shape();
+    let mut b = mm.alloc_b()?;
+    write_native_b(mm.tiles().1, w, k_pad, k0, ks, width, b.as_mut_slice())?;
+    Ok(Buffers {
+        a: mm.alloc_a()?,
+        b,
+        c: mm.alloc_c()?,
     })
 }
 
