@@ -130,7 +130,7 @@ impl MatmulType {
     }
 
     /// The element kind that sets the K and N alignment: the narrower of A and B, whose tiles
-    /// are the larger. For the mixed types (RK3576) which operand governs is [open]; the
+    /// are the larger. For the mixed types (RK3576) which operand governs is \[open\]; the
     /// stricter choice is taken.
     pub fn align_kind(self) -> ElemKind {
         if self.a.bits() <= self.b.bits() {

@@ -193,7 +193,7 @@ pub fn unpack_c_native<T: Copy>(src: &[T], m: usize, n: usize, sn: usize, dst: &
 }
 
 /// Packs int4 values (one per `i8`, each in -8..=7) two per byte, even element in the low
-/// nibble (fact sheet §7, [hw] for normal and native A). An odd count leaves the last high
+/// nibble (fact sheet §7, \[hw\] for normal and native A). An odd count leaves the last high
 /// nibble zero. Values outside -8..=7 are truncated to their low four bits.
 pub fn pack_i4(values: &[i8], dst: &mut [u8]) {
     assert!(dst.len() >= values.len().div_ceil(2));

@@ -6,8 +6,8 @@
 //! (`rknn-matmul`) uses them to validate before any FFI call and to pack A / unpack C on the
 //! engine's hot path. One source of truth keeps the two from drifting apart.
 //!
-//! Facts are labelled as in the project's fact sheet (`docs/hardware-facts.md`): [doc]
-//! Rockchip's documentation, [hw] measured on boards, [open] unsettled. [open] items are
+//! Facts are labelled as in the project's fact sheet (`docs/hardware-facts.md`): \[doc\]
+//! Rockchip's documentation, \[hw\] measured on boards, \[open\] unsettled. \[open\] items are
 //! documented defaults, never presented as fact, and [`ShapeRules`] makes the disputed limits
 //! configurable.
 //!

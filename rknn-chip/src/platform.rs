@@ -1,7 +1,7 @@
 //! The chips that run matmul, and their rules.
 //!
 //! Every number here comes from the project's fact sheet (`docs/hardware-facts.md` summarises
-//! it with sources): [doc] from Rockchip's header and guide, [hw] measured on boards, [open] not
+//! it with sources): \[doc\] from Rockchip's header and guide, \[hw\] measured on boards, \[open\] not
 //! settled, in which case the value is a documented default that [`ShapeRules`] can change.
 
 use std::fmt;
@@ -68,8 +68,8 @@ impl Platform {
     }
 
     /// Whether the chip accepts this matmul type (fact sheet §5). RK3588 rejects every
-    /// weight-only mode ([hw]: types 5, 7, 11 fail with -5); types 6, 12 and 15 appear in no
-    /// chip's table and are treated as unsupported everywhere ([open]).
+    /// weight-only mode (\[hw\]: types 5, 7, 11 fail with -5); types 6, 12 and 15 appear in no
+    /// chip's table and are treated as unsupported everywhere (\[open\]).
     pub fn accepts(self, t: MatmulType) -> bool {
         let accepted: &[u32] = match self {
             Platform::Rk3588 => &[1, 2, 3, 4, 9, 10],
@@ -112,7 +112,7 @@ impl Platform {
     }
 
     /// Whether a matmul context accepts this core mask. Only AUTO and single-core masks of
-    /// existing cores run ([hw]: a combined mask such as 3 or 7 is rejected for matmul).
+    /// existing cores run (\[hw\]: a combined mask such as 3 or 7 is rejected for matmul).
     pub fn accepts_core_mask(self, mask: u32) -> bool {
         if !self.has_core_mask() {
             return false;
@@ -124,7 +124,7 @@ impl Platform {
     /// Native-layout tile sizes for a matmul type (fact sheet §7). `None` when the chip has no
     /// tile for one of the operands (the type is not supported there).
     ///
-    /// The C tile for f16, bf16 and i8 outputs is undocumented ([open]): every RK3588 A/C cell
+    /// The C tile for f16, bf16 and i8 outputs is undocumented (\[open\]): every RK3588 A/C cell
     /// is 16 bytes, so `16 / element size` is used (8 for f16/bf16, 16 for i8). On the real
     /// NPU always read the tile from `io_attr.C.dims[2]` instead.
     pub fn tiles(self, t: MatmulType) -> Option<Tiles> {
@@ -182,16 +182,16 @@ impl FromStr for Platform {
     }
 }
 
-/// Shape rules beyond the per-chip tables, where public sources disagree ([open]).
+/// Shape rules beyond the per-chip tables, where public sources disagree (\[open\]).
 ///
 /// The defaults follow what the runtime demonstrably accepts; [`ShapeRules::strict`] adds the
 /// user guide's stricter limits for code that must run on every runtime release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShapeRules {
-    /// Largest K of one context. The header says 10240; RK3588 [hw] ran K = 15360 (slowly), so
+    /// Largest K of one context. The header says 10240; RK3588 \[hw\] ran K = 15360 (slowly), so
     /// the default is no limit on RK3588 and the header's 10240 on the other chips.
     pub max_k: Option<usize>,
-    /// Largest N. The user guide says 4096; [hw] N = 8192 ran on RK3588. Default: none.
+    /// Largest N. The user guide says 4096; \[hw\] N = 8192 ran on RK3588. Default: none.
     pub max_n: Option<usize>,
     /// N alignment for f16 on RK3588/RK3576. Header 16 (default); user guide 32.
     pub f16_n_align: usize,

@@ -1,1 +1,279 @@
-fn main() {}
+//! Throughput of the emulator's matrix kernels: `C[M, N] = A[M, K] * B[K, N]` for `M = 1`
+//! (a streaming matrix-vector product) and `M = 512`, with `K = N = 4096`.
+//!
+//! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
+//! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. Each figure is the best of several
+//! runs (at least 3 and at least ~1 s), single-threaded. GOPS counts a multiply and an add as
+//! two operations: `2 * M * N * K / time`.
+//!
+//! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
+//! `gemm_i8_i32` with every available backend (the scalar one is the plain dot-product loop on
+//! the transposed layout, which the compiler may auto-vectorise), `gemm_f32` likewise, and
+//! `matrixmultiply::sgemm` on the same data as f32, with B both in its natural `[K, N]`
+//! layout and in the kernels' transposed one (through strides). Slow kernels are timed on fewer rows of `A`
+//! and their per-operation rate is extrapolated; the table says so.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use rknn_emu::kernels::{
+    KernelBackend, available_backends, gemm_f32, gemm_f32_with, gemm_i8_i32, gemm_i8_i32_with,
+    selected_backend,
+};
+
+/// Best wall time of `f` over at least `min_reps` runs and at least `min_total` in total
+/// (after one warm-up run).
+fn best_time(mut f: impl FnMut(), min_reps: usize, min_total: Duration) -> f64 {
+    f();
+    let (mut best, mut total, mut reps) = (f64::INFINITY, Duration::ZERO, 0);
+    while reps < min_reps || total < min_total {
+        let t = Instant::now();
+        f();
+        let dt = t.elapsed();
+        best = best.min(dt.as_secs_f64());
+        total += dt;
+        reps += 1;
+    }
+    best
+}
+
+/// The textbook loop: `B` row-major `[K, N]`, one i32 sum per output.
+fn naive_i8(a: &[i8], b: &[i8], c: &mut [i32], m: usize, n: usize, k: usize) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0i32;
+            for p in 0..k {
+                s = s.wrapping_add(i32::from(a[i * k + p]) * i32::from(b[p * n + j]));
+            }
+            c[i * n + j] = s;
+        }
+    }
+}
+
+/// One line of the results table.
+struct Line {
+    kernel: String,
+    backend: String,
+    /// Rows of A actually timed.
+    m_timed: usize,
+    secs: f64,
+    gops: f64,
+}
+
+/// Times `run(rows)` on `rows` rows of A: all `m`, or for a slow kernel (`budget` given)
+/// fewer when a full run (estimated from one run on a few rows) would take more than `budget`
+/// seconds.
+fn measure(
+    kernel: &str,
+    backend: &str,
+    (m, n, k): (usize, usize, usize),
+    budget: Option<f64>,
+    mut run: impl FnMut(usize),
+) -> Line {
+    let rows = match budget {
+        None => m,
+        Some(budget) => {
+            let probe = m.min(4);
+            let t = Instant::now();
+            run(probe);
+            let est = t.elapsed().as_secs_f64() * m as f64 / probe as f64;
+            if est <= budget {
+                m
+            } else {
+                ((budget / est * m as f64) as usize).clamp(probe, m)
+            }
+        }
+    };
+    let secs = best_time(|| run(rows), 3, Duration::from_millis(1000));
+    let gops = 2.0 * (rows * n * k) as f64 / secs / 1e9;
+    eprintln!(
+        "  {kernel:<22} {backend:<22} M={rows:<4} {:>10.3} ms {gops:>8.2} GOPS",
+        secs * 1e3
+    );
+    Line {
+        kernel: kernel.to_string(),
+        backend: backend.to_string(),
+        m_timed: rows,
+        secs,
+        gops,
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name") || l.starts_with("CPU part"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+fn bench_m(m: usize, n: usize, k: usize, rng: &mut fastrand::Rng) {
+    let a: Vec<i8> = (0..m * k).map(|_| rng.i8(..)).collect();
+    let bt: Vec<i8> = (0..n * k).map(|_| rng.i8(..)).collect();
+    // The textbook layout for the naive loop: B as [K, N].
+    let mut b = vec![0i8; k * n];
+    for j in 0..n {
+        for p in 0..k {
+            b[p * n + j] = bt[j * k + p];
+        }
+    }
+    let af: Vec<f32> = a.iter().map(|&x| f32::from(x)).collect();
+    let btf: Vec<f32> = bt.iter().map(|&x| f32::from(x)).collect();
+    let mut ci = vec![0i32; m * n];
+    let mut cf = vec![0f32; m * n];
+    let shape = (m, n, k);
+    // Only the naive loop and the scalar kernels may be timed on fewer rows.
+    let slow = Some(1.5);
+    let mut lines = Vec::new();
+
+    eprintln!("M={m} N={n} K={k}:");
+    lines.push(measure("naive i8 triple loop", "-", shape, slow, |rows| {
+        naive_i8(black_box(&a), black_box(&b), &mut ci, rows, n, k);
+        black_box(&ci);
+    }));
+
+    let mut reference = vec![0i32; m * n];
+    gemm_i8_i32_with(KernelBackend::Scalar, &a, &bt, &mut reference, m, n, k).unwrap();
+    let budget_of = |b: KernelBackend| {
+        if b == KernelBackend::Scalar {
+            slow
+        } else {
+            None
+        }
+    };
+    let selected = selected_backend();
+    let selected_label = format!("{selected} (selected)");
+    let runs = available_backends()
+        .into_iter()
+        .map(|b| (Some(b), b.name().to_string(), budget_of(b)))
+        .chain([(None, selected_label, budget_of(selected))])
+        .collect::<Vec<_>>();
+
+    for (backend, label, budget) in &runs {
+        lines.push(measure("gemm_i8_i32", label, shape, *budget, |rows| {
+            let (a, bt) = (black_box(&a[..rows * k]), black_box(&bt));
+            match backend {
+                Some(b) => gemm_i8_i32_with(*b, a, bt, &mut ci, rows, n, k).unwrap(),
+                None => gemm_i8_i32(a, bt, &mut ci, rows, n, k),
+            }
+            black_box(&ci);
+        }));
+        if let Some(b) = backend {
+            gemm_i8_i32_with(*b, &a, &bt, &mut ci, m, n, k).unwrap();
+            assert_eq!(ci, reference, "{b} disagrees with the scalar kernel");
+        }
+    }
+    for (backend, label, budget) in &runs {
+        lines.push(measure("gemm_f32", label, shape, *budget, |rows| {
+            let (a, bt) = (black_box(&af[..rows * k]), black_box(&btf));
+            match backend {
+                Some(b) => gemm_f32_with(*b, a, bt, &mut cf, rows, n, k).unwrap(),
+                None => gemm_f32(a, bt, &mut cf, rows, n, k),
+            }
+            black_box(&cf);
+        }));
+    }
+
+    let bf: Vec<f32> = b.iter().map(|&x| f32::from(x)).collect();
+    for (label, b_ptr, rsb, csb) in [
+        ("B [K,N]", bf.as_ptr(), n as isize, 1),
+        ("B as Bt [N,K]", btf.as_ptr(), 1, k as isize),
+    ] {
+        lines.push(measure(
+            "matrixmultiply::sgemm",
+            label,
+            shape,
+            None,
+            |rows| {
+                // SAFETY: A is `rows x k` row-major inside `af` (rows <= m); B is `k x n` with the
+                // given strides inside `bf` / `btf`, which outlive the call; C is `rows x n`
+                // row-major inside `cf`, which nothing else borrows during the call.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        rows,
+                        k,
+                        n,
+                        1.0,
+                        black_box(af.as_ptr()),
+                        k as isize,
+                        1,
+                        black_box(b_ptr),
+                        rsb,
+                        csb,
+                        0.0,
+                        cf.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                };
+                black_box(&cf);
+            },
+        ));
+    }
+
+    let naive = lines[0].gops;
+    let sgemm = lines
+        .iter()
+        .filter(|l| l.kernel.starts_with("matrixmultiply"))
+        .map(|l| l.gops)
+        .fold(f64::NAN, f64::max);
+    println!();
+    println!("M = {m}, N = {n}, K = {k}");
+    println!();
+    println!(
+        "| kernel | backend / layout | time for M={m} (ms) | GOPS | / naive | / sgemm | note |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---|");
+    for l in &lines {
+        let full_secs = l.secs * m as f64 / l.m_timed as f64;
+        let note = if l.m_timed < m {
+            format!("timed at M={}, extrapolated", l.m_timed)
+        } else {
+            String::new()
+        };
+        println!(
+            "| {} | {} | {:.3} | {:.2} | {:.2}x | {:.2}x | {} |",
+            l.kernel,
+            l.backend,
+            full_secs * 1e3,
+            l.gops,
+            l.gops / naive,
+            l.gops / sgemm,
+            note
+        );
+    }
+    println!();
+    println!(
+        "`/ naive`: GOPS over the naive i8 loop's; `/ sgemm`: over the faster sgemm layout's \
+         (i8 operations against f32 ones for the i8 rows)."
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick")
+        || std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let (n, k, ms) = if quick {
+        (1024, 1024, [1, 64])
+    } else {
+        (4096, 4096, [1, 512])
+    };
+    println!(
+        "rknn-emu kernels: CPU {:?}, {} logical CPUs, backends available {:?}, selected `{}`{}",
+        cpu_model(),
+        std::thread::available_parallelism().map_or(0, |p| p.get()),
+        available_backends()
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>(),
+        selected_backend(),
+        if quick { " (quick sizes)" } else { "" }
+    );
+    let mut rng = fastrand::Rng::with_seed(42);
+    for m in ms {
+        bench_m(m, n, k, &mut rng);
+    }
+}

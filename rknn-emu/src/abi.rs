@@ -121,7 +121,7 @@ fn c_name(name: &[std::ffi::c_char]) -> String {
     let bytes: Vec<u8> = name
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        .map(|&c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -129,7 +129,7 @@ fn c_name(name: &[std::ffi::c_char]) -> String {
 fn fill_attr(attr: &mut sys::rknn_matmul_tensor_attr, d: &TensorDesc) {
     *attr = sys::rknn_matmul_tensor_attr::default();
     for (dst, src) in attr.name.iter_mut().zip(d.name.bytes()) {
-        *dst = src as std::ffi::c_char;
+        *dst = std::ffi::c_char::from_ne_bytes([src]);
     }
     attr.n_dims = d.n_dims as u32;
     for (dst, &src) in attr.dims.iter_mut().zip(&d.dims[..d.n_dims]) {
@@ -753,10 +753,10 @@ unsafe extern "C" fn query<const S: usize>(
             env!("CARGO_PKG_VERSION")
         );
         for (d, s) in v.api_version.iter_mut().zip(EMULATED_API_VERSION.bytes()) {
-            *d = s as std::ffi::c_char;
+            *d = std::ffi::c_char::from_ne_bytes([s]);
         }
         for (d, s) in v.drv_version.iter_mut().zip(drv.bytes().take(255)) {
-            *d = s as std::ffi::c_char;
+            *d = std::ffi::c_char::from_ne_bytes([s]);
         }
         // SAFETY: non-null and at least 512 bytes (checked); unaligned write since the caller's
         // buffer is typed `void *`.

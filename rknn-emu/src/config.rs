@@ -1,10 +1,10 @@
 //! The emulator's configuration: the chip it plays, the policies for behaviour the public
-//! sources leave [open], and the size of the field hazards it reproduces.
+//! sources leave \[open\], and the size of the field hazards it reproduces.
 
 use rknn_chip::{Platform, ShapeRules};
 
 /// What i4 × i4 → i16 does when a sum leaves the i16 range (K > 511 with extreme values).
-/// The hardware's behaviour is [open] (a weak hint says saturate).
+/// The hardware's behaviour is \[open\] (a weak hint says saturate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overflow {
     /// Clamp to `i16::MIN..=i16::MAX` (default).
@@ -14,7 +14,7 @@ pub enum Overflow {
 }
 
 /// Rounding of requantised outputs (i8 → i8, and f32 → f16 never uses this: IEEE
-/// round-to-nearest-even there). The hardware's mode is [open].
+/// round-to-nearest-even there). The hardware's mode is \[open\].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rounding {
     /// Round half away from zero (default).

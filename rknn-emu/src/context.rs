@@ -159,7 +159,7 @@ impl Context {
     }
 
     /// The single normalised scale of `rknn_matmul_get_quant_params` (i8 → i32, per-channel B).
-    /// What the runtime normalises is [open]; the emulator reports the largest B scale, and
+    /// What the runtime normalises is \[open\]; the emulator reports the largest B scale, and
     /// writes the per-channel scales divided by it when the caller passes an array.
     pub(crate) fn normalised_b_scale(&self) -> CallResult<(f32, Vec<f32>)> {
         let cfg = self.cfg();
@@ -406,7 +406,7 @@ impl Context {
 }
 
 /// Index into B's quant arrays for element (k, n): per-layer 0, per-channel n, per-group
-/// `(k / G) * N + n` (order [K/G][N], inferred: [open]).
+/// `(k / G) * N + n` (order `[K/G][N]`, inferred: \[open\]).
 fn b_param_index(cfg: &MatmulConfig, k: usize, n: usize) -> usize {
     match cfg.b_quant.granularity {
         QuantGranularity::PerLayer => 0,

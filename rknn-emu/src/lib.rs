@@ -19,7 +19,7 @@
 //!   context (refused with an error; the real device has panicked the kernel), and optionally
 //!   non-coherent caches ([`EmuConfig::strict_cache`]).
 //!
-//! Behaviour the public sources leave open ([open] in the docs) is configurable in
+//! Behaviour the public sources leave open (\[open\] in the docs) is configurable in
 //! [`EmuConfig`] and never presented as the hardware's.
 //!
 //! ```

@@ -18,11 +18,9 @@ fn ctx_i8(emu: &Emulator, m: i32, k: i32, n: i32) -> (rknn_matmul_ctx, rknn_matm
     };
     let mut io = rknn_matmul_io_attr::default();
     let mut ctx = 0;
-    // SAFETY: valid pointers.
-    assert_eq!(
-        unsafe { (emu.api().rknn_matmul_create)(&mut ctx, &mut info, &mut io) },
-        0
-    );
+    // SAFETY: valid pointers for the call.
+    let rc = unsafe { (emu.api().rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
+    assert_eq!(rc, 0);
     (ctx, io)
 }
 
@@ -76,11 +74,9 @@ fn each_iommu_domain_holds_a_bounded_number_of_bytes() {
         };
         let mut io = rknn_matmul_io_attr::default();
         let mut ctx = 0;
-        // SAFETY: valid pointers.
-        assert_eq!(
-            unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) },
-            0
-        );
+        // SAFETY: valid pointers for the call.
+        let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
+        assert_eq!(rc, 0);
         ctx
     };
     let (c0, c1) = (make(0), make(1));

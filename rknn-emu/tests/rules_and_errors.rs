@@ -252,7 +252,7 @@ fn name(attr: &rknn_matmul_tensor_attr) -> String {
     attr.name
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8 as char)
+        .map(|&c| char::from(c.to_ne_bytes()[0]))
         .collect()
 }
 

@@ -19,7 +19,7 @@ pub enum Core {
     #[default]
     Auto,
     /// One core by index (mask `1 << index`). A combined mask is rejected for matmul on the
-    /// real runtime ([hw]); to use several cores, run one context per core.
+    /// real runtime (\[hw\]); to use several cores, run one context per core.
     Index(usize),
 }
 
@@ -41,7 +41,7 @@ pub enum BQuant {
         zps: Vec<i32>,
     },
     /// One per group of `group_size` rows of K per channel: N*K/group_size values in the order
-    /// [K/group_size][N] (the order is inferred, [open]).
+    /// `[K/group_size][N]` (the order is inferred, \[open\]).
     PerGroup {
         /// Rows of K per group; must divide K.
         group_size: usize,
@@ -408,7 +408,7 @@ impl<'rt> ContextCore<'rt> {
         })?;
         let mut p = sys::rknn_quant_params::default();
         for (d, s) in p.name.iter_mut().zip(name.bytes()) {
-            *d = s as std::ffi::c_char;
+            *d = std::ffi::c_char::from_ne_bytes([s]);
         }
         p.scale = scale.as_mut_ptr();
         p.scale_len = scale.len() as i32;

@@ -237,7 +237,7 @@ impl Runtime {
     }
 
     /// Asks the runtime for its versions (`RKNN_QUERY_SDK_VERSION` on a throw-away matmul
-    /// context; whether the real runtime answers this on a matmul context is [open]).
+    /// context; whether the real runtime answers this on a matmul context is \[open\]).
     fn query_versions(&self) -> Result<Versions> {
         let api = self.api();
         let mut info = sys::rknn_matmul_info {
@@ -271,7 +271,7 @@ impl Runtime {
             let b: Vec<u8> = s
                 .iter()
                 .take_while(|&&c| c != 0)
-                .map(|&c| c as u8)
+                .map(|&c| c.to_ne_bytes()[0])
                 .collect();
             String::from_utf8_lossy(&b).into_owned()
         };

@@ -7,7 +7,7 @@
 //!   `regen-bindings.sh` reproduces them. bindgen renames the C field `type` to `type_`.
 //! * [`RknnApi`]: the function table. [`RknnApi::load`] opens the library at run time (the
 //!   default), so a crate depending on this one builds and runs on machines without an NPU;
-//!   feature `link` adds [`RknnApi::linked`] for link-time binding; [`RknnApi::from_functions`]
+//!   feature `link` adds `RknnApi::linked` for link-time binding; [`RknnApi::from_functions`]
 //!   lets a Rust implementation of the C API (the `rknn-emu` emulator) fill the same table.
 //!
 //! Only SDK 2.x is supported: 1.x runtimes have a 24-byte `rknn_matmul_info` and would

@@ -1,28 +1,400 @@
-//! Matrix kernels of the emulator: exact i8 GEMM and f32-accumulating float GEMM, with SIMD
-//! variants chosen at run time. (Stub: the scalar reference only; SIMD variants to come.)
+//! Matrix kernels of the emulator: an exact i8 GEMM with i32 results and an f32-accumulating
+//! float GEMM, each with SIMD variants chosen at run time.
+//!
+//! Both kernels take `A` as `[M, K]` row-major and `B` *transposed*, `Bt` as `[N, K]`
+//! row-major, so that every output element is a dot product of two contiguous rows. `C` is
+//! `[M, N]` row-major.
+//!
+//! # Backends
+//!
+//! A [`KernelBackend`] is one implementation of both kernels:
+//!
+//! | backend | arch | i8 kernel | f32 kernel | needs |
+//! |---|---|---|---|---|
+//! | [`Scalar`](KernelBackend::Scalar) | any | plain loops (the reference) | plain loops | nothing |
+//! | `Avx2` | x86-64 | sign-extend to i16 + `vpmaddwd` | `vfmadd` (AVX2 + FMA) | `avx2`, `fma` |
+//! | `Avx512Vnni` | x86-64 | `vpdpbusd` on 256-bit registers (EVEX, via `asm!`) | as `Avx2` | `avx2`, `fma`, `avx512f`, `avx512vl`, `avx512vnni` |
+//! | `Neon` | aarch64 | `smull` + `sadalp` | `fmla` | (always present) |
+//! | `NeonDotprod` | aarch64 | `sdot` (via `asm!`) | as `Neon` | `dotprod` |
+//!
+//! The CPU is probed once per process; [`selected_backend`] is the fastest available one unless
+//! the environment variable `RKNN_EMU_KERNEL` names another (see below). [`gemm_i8_i32`] and
+//! [`gemm_f32`] use the selected backend; [`gemm_i8_i32_with`] and [`gemm_f32_with`] run a
+//! given one (tests and benchmarks use them to compare every backend with the reference).
+//!
+//! AVX-512 *intrinsics* are not stable at this crate's MSRV (1.85), so the VNNI kernel emits
+//! `vpdpbusd` with inline assembly on `ymm` registers (EVEX-encoded, AVX512-VL). The NEON
+//! `vdotq_s32` intrinsic is likewise unstable at the MSRV, so `sdot` is emitted with `asm!` too.
+//!
+//! # `RKNN_EMU_KERNEL`
+//!
+//! Setting `RKNN_EMU_KERNEL` to a backend's [name](KernelBackend::name) (`scalar`, `avx2`,
+//! `avx512vnni`, `neon`, `neondotprod`; case, `-` and `_` are ignored) forces that backend for
+//! [`gemm_i8_i32`] and [`gemm_f32`], e.g. `RKNN_EMU_KERNEL=scalar` to rule out a SIMD bug. The
+//! variable is read once, on the first call; `auto` or an empty value means the default
+//! choice. A name that is unknown or not available on this CPU is reported on stderr and
+//! ignored.
+//!
+//! # Exactness
+//!
+//! The i8 kernel is bit-exact on every backend: it computes the integer dot products in
+//! (wrapping) i32 arithmetic, so the result equals the mathematical one whenever that fits in
+//! an i32, which is guaranteed for `K <= 131071` (`131072 * (-128)^2 = 2^31`). Beyond that all
+//! backends return the same value, the true one modulo 2^32.
+//!
+//! The f32 kernel accumulates in f32 in a backend-dependent order (lanes, then a horizontal
+//! sum), so backends may differ in the last bits; each result is within the usual
+//! `~K * f32::EPSILON * sum(|a*b|)` of the exact value.
+//!
+//! # Blocking
+//!
+//! The SIMD backends compute `C` in register tiles (3 rows x 3 columns on x86-64, 4 x 4 on
+//! aarch64, and 1 x 8 for a lone row such as `M = 1`): each tile is a set of simultaneous dot
+//! products, so every loaded chunk of `A` serves several columns and every chunk of `B`
+//! several rows. Around the tiles, columns are taken in panels of about 256 KiB of `Bt` (so a
+//! panel stays in L2 while all rows of `A` go past it) and, when `M > 1`, `K` in blocks of
+//! 4 KiB per row (so the rows of `A` a tile reads stay in L1; later blocks add to `C`). For
+//! `M >= 64` the f32 kernels first copy each panel of `Bt` into an aligned buffer in tile
+//! order. `M = 1` is a plain streaming pass over `Bt`. Details in `kernels/blocking.rs`.
+//!
+//! Because of the K blocks, the f32 summation order (hence the last bits of a result) also
+//! depends on the shape: the same row may round differently as part of `M = 1` and `M = 2`.
+//! Results are deterministic for a given backend and shape.
+//!
+//! The kernels are single-threaded: the emulator runs one NPU-core context per thread.
 
-/// C[m*n_total + n] = sum_k A[m*k_total + k] * Bt[n*k_total + k], exactly, in i32.
+mod scalar;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod blocking;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+use std::sync::OnceLock;
+
+/// One implementation of the matrix kernels.
 ///
-/// `a` is [M, K] row-major, `bt` is B transposed ([N, K] row-major), `c` is [M, N] row-major.
-pub fn gemm_i8_i32(a: &[i8], bt: &[i8], c: &mut [i32], m: usize, n: usize, k: usize) {
-    assert!(a.len() >= m * k && bt.len() >= n * k && c.len() >= m * n);
-    for i in 0..m {
-        let row = &a[i * k..(i + 1) * k];
-        for j in 0..n {
-            let col = &bt[j * k..(j + 1) * k];
-            c[i * n + j] = row.iter().zip(col).map(|(&x, &y)| i32::from(x) * i32::from(y)).sum();
+/// Only the variants that make sense for the target architecture exist; whether one can run
+/// on this CPU is [`KernelBackend::is_available`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelBackend {
+    /// Portable loops; the reference implementation, available everywhere.
+    Scalar,
+    /// x86-64 AVX2 (i8: sign extension to i16 and `vpmaddwd`) with FMA for f32.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// x86-64 AVX512-VNNI `vpdpbusd` (256-bit, via `asm!`) for i8; the `Avx2` kernel for f32.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+    /// aarch64 NEON (i8: `smull` + `sadalp`; f32: `fmla`).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// aarch64 NEON with the dot-product extension (`sdot`, via `asm!`) for i8; the `Neon`
+    /// kernel for f32.
+    #[cfg(target_arch = "aarch64")]
+    NeonDotprod,
+}
+
+impl KernelBackend {
+    /// Every backend compiled into this build, slowest (the reference) first.
+    pub const ALL: &'static [KernelBackend] = &[
+        KernelBackend::Scalar,
+        #[cfg(target_arch = "x86_64")]
+        KernelBackend::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        KernelBackend::Avx512Vnni,
+        #[cfg(target_arch = "aarch64")]
+        KernelBackend::Neon,
+        #[cfg(target_arch = "aarch64")]
+        KernelBackend::NeonDotprod,
+    ];
+
+    /// The backend's lower-case name, as accepted by `RKNN_EMU_KERNEL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelBackend::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            KernelBackend::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            KernelBackend::Avx512Vnni => "avx512vnni",
+            #[cfg(target_arch = "aarch64")]
+            KernelBackend::Neon => "neon",
+            #[cfg(target_arch = "aarch64")]
+            KernelBackend::NeonDotprod => "neondotprod",
+        }
+    }
+
+    /// The compiled-in backend called `name`, ignoring case, `-` and `_`.
+    pub fn from_name(name: &str) -> Option<KernelBackend> {
+        let wanted: String = name
+            .chars()
+            .filter(|c| *c != '-' && *c != '_')
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        KernelBackend::ALL
+            .iter()
+            .copied()
+            .find(|b| b.name() == wanted)
+    }
+
+    /// Whether this CPU can run the backend (probed once per process).
+    pub fn is_available(self) -> bool {
+        available_backends_cached().contains(&self)
+    }
+}
+
+impl fmt::Display for KernelBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The error of [`gemm_i8_i32_with`] and [`gemm_f32_with`] for a backend this CPU lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendUnavailable(pub KernelBackend);
+
+impl fmt::Display for BackendUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "kernel backend `{}` is not available on this CPU (available: {})",
+            self.0,
+            available_backends_cached()
+                .iter()
+                .map(|b| b.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+impl std::error::Error for BackendUnavailable {}
+
+fn detect(backend: KernelBackend) -> bool {
+    match backend {
+        KernelBackend::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        KernelBackend::Avx2 => {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelBackend::Avx512Vnni => {
+            detect(KernelBackend::Avx2)
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(target_arch = "aarch64")]
+        KernelBackend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+        #[cfg(target_arch = "aarch64")]
+        KernelBackend::NeonDotprod => {
+            std::arch::is_aarch64_feature_detected!("neon")
+                && std::arch::is_aarch64_feature_detected!("dotprod")
         }
     }
 }
 
-/// As [`gemm_i8_i32`] for floats, accumulating in f32.
-pub fn gemm_f32(a: &[f32], bt: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
-    assert!(a.len() >= m * k && bt.len() >= n * k && c.len() >= m * n);
-    for i in 0..m {
-        let row = &a[i * k..(i + 1) * k];
-        for j in 0..n {
-            let col = &bt[j * k..(j + 1) * k];
-            c[i * n + j] = row.iter().zip(col).map(|(&x, &y)| x * y).sum();
+fn available_backends_cached() -> &'static [KernelBackend] {
+    static AVAILABLE: OnceLock<Vec<KernelBackend>> = OnceLock::new();
+    AVAILABLE.get_or_init(|| {
+        KernelBackend::ALL
+            .iter()
+            .copied()
+            .filter(|&b| detect(b))
+            .collect()
+    })
+}
+
+/// The backends this CPU can run, the reference ([`KernelBackend::Scalar`]) first and the
+/// fastest last.
+pub fn available_backends() -> Vec<KernelBackend> {
+    available_backends_cached().to_vec()
+}
+
+/// The backend [`gemm_i8_i32`] and [`gemm_f32`] use: `RKNN_EMU_KERNEL` if it names an
+/// available backend, otherwise the fastest available one. Decided once per process.
+pub fn selected_backend() -> KernelBackend {
+    static SELECTED: OnceLock<KernelBackend> = OnceLock::new();
+    *SELECTED.get_or_init(|| {
+        let fastest = *available_backends_cached()
+            .last()
+            .expect("the scalar backend is always available");
+        let Some(var) = std::env::var_os("RKNN_EMU_KERNEL") else {
+            return fastest;
+        };
+        let value = var.to_string_lossy();
+        let value = value.trim();
+        if value.is_empty() || value.eq_ignore_ascii_case("auto") {
+            return fastest;
         }
+        match KernelBackend::from_name(value) {
+            Some(b) if b.is_available() => b,
+            Some(b) => {
+                eprintln!(
+                    "rknn-emu: RKNN_EMU_KERNEL={value}: {}; using `{fastest}`",
+                    BackendUnavailable(b)
+                );
+                fastest
+            }
+            None => {
+                eprintln!(
+                    "rknn-emu: RKNN_EMU_KERNEL={value}: unknown kernel backend (known: {}); \
+                     using `{fastest}`",
+                    KernelBackend::ALL
+                        .iter()
+                        .map(|b| b.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                fastest
+            }
+        }
+    })
+}
+
+/// Panics unless the slices hold the `[M, K]`, `[N, K]` and `[M, N]` matrices.
+fn check_shapes(a_len: usize, bt_len: usize, c_len: usize, m: usize, n: usize, k: usize) {
+    let size = |r: usize, c: usize, what: &str| {
+        r.checked_mul(c)
+            .unwrap_or_else(|| panic!("gemm: {what} size {r} x {c} overflows usize"))
+    };
+    let (a_need, bt_need, c_need) = (size(m, k, "A"), size(n, k, "Bt"), size(m, n, "C"));
+    assert!(
+        a_len >= a_need && bt_len >= bt_need && c_len >= c_need,
+        "gemm: slices too short for M={m} N={n} K={k}: A has {a_len} (needs {a_need}), \
+         Bt has {bt_len} (needs {bt_need}), C has {c_len} (needs {c_need})"
+    );
+}
+
+/// `C[i*n + j] = sum_p A[i*k + p] * Bt[j*k + p]`, exactly, in i32, with the selected backend.
+///
+/// `a` is `[M, K]` row-major, `bt` is B transposed (`[N, K]` row-major), `c` is `[M, N]`
+/// row-major; only the first `M*K`, `N*K` and `M*N` elements are used. The result is exact
+/// for `K <= 131071` (see the [module docs](self#exactness)).
+///
+/// # Panics
+///
+/// If a slice is shorter than its matrix.
+pub fn gemm_i8_i32(a: &[i8], bt: &[i8], c: &mut [i32], m: usize, n: usize, k: usize) {
+    run_i8(selected_backend(), a, bt, c, m, n, k);
+}
+
+/// As [`gemm_i8_i32`] for floats, accumulating in f32, with the selected backend.
+///
+/// # Panics
+///
+/// If a slice is shorter than its matrix.
+pub fn gemm_f32(a: &[f32], bt: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
+    run_f32(selected_backend(), a, bt, c, m, n, k);
+}
+
+/// [`gemm_i8_i32`] with the given backend.
+///
+/// # Errors
+///
+/// [`BackendUnavailable`] (and `c` untouched) if this CPU cannot run `backend`.
+///
+/// # Panics
+///
+/// If a slice is shorter than its matrix.
+pub fn gemm_i8_i32_with(
+    backend: KernelBackend,
+    a: &[i8],
+    bt: &[i8],
+    c: &mut [i32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), BackendUnavailable> {
+    if !backend.is_available() {
+        return Err(BackendUnavailable(backend));
+    }
+    run_i8(backend, a, bt, c, m, n, k);
+    Ok(())
+}
+
+/// [`gemm_f32`] with the given backend.
+///
+/// # Errors
+///
+/// [`BackendUnavailable`] (and `c` untouched) if this CPU cannot run `backend`.
+///
+/// # Panics
+///
+/// If a slice is shorter than its matrix.
+pub fn gemm_f32_with(
+    backend: KernelBackend,
+    a: &[f32],
+    bt: &[f32],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), BackendUnavailable> {
+    if !backend.is_available() {
+        return Err(BackendUnavailable(backend));
+    }
+    run_f32(backend, a, bt, c, m, n, k);
+    Ok(())
+}
+
+/// Runs the i8 kernel of `backend`, which the caller has checked is available.
+fn run_i8(
+    backend: KernelBackend,
+    a: &[i8],
+    bt: &[i8],
+    c: &mut [i32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    check_shapes(a.len(), bt.len(), c.len(), m, n, k);
+    debug_assert!(backend.is_available());
+    match backend {
+        KernelBackend::Scalar => scalar::gemm_i8_i32(a, bt, c, m, n, k),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available (checked by every caller), i.e. the CPU has AVX2.
+        KernelBackend::Avx2 => unsafe { x86::gemm_i8_i32_avx2(a, bt, c, m, n, k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available, i.e. the CPU has AVX2, AVX512-VL and AVX512-VNNI.
+        KernelBackend::Avx512Vnni => unsafe { x86::gemm_i8_i32_vnni(a, bt, c, m, n, k) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON.
+        KernelBackend::Neon => unsafe { aarch64::gemm_i8_i32_neon(a, bt, c, m, n, k) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON and the dot-product extension.
+        KernelBackend::NeonDotprod => unsafe { aarch64::gemm_i8_i32_sdot(a, bt, c, m, n, k) },
+    }
+}
+
+/// Runs the f32 kernel of `backend`, which the caller has checked is available.
+fn run_f32(
+    backend: KernelBackend,
+    a: &[f32],
+    bt: &[f32],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    check_shapes(a.len(), bt.len(), c.len(), m, n, k);
+    debug_assert!(backend.is_available());
+    match backend {
+        KernelBackend::Scalar => scalar::gemm_f32(a, bt, c, m, n, k),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both backends are available only if the CPU has AVX2 and FMA.
+        KernelBackend::Avx2 | KernelBackend::Avx512Vnni => unsafe {
+            x86::gemm_f32_avx2_fma(a, bt, c, m, n, k)
+        },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: both backends are available only if the CPU has NEON.
+        KernelBackend::Neon | KernelBackend::NeonDotprod => unsafe {
+            aarch64::gemm_f32_neon(a, bt, c, m, n, k)
+        },
     }
 }

@@ -146,7 +146,7 @@ pub struct Quant<'a> {
 pub fn quant_params(q: &mut Quant) -> rknn_quant_params {
     let mut p = rknn_quant_params::default();
     for (d, s) in p.name.iter_mut().zip(q.name.bytes()) {
-        *d = s as std::ffi::c_char;
+        *d = std::ffi::c_char::from_ne_bytes([s]);
     }
     p.scale = q.scale.as_mut_ptr();
     p.scale_len = q.scale.len() as i32;

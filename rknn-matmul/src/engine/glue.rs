@@ -14,7 +14,11 @@
 //! this module run. Every backend produces **bit-identical** results: the kernels only move
 //! data, add integers, or apply one correctly rounded IEEE operation per element in a fixed
 //! order (no FMA contraction, no reassociation), so SIMD lanes compute exactly what the scalar
-//! loop computes.
+//! loop computes. One exception: when an f32 multiply or add in [`scale_out`] or
+//! [`accumulate_c_native_f32`] meets NaN operands, the result is a NaN on every backend but its
+//! payload is not specified (Rust lets the compiler commute the operands, and x86 and Arm
+//! return the first NaN operand). The int8 path has no such case (NaN quantises to 0) and the
+//! f16 conversion keeps payloads exactly.
 //!
 //! # `RKNN_GLUE`
 //!
@@ -38,6 +42,83 @@
 //! than needed; only the described prefix is read or written.
 
 use std::sync::OnceLock;
+
+/// Runs `$body` for every block `($r, $b)` (`r < m`, `b < nb`) of a relayout between a
+/// row-major matrix and a native layout (`[nb, m, width]`), tile by tile: `row_tile` rows by
+/// `block_tile` blocks, and inside a tile groups of 4 rows, each group visiting its blocks
+/// in order and, per block, its 4 rows (on RK3588 a block row is 16 bytes, so those 4 rows
+/// are one 64-byte line of the native buffer).
+///
+/// Both sides of the relayout stride by 4 KiB or more per step (a row of `A` or `C`, a block
+/// of the native buffer), so the tile shape trades TLB reach against L1 set conflicts; the
+/// constants [`PACK_TILE`], [`PACK_F16_TILE`] and [`COLLECT_TILE`] are the best measured on
+/// the x86 bench machine (see `docs/engine-glue-performance.md`).
+macro_rules! for_each_block {
+    ($m:expr, $nb:expr, $tile:expr, |$r:ident, $b:ident| $body:block) => {{
+        let (m, nb): (usize, usize) = ($m, $nb);
+        let (row_tile, block_tile): (usize, usize) = $tile;
+        let mut r0 = 0;
+        while r0 < m {
+            let r_end = r0.saturating_add(row_tile).min(m);
+            let mut b0 = 0;
+            while b0 < nb {
+                let b_end = b0.saturating_add(block_tile).min(nb);
+                let mut g = r0;
+                while g < r_end {
+                    let g_end = (g + 4).min(r_end);
+                    if g_end - g == 4 {
+                        for $b in b0..b_end {
+                            for rr in 0..4 {
+                                let $r = g + rr;
+                                $body
+                            }
+                        }
+                    } else {
+                        for $b in b0..b_end {
+                            for $r in g..g_end {
+                                $body
+                            }
+                        }
+                    }
+                    g = g_end;
+                }
+                b0 = b_end;
+            }
+            r0 = r_end;
+        }
+    }};
+}
+
+/// `(rows, blocks)` tile of [`for_each_block`] for packing `A`: 8 rows by 4 blocks, so each
+/// visit of a native block writes 128 contiguous bytes and each row's 64-byte line is used
+/// up before the next. Measured at m = 512, k = 4096 on the x86 bench machine (GB/s relative
+/// to memcpy): 4 rows x all blocks 0.46 (every native line a new page: TLB-bound), 8 x 4
+/// 0.56, 16 x 4 0.52, 32 x 4 0.50, 64 x 4 0.47 (the rows, 4 KiB apart, overflow an L1 set).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+const PACK_TILE: (usize, usize) = (8, 4);
+
+/// `(rows, blocks)` tile of [`for_each_block`] for packing f32 `A` to f16: 4 rows, every
+/// block. The source rows are twice as wide as the output blocks (32 bytes per block), so
+/// 4 sequential row streams with one 64-byte native line per block visit did best: 0.55 of
+/// memcpy at m = 512, k = 4096, against 0.37 for the i8 tile (8 x 4) and 0.43 for 16 x 4.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+const PACK_F16_TILE: (usize, usize) = (4, usize::MAX);
+
+/// `(rows, blocks)` tile of [`for_each_block`] for collecting `C`: 4 rows, every block. The
+/// read-modify-write of the row-major output keeps its 4 rows' lines hot. Measured at
+/// m = 512, n = 1024 (relative to memcpy, `first` / accumulating): 4 x all 0.60 / 0.82,
+/// 16 x all 0.60 / 0.82, 8 x 4 0.47 / 0.61, 16 x 4 0.35 / 0.28.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+const COLLECT_TILE: (usize, usize) = (4, usize::MAX);
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod fast;
@@ -96,10 +177,14 @@ fn selected() -> Backend {
             "scalar" => Backend::Scalar,
             name if name == best.name() => best,
             name => {
+                let available = if best == Backend::Scalar {
+                    "scalar".to_string()
+                } else {
+                    format!("scalar, {}", best.name())
+                };
                 eprintln!(
                     "rknn-matmul: RKNN_GLUE={name:?} is not a glue backend available on this \
-                     CPU (available: scalar, {}); using {}",
-                    best.name(),
+                     CPU (available: {available}); using {}",
                     best.name()
                 );
                 best

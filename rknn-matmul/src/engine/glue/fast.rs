@@ -1,20 +1,12 @@
 //! Relayout kernels shared by the SIMD backends: plain Rust over raw pointers, specialised on
 //! the block width so every block moves as one fixed-size vector. The x86-64 backend inlines
 //! them into `#[target_feature(enable = "avx2")]` wrappers (so LLVM emits AVX2); on aarch64
-//! NEON is baseline and they are called directly.
-//!
-//! Loop order: the native layouts store, per K (or N) block, `m` consecutive rows of `sk`
-//! elements. On RK3588 a block row is 16 bytes, so `ROW_TILE` = 4 rows of one block are one
-//! 64-byte cache line of the native buffer, and walking the blocks for a fixed tile of 4 rows
-//! reads or writes each row-major row sequentially. Both sides then move whole cache lines in
-//! a few sequential streams, which is what the hardware prefetchers follow.
+//! NEON is baseline and they are called directly. The visiting order is
+//! [`for_each_block`]'s.
 
 use std::ptr;
 
-/// Rows handled together (see the module comment).
-const ROW_TILE: usize = 4;
-
-/// `$f::<WIDTH>(args)` for the common block widths, `$dyn(width, args)` for any other.
+/// `$f::<_, WIDTH>(args)` for the common block widths, `$dyn(width, args)` for any other.
 macro_rules! by_width {
     ($w:expr, $f:ident, $dynf:ident, ($($arg:expr),* $(,)?)) => {
         match $w {
@@ -50,18 +42,11 @@ unsafe fn gather_blocks<T: Copy, const SK: usize>(
             ptr::copy_nonoverlapping(src, dst, nb * SK);
             return;
         }
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = ROW_TILE.min(m - r0);
-            for b in 0..nb {
-                for r in r0..r0 + rows {
-                    let s = src.add(r * ld + b * SK).cast::<[T; SK]>();
-                    let d = dst.add((b * m + r) * SK).cast::<[T; SK]>();
-                    d.write_unaligned(s.read_unaligned());
-                }
-            }
-            r0 += ROW_TILE;
-        }
+        for_each_block!(m, nb, super::PACK_TILE, |r, b| {
+            let s = src.add(r * ld + b * SK).cast::<[T; SK]>();
+            let d = dst.add((b * m + r) * SK).cast::<[T; SK]>();
+            d.write_unaligned(s.read_unaligned());
+        });
     }
 }
 
@@ -132,7 +117,6 @@ unsafe fn scatter_blocks<T: Copy, const SN: usize, const ACC: bool>(
 ) {
     // SAFETY: every access is one of the ranges of the contract.
     unsafe {
-        let put = |d: *mut T, v: T| d.write(if ACC { f(d.read(), v) } else { v });
         if m == 1 {
             // One row: the native layout is the row itself (plus padding to a block).
             let (cs, os) = (
@@ -145,28 +129,29 @@ unsafe fn scatter_blocks<T: Copy, const SN: usize, const ACC: bool>(
             return;
         }
         let (full, rem) = (n / SN, n % SN);
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = ROW_TILE.min(m - r0);
-            for jb in 0..full {
-                for r in r0..r0 + rows {
-                    let s = c.add((jb * m + r) * SN).cast::<[T; SN]>().read_unaligned();
-                    let d = out.add(r * ld + jb * SN);
-                    for (l, v) in s.into_iter().enumerate() {
-                        put(d.add(l), v);
-                    }
+        for_each_block!(m, full, super::COLLECT_TILE, |r, jb| {
+            let s = c.add((jb * m + r) * SN).cast::<[T; SN]>().read_unaligned();
+            let d = out.add(r * ld + jb * SN).cast::<[T; SN]>();
+            let v = if ACC {
+                let mut o = d.read_unaligned();
+                for (o, s) in o.iter_mut().zip(s) {
+                    *o = f(*o, s);
+                }
+                o
+            } else {
+                s
+            };
+            d.write_unaligned(v);
+        });
+        if rem > 0 {
+            for r in 0..m {
+                let s = c.add((full * m + r) * SN);
+                let d = out.add(r * ld + full * SN);
+                for l in 0..rem {
+                    let v = s.add(l).read();
+                    d.add(l).write(if ACC { f(d.add(l).read(), v) } else { v });
                 }
             }
-            if rem > 0 {
-                for r in r0..r0 + rows {
-                    let s = c.add((full * m + r) * SN);
-                    let d = out.add(r * ld + full * SN);
-                    for l in 0..rem {
-                        put(d.add(l), s.add(l).read());
-                    }
-                }
-            }
-            r0 += ROW_TILE;
         }
     }
 }
@@ -198,7 +183,7 @@ unsafe fn scatter_blocks_dyn<T: Copy, const ACC: bool>(
     }
 }
 
-/// `scatter_blocks::<SN, true/false>` by `first`, for the widths of [`by_width`].
+/// `scatter_blocks::<_, SN, !first>` for the widths of [`by_width`].
 macro_rules! scatter {
     ($sn:expr, $first:expr, ($c:expr, $m:expr, $n:expr, $out:expr, $ld:expr, $f:expr)) => {
         match ($sn, $first) {

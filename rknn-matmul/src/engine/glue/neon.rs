@@ -159,39 +159,85 @@ pub(super) unsafe fn pack_a_native_f16(
     sk: usize,
     dst: &mut [half::f16],
 ) {
-    if sk % 8 != 0 {
-        // No RK chip uses such a block; not worth a vector path.
-        return super::scalar::pack_a_native_f16(x, m, k, k0, kseg, sk, dst);
-    }
     let nb = kseg / sk;
     // `half::f16` is a `repr(transparent)` `u16`.
     let (xp, dp) = (x.as_ptr(), dst.as_mut_ptr().cast::<u16>());
-    // SAFETY: `x` holds `m * k` elements, and source columns are read only below `k` (whole
-    // vectors only when `c0 + sk <= k`); `dst` holds `m * kseg = nb * m * sk` elements and
-    // block `b` of row `r` is `dst[(b * m + r) * sk..][..sk]`.
+    // SAFETY: `x` holds `m * k` elements and `dst` `m * kseg = nb * m * sk` (parent's checks).
     unsafe {
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = 4.min(m - r0);
-            for b in 0..nb {
-                let c0 = k0 + b * sk;
-                for r in r0..r0 + rows {
-                    let s = xp.add(r * k);
-                    let d = dp.add((b * m + r) * sk);
-                    if c0 + sk <= k {
-                        for h in (0..sk).step_by(8) {
-                            cvt8_f16(s.add(c0 + h), d.add(h));
-                        }
-                    } else {
-                        for l in 0..sk {
-                            let c = c0 + l;
-                            let v = if c < k { *s.add(c) } else { 0.0 };
-                            *d.add(l) = half::f16::from_f32(v).to_bits();
-                        }
-                    }
+        match (m, sk) {
+            // One row: the native layout is the row itself.
+            (1, _) => convert_row(xp, k, k0, kseg, dp),
+            (_, 8) => pack_f16_blocks::<8>(xp, m, k, k0, nb, dp),
+            (_, 16) => pack_f16_blocks::<16>(xp, m, k, k0, nb, dp),
+            // No RK chip uses another f16 block; not worth a vector path.
+            _ => super::scalar::pack_a_native_f16(x, m, k, k0, kseg, sk, dst),
+        }
+    }
+}
+
+/// Columns `k0..k0 + len` of the one row at `xp` (`k` columns, zero beyond) to f16 at `dp`.
+///
+/// # Safety
+///
+/// `xp` valid for reads of `k` elements, `dp` for writes of `len`.
+unsafe fn convert_row(xp: *const f32, k: usize, k0: usize, len: usize, dp: *mut u16) {
+    // Columns below `k` that are in the segment.
+    let live = k.saturating_sub(k0).min(len);
+    // SAFETY: reads at `k0 + i < k` only, writes at `i < len`.
+    unsafe {
+        let s = xp.add(k0.min(k));
+        let mut i = 0;
+        while i + 32 <= live {
+            for u in 0..4 {
+                cvt8_f16(s.add(i + 8 * u), dp.add(i + 8 * u));
+            }
+            i += 32;
+        }
+        while i + 8 <= live {
+            cvt8_f16(s.add(i), dp.add(i));
+            i += 8;
+        }
+        while i < live {
+            *dp.add(i) = half::f16::from_f32(*s.add(i)).to_bits();
+            i += 1;
+        }
+        std::ptr::write_bytes(dp.add(live), 0, len - live);
+    }
+}
+
+/// The blocks of `SK` columns of [`pack_a_native_f16`], for `m` rows.
+///
+/// # Safety
+///
+/// `xp` valid for reads of `m * k` elements, `dp` for writes of `nb * m * SK`;
+/// `k0 + nb * SK` does not overflow.
+unsafe fn pack_f16_blocks<const SK: usize>(
+    xp: *const f32,
+    m: usize,
+    k: usize,
+    k0: usize,
+    nb: usize,
+    dp: *mut u16,
+) {
+    // SAFETY: source columns are read only below `k` (whole vectors only when
+    // `c0 + SK <= k`), rows below `m`; block `b` of row `r` is `dp[(b * m + r) * SK..][..SK]`
+    // with `b < nb`.
+    unsafe {
+        for_each_block!(m, nb, super::PACK_F16_TILE, |r, b| {
+            let c0 = k0 + b * SK;
+            let s = xp.add(r * k);
+            let d = dp.add((b * m + r) * SK);
+            if c0 + SK <= k {
+                for h in 0..SK / 8 {
+                    cvt8_f16(s.add(c0 + 8 * h), d.add(8 * h));
+                }
+            } else {
+                for l in 0..SK {
+                    let c = c0 + l;
+                    let v = if c < k { *s.add(c) } else { 0.0 };
+                    *d.add(l) = half::f16::from_f32(v).to_bits();
                 }
             }
-            r0 += 4;
-        }
+        });
     }
 }

@@ -16,6 +16,7 @@ use std::arch::x86_64::{
     _mm256_packs_epi16, _mm256_packs_epi32, _mm256_permutevar8x32_epi32, _mm256_set1_epi32,
     _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_storeu_si256,
 };
+use std::ptr;
 
 /// [`quantize_rows`](super::quantize_rows) with AVX2.
 ///
@@ -251,41 +252,103 @@ pub(super) unsafe fn pack_a_native_f16(
     sk: usize,
     dst: &mut [half::f16],
 ) {
-    if sk % 8 != 0 {
-        // No RK chip uses such a block; not worth a vector path.
-        return super::scalar::pack_a_native_f16(x, m, k, k0, kseg, sk, dst);
-    }
     let nb = kseg / sk;
     // `half::f16` is a `repr(transparent)` `u16`.
     let (xp, dp) = (x.as_ptr(), dst.as_mut_ptr().cast::<u16>());
-    // SAFETY: `x` holds `m * k` elements, and source columns are read only below `k` (whole
-    // vectors only when `c0 + sk <= k`); `dst` holds `m * kseg = nb * m * sk` elements and
-    // block `b` of row `r` is `dst[(b * m + r) * sk..][..sk]`; F16C is available.
+    // SAFETY: `x` holds `m * k` elements and `dst` `m * kseg = nb * m * sk` (parent's checks);
+    // F16C is available.
     unsafe {
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = 4.min(m - r0);
-            for b in 0..nb {
-                let c0 = k0 + b * sk;
-                for r in r0..r0 + rows {
-                    let s = xp.add(r * k);
-                    let d = dp.add((b * m + r) * sk);
-                    if c0 + sk <= k {
-                        for h in (0..sk).step_by(8) {
-                            let v = _mm256_loadu_ps(s.add(c0 + h));
-                            let h16 = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-                            _mm_storeu_si128(d.add(h).cast(), h16);
-                        }
-                    } else {
-                        for l in 0..sk {
-                            let c = c0 + l;
-                            let v = if c < k { *s.add(c) } else { 0.0 };
-                            *d.add(l) = half::f16::from_f32(v).to_bits();
-                        }
-                    }
+        match (m, sk) {
+            // One row: the native layout is the row itself.
+            (1, _) => convert_row(xp, k, k0, kseg, dp),
+            (_, 8) => pack_f16_blocks::<8>(xp, m, k, k0, nb, dp),
+            (_, 16) => pack_f16_blocks::<16>(xp, m, k, k0, nb, dp),
+            // No RK chip uses another f16 block; not worth a vector path.
+            _ => super::scalar::pack_a_native_f16(x, m, k, k0, kseg, sk, dst),
+        }
+    }
+}
+
+/// Eight f32 at `s` to f16 bit patterns at `d`.
+///
+/// # Safety
+///
+/// F16C; `s` valid for reads and `d` for writes of 8 elements.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn cvt8_f16(s: *const f32, d: *mut u16) {
+    // SAFETY: the ranges of the contract; F16C is available.
+    unsafe {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s));
+        _mm_storeu_si128(d.cast(), h);
+    }
+}
+
+/// Columns `k0..k0 + len` of the one row at `xp` (`k` columns, zero beyond) to f16 at `dp`.
+///
+/// # Safety
+///
+/// F16C; `xp` valid for reads of `k` elements, `dp` for writes of `len`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn convert_row(xp: *const f32, k: usize, k0: usize, len: usize, dp: *mut u16) {
+    // Columns below `k` that are in the segment.
+    let live = k.saturating_sub(k0).min(len);
+    // SAFETY: reads at `k0 + i < k` only, writes at `i < len`; F16C is available.
+    unsafe {
+        let s = xp.add(k0.min(k));
+        let mut i = 0;
+        while i + 32 <= live {
+            for u in 0..4 {
+                cvt8_f16(s.add(i + 8 * u), dp.add(i + 8 * u));
+            }
+            i += 32;
+        }
+        while i + 8 <= live {
+            cvt8_f16(s.add(i), dp.add(i));
+            i += 8;
+        }
+        while i < live {
+            *dp.add(i) = half::f16::from_f32(*s.add(i)).to_bits();
+            i += 1;
+        }
+        ptr::write_bytes(dp.add(live), 0, len - live);
+    }
+}
+
+/// The blocks of `SK` columns of [`pack_a_native_f16`], for `m` rows.
+///
+/// # Safety
+///
+/// F16C; `xp` valid for reads of `m * k` elements, `dp` for writes of `nb * m * SK`;
+/// `k0 + nb * SK` does not overflow.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn pack_f16_blocks<const SK: usize>(
+    xp: *const f32,
+    m: usize,
+    k: usize,
+    k0: usize,
+    nb: usize,
+    dp: *mut u16,
+) {
+    // SAFETY: source columns are read only below `k` (whole vectors only when
+    // `c0 + SK <= k`), rows below `m`; block `b` of row `r` is `dp[(b * m + r) * SK..][..SK]`
+    // with `b < nb`; F16C is available.
+    unsafe {
+        for_each_block!(m, nb, super::PACK_F16_TILE, |r, b| {
+            let c0 = k0 + b * SK;
+            let s = xp.add(r * k);
+            let d = dp.add((b * m + r) * SK);
+            if c0 + SK <= k {
+                for h in 0..SK / 8 {
+                    cvt8_f16(s.add(c0 + 8 * h), d.add(8 * h));
+                }
+            } else {
+                for l in 0..SK {
+                    let c = c0 + l;
+                    let v = if c < k { *s.add(c) } else { 0.0 };
+                    *d.add(l) = half::f16::from_f32(v).to_bits();
                 }
             }
-            r0 += 4;
-        }
+        });
     }
 }

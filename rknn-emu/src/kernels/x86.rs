@@ -1,0 +1,443 @@
+//! x86-64 kernels: AVX2 for i8 (sign extension to i16, then `vpmaddwd`), AVX2 + FMA for f32,
+//! and AVX512-VNNI for i8 (`vpdpbusd` on `ymm` registers, written with `asm!` because the
+//! AVX-512 intrinsics are not stable at the crate's MSRV).
+//!
+//! Each tile kernel keeps an `R x C` block of dot products in registers over one K block
+//! (see [`super::blocking`]), one vector chunk at a time; the last partial chunk of A (and of
+//! B when it is not packed) is copied into zero-padded stack buffers and run through the same
+//! code, so no load reads past a row.
+
+// Each function body is one `unsafe` block: at the MSRV (1.85) the value-only intrinsics are
+// `unsafe fn`s too, while newer compilers consider them safe inside `#[target_feature]`
+// functions. The blocks always also contain raw-pointer accesses, so they are never unused.
+
+use std::arch::asm;
+use std::arch::x86_64::{
+    __m128i, __m256, __m256i, _mm_add_epi32, _mm_add_ps, _mm_loadu_si128, _mm_storeu_ps,
+    _mm_storeu_si128, _mm256_add_epi32, _mm256_castps256_ps128, _mm256_castsi256_si128,
+    _mm256_cvtepi8_epi16, _mm256_extractf128_ps, _mm256_extracti128_si256, _mm256_fmadd_ps,
+    _mm256_hadd_epi32, _mm256_hadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_madd_epi16,
+    _mm256_set1_epi8, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_xor_si256,
+};
+
+use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, with_tile_shape};
+use super::check_shapes;
+
+/// Tiles of the AVX2 i8 kernel: 3 x 3 (9 accumulators + 3 rows of A + 1 column of B + 1
+/// product of the 16 `ymm` registers; each B chunk, the part that comes from L2, serves 3
+/// rows), 1 x 8 for a lone row. B is never packed (measured: no gain for i8).
+const TILING_I8: Tiling = Tiling {
+    rows: 3,
+    cols: 3,
+    single_cols: 8,
+    width: 16,
+    pack_min_rows: usize::MAX,
+};
+
+/// Tiles of the VNNI kernel, as [`TILING_I8`] with 32-byte chunks.
+const TILING_VNNI: Tiling = Tiling {
+    width: 32,
+    ..TILING_I8
+};
+
+/// Tiles of the f32 kernel: 3 x 3, whose 9 independent FMA chains hide the FMA latency
+/// (4 cycles at 2 per cycle); 1 x 8 for a lone row; B packed from 64 rows on.
+const TILING_F32: Tiling = Tiling {
+    width: 8,
+    pack_min_rows: 64,
+    ..TILING_I8
+};
+
+/// Horizontal sums of four i32 vectors (wrapping).
+///
+/// # Safety
+///
+/// AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
+    let mut out = [0i32; 4];
+    // SAFETY: AVX2 is available; the store writes the 16 bytes of `out`.
+    unsafe {
+        let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        _mm_storeu_si128(out.as_mut_ptr().cast::<__m128i>(), s);
+    }
+    out
+}
+
+/// Horizontal sums of four f32 vectors.
+///
+/// # Safety
+///
+/// AVX.
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn hsum4_ps(v: [__m256; 4]) -> [f32; 4] {
+    let mut out = [0f32; 4];
+    // SAFETY: AVX is available; the store writes the 16 bytes of `out`.
+    unsafe {
+        let s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        _mm_storeu_ps(out.as_mut_ptr(), s);
+    }
+    out
+}
+
+/// Calls `f(r, q, index)` for every accumulator of an `R x C` tile in row-major order, so
+/// that the horizontal sums can be taken four at a time.
+#[inline(always)]
+fn for_each_acc<const R: usize, const C: usize>(mut f: impl FnMut(usize, usize, usize)) {
+    for idx in 0..R * C {
+        f(idx / C, idx % C, idx);
+    }
+}
+
+/// Writes `sum - offset[r]` to (or, when accumulating, adds `sum` to) each element of the
+/// tile of C, in wrapping i32 arithmetic.
+///
+/// # Safety
+///
+/// AVX2; `t.c` valid for reads and writes of the `R x C` tile.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_i32<const R: usize, const C: usize>(
+    acc: &[[__m256i; C]; R],
+    offset: &[i32; R],
+    t: &TilePtrs<i8, i32>,
+) {
+    // SAFETY: AVX2 is available; the accesses stay inside the tile of C (contract).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut group = [zero; 4];
+        let mut cells = [(0usize, 0usize); 4];
+        for_each_acc::<R, C>(|r, q, idx| {
+            group[idx % 4] = acc[r][q];
+            cells[idx % 4] = (r, q);
+            if idx % 4 == 3 || idx + 1 == R * C {
+                let sums = hsum4_epi32(group);
+                for (&(r, q), &sum) in cells.iter().zip(&sums).take(idx % 4 + 1) {
+                    let dst = t.c.add(r * t.ldc + q);
+                    *dst = if t.accumulate {
+                        (*dst).wrapping_add(sum)
+                    } else {
+                        sum.wrapping_sub(offset[r])
+                    };
+                }
+                group = [zero; 4];
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8, AVX2
+// ---------------------------------------------------------------------------------------------
+
+/// The AVX2 i8 kernel (see [`super::gemm_i8_i32`]).
+///
+/// # Safety
+///
+/// The CPU must support AVX2. (The slice lengths are checked here.)
+pub(super) unsafe fn gemm_i8_i32_avx2(
+    a: &[i8],
+    bt: &[i8],
+    c: &mut [i32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    check_shapes(a.len(), bt.len(), c.len(), m, n, k);
+    run_tiles(a, bt, c, (m, n, k), TILING_I8, |t, rows, cols| {
+        // SAFETY: `run_tiles` hands out tiles inside the checked matrices (and the packed
+        // panel) with strides matching `TILING_I8`; the caller guarantees AVX2.
+        unsafe { with_tile_shape!(tile_i8_avx2, rows, cols, t) }
+    });
+}
+
+/// `C[tile] (+)= A[tile rows] * B[tile columns]^T` over the tile's K block.
+///
+/// # Safety
+///
+/// AVX2; `t` describes `R` rows of A and `C` columns of B readable over `t.kc` elements with
+/// its strides (B not packed), and an `R x C` tile of C.
+#[target_feature(enable = "avx2")]
+unsafe fn tile_i8_avx2<const R: usize, const C: usize>(t: TilePtrs<i8, i32>) {
+    const W: usize = 16;
+    debug_assert!(!t.packed, "the i8 tilings never pack B");
+    // SAFETY: every access is within the ranges of the contract: the main loop reads whole
+    // chunks below `kc`, the tail reads the padded stack buffers.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); C]; R];
+        let full = t.kc - t.kc % W;
+        let (mut p, mut b) = (0, t.b);
+        while p < full {
+            step_i8_avx2::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
+            b = b.add(t.b_step);
+            p += W;
+        }
+        if p < t.kc {
+            let pa: [[i8; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
+            let pb: [[i8; W]; C] = pad_tail(t.b, t.b_ld, p, t.kc);
+            step_i8_avx2::<R, C>(&mut acc, pa.as_ptr().cast(), W, pb.as_ptr().cast(), W);
+        }
+        store_i32::<R, C>(&acc, &[0; R], &t);
+    }
+}
+
+/// One 16-element chunk: rows at `a + r*lda`, columns at `b + q*ldb`.
+///
+/// # Safety
+///
+/// AVX2; the 16 bytes at each row and column start readable.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn step_i8_avx2<const R: usize, const C: usize>(
+    acc: &mut [[__m256i; C]; R],
+    a: *const i8,
+    lda: usize,
+    b: *const i8,
+    ldb: usize,
+) {
+    // SAFETY: the loads read 16 bytes at each row / column start, readable by the contract.
+    unsafe {
+        let mut av = [_mm256_setzero_si256(); R];
+        for (r, v) in av.iter_mut().enumerate() {
+            *v = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.add(r * lda).cast()));
+        }
+        for q in 0..C {
+            let bv = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(q * ldb).cast()));
+            for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                // i16 x i16 products of i8 values, summed in pairs: at most 2 * 128^2 = 2^15,
+                // exact in i32.
+                acc_row[q] = _mm256_add_epi32(acc_row[q], _mm256_madd_epi16(x, bv));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8, AVX512-VNNI (256-bit)
+// ---------------------------------------------------------------------------------------------
+
+/// The AVX512-VNNI i8 kernel (see [`super::gemm_i8_i32`]).
+///
+/// `vpdpbusd` multiplies *unsigned* by signed bytes, so B is offset to `b + 128` (an XOR with
+/// `0x80` after each load) and `128 * sum(row of A)` is subtracted at
+/// the end; the intermediate sums may wrap, the final one is exact modulo 2^32 like the other
+/// backends.
+///
+/// # Safety
+///
+/// The CPU must support AVX2, AVX512-VL and AVX512-VNNI. (The slice lengths are checked.)
+pub(super) unsafe fn gemm_i8_i32_vnni(
+    a: &[i8],
+    bt: &[i8],
+    c: &mut [i32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    check_shapes(a.len(), bt.len(), c.len(), m, n, k);
+    let row_sums: Vec<i32> = (0..m)
+        .map(|i| {
+            a[i * k..(i + 1) * k]
+                .iter()
+                .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)))
+        })
+        .collect();
+    run_tiles(a, bt, c, (m, n, k), TILING_VNNI, |t, rows, cols| {
+        let sums = &row_sums[t.row..];
+        // SAFETY: as in `gemm_i8_i32_avx2`, and `sums` has an entry for each of the tile's
+        // rows; the caller guarantees the CPU features.
+        unsafe { with_tile_shape!(tile_i8_vnni, rows, cols, (t, sums)) }
+    });
+}
+
+/// `acc + the sum of four u8(u) * i8(s) products in each i32 lane` (`vpdpbusd`, wrapping).
+///
+/// # Safety
+///
+/// The CPU must support AVX512-VL and AVX512-VNNI.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn vpdpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees the CPU runs the EVEX-encoded 256-bit `vpdpbusd`; the
+    // instruction only reads and writes the three named vector registers.
+    unsafe {
+        asm!(
+            "{{evex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// As [`tile_i8_avx2`] with `vpdpbusd`; `sums[r]` is the sum of the whole row `r` of the
+/// tile's A, whose correction is applied with the first K block.
+///
+/// # Safety
+///
+/// AVX2, AVX512-VL and AVX512-VNNI; the ranges of [`tile_i8_avx2`], and at least `R` sums.
+#[target_feature(enable = "avx2")]
+unsafe fn tile_i8_vnni<const R: usize, const C: usize>((t, sums): (TilePtrs<i8, i32>, &[i32])) {
+    const W: usize = 32;
+    debug_assert!(!t.packed, "the i8 tilings never pack B");
+    // SAFETY: every access is within the ranges of the contract: the main loop reads whole
+    // chunks below `kc`, the tail reads the padded stack buffers.
+    // Padding is harmless: zero bytes of A times anything.
+    unsafe {
+        let flip = _mm256_set1_epi8(i8::MIN);
+        let mut acc = [[_mm256_setzero_si256(); C]; R];
+        let full = t.kc - t.kc % W;
+        let (mut p, mut b) = (0, t.b);
+        while p < full {
+            step_i8_vnni::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld, flip);
+            b = b.add(t.b_step);
+            p += W;
+        }
+        if p < t.kc {
+            let pa: [[i8; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
+            let pb: [[i8; W]; C] = pad_tail(t.b, t.b_ld, p, t.kc);
+            let pb = pb.as_ptr().cast();
+            step_i8_vnni::<R, C>(&mut acc, pa.as_ptr().cast(), W, pb, W, flip);
+        }
+        let offset: [i32; R] = std::array::from_fn(|r| sums[r].wrapping_mul(128));
+        store_i32::<R, C>(&acc, &offset, &t);
+    }
+}
+
+/// One 32-element chunk of the VNNI tile; B chunks are XORed with `flip`.
+///
+/// # Safety
+///
+/// AVX2, AVX512-VL and AVX512-VNNI; the 32 bytes at each row and column start readable.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn step_i8_vnni<const R: usize, const C: usize>(
+    acc: &mut [[__m256i; C]; R],
+    a: *const i8,
+    lda: usize,
+    b: *const i8,
+    ldb: usize,
+    flip: __m256i,
+) {
+    // SAFETY: the loads read 32 bytes at each row / column start, readable by the contract;
+    // `vpdpbusd`'s features are guaranteed by the caller.
+    unsafe {
+        let mut av = [_mm256_setzero_si256(); R];
+        for (r, v) in av.iter_mut().enumerate() {
+            *v = _mm256_loadu_si256(a.add(r * lda).cast());
+        }
+        for q in 0..C {
+            let bu = _mm256_xor_si256(_mm256_loadu_si256(b.add(q * ldb).cast()), flip);
+            for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                acc_row[q] = vpdpbusd(acc_row[q], bu, x);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32, AVX2 + FMA
+// ---------------------------------------------------------------------------------------------
+
+/// The AVX2 + FMA f32 kernel (see [`super::gemm_f32`]).
+///
+/// # Safety
+///
+/// The CPU must support AVX2 and FMA. (The slice lengths are checked here.)
+pub(super) unsafe fn gemm_f32_avx2_fma(
+    a: &[f32],
+    bt: &[f32],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    check_shapes(a.len(), bt.len(), c.len(), m, n, k);
+    run_tiles(a, bt, c, (m, n, k), TILING_F32, |t, rows, cols| {
+        // SAFETY: as in `gemm_i8_i32_avx2`; the caller guarantees AVX2 and FMA.
+        unsafe { with_tile_shape!(tile_f32_fma, rows, cols, t) }
+    });
+}
+
+/// As [`tile_i8_avx2`] in f32.
+///
+/// # Safety
+///
+/// AVX2 and FMA; the ranges of [`tile_i8_avx2`] (in elements).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_f32_fma<const R: usize, const C: usize>(t: TilePtrs<f32, f32>) {
+    const W: usize = 8;
+    // SAFETY: every access is within the ranges of the contract: the main loop reads whole
+    // chunks below `kc`, the tail reads the padded stack buffers (or the packed padding).
+    // Zero padding in both A and B: the extra products are 0 * 0 = 0.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let full = t.kc - t.kc % W;
+        let (mut p, mut b) = (0, t.b);
+        while p < full {
+            step_f32_fma::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
+            b = b.add(t.b_step);
+            p += W;
+        }
+        if p < t.kc {
+            let pa: [[f32; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
+            if t.packed {
+                step_f32_fma::<R, C>(&mut acc, pa.as_ptr().cast(), W, b, t.b_ld);
+            } else {
+                let pb: [[f32; W]; C] = pad_tail(t.b, t.b_ld, p, t.kc);
+                step_f32_fma::<R, C>(&mut acc, pa.as_ptr().cast(), W, pb.as_ptr().cast(), W);
+            }
+        }
+        let zero = _mm256_setzero_ps();
+        let mut group = [zero; 4];
+        let mut cells = [(0usize, 0usize); 4];
+        for_each_acc::<R, C>(|r, q, idx| {
+            group[idx % 4] = acc[r][q];
+            cells[idx % 4] = (r, q);
+            if idx % 4 == 3 || idx + 1 == R * C {
+                let sums = hsum4_ps(group);
+                for (&(r, q), &sum) in cells.iter().zip(&sums).take(idx % 4 + 1) {
+                    let dst = t.c.add(r * t.ldc + q);
+                    *dst = if t.accumulate { *dst + sum } else { sum };
+                }
+                group = [zero; 4];
+            }
+        });
+    }
+}
+
+/// One 8-element chunk of the f32 tile.
+///
+/// # Safety
+///
+/// AVX2 and FMA; the 8 floats at each row and column start readable.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn step_f32_fma<const R: usize, const C: usize>(
+    acc: &mut [[__m256; C]; R],
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+) {
+    // SAFETY: the loads read 8 floats at each row / column start, readable by the contract.
+    unsafe {
+        let mut av = [_mm256_setzero_ps(); R];
+        for (r, v) in av.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(a.add(r * lda));
+        }
+        for q in 0..C {
+            let bv = _mm256_loadu_ps(b.add(q * ldb));
+            for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                acc_row[q] = _mm256_fmadd_ps(x, bv, acc_row[q]);
+            }
+        }
+    }
+}
