@@ -446,6 +446,8 @@ pub struct Linear {
     pub(crate) k: usize,
     pub(crate) k_pad: usize,
     pub(crate) format: WeightFormat,
+    /// Which workers hold a shard.
+    pub(crate) present: Vec<bool>,
 }
 
 impl std::fmt::Debug for Linear {
@@ -534,26 +536,22 @@ impl Linear {
                     (s.x.as_ptr().cast::<u8>(), s.x.len(), std::ptr::null())
                 }
             };
-            let tasks = inner
-                .shards_of(self.id)
-                .into_iter()
-                .map(|present| {
-                    present.then_some(Task::Forward {
-                        id: self.id,
-                        io: ForwardIo {
-                            m: mc,
-                            bucket,
-                            input,
-                            input_len,
-                            row_scales,
-                            k: self.k,
-                            out: out_chunk.as_mut_ptr(),
-                            ld: self.n,
-                        },
-                    })
+            let out_ptr = out_chunk.as_mut_ptr();
+            inner.pool.run_all(|i| {
+                self.present[i].then_some(Task::Forward {
+                    id: self.id,
+                    io: ForwardIo {
+                        m: mc,
+                        bucket,
+                        input,
+                        input_len,
+                        row_scales,
+                        k: self.k,
+                        out: out_ptr,
+                        ld: self.n,
+                    },
                 })
-                .collect();
-            inner.pool.run_all(tasks)?;
+            })?;
             r0 += mc;
         }
         inner.stats.forward();
@@ -570,14 +568,10 @@ impl Linear {
 
 impl Drop for Linear {
     fn drop(&mut self) {
-        let tasks = self
+        let _ = self
             .inner
-            .shards_of(self.id)
-            .into_iter()
-            .map(|p| p.then_some(Task::Remove { id: self.id }))
-            .collect();
-        let _ = self.inner.pool.run_all(tasks);
-        self.inner.forget(self.id);
+            .pool
+            .run_all(|i| self.present[i].then_some(Task::Remove { id: self.id }));
     }
 }
 

@@ -87,27 +87,7 @@ pub(crate) struct Inner {
     pool: Pool<Task>,
     stats: Arc<Counters>,
     scratch: Mutex<CallerScratch>,
-    /// Which workers hold a shard of each linear.
-    owners: Mutex<std::collections::HashMap<u64, Vec<bool>>>,
     next_id: std::sync::atomic::AtomicU64,
-}
-
-impl Inner {
-    fn shards_of(&self, id: u64) -> Vec<bool> {
-        self.owners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&id)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn forget(&self, id: u64) {
-        self.owners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&id);
-    }
 }
 
 /// The engine: one worker per NPU core and the linears registered on it. Cheap to clone.
@@ -168,7 +148,6 @@ impl Engine {
             pool,
             stats,
             scratch: Mutex::new(CallerScratch::default()),
-            owners: Mutex::new(Default::default()),
             next_id: 1.into(),
         };
         Ok(Engine {
@@ -203,11 +182,7 @@ impl Engine {
 
     /// One empty task round trip to every worker: the scheduler's dispatch overhead.
     pub fn ping(&self) -> Result<()> {
-        self.inner.pool.run_all(
-            (0..self.inner.pool.len())
-                .map(|_| Some(Task::Ping))
-                .collect(),
-        )
+        self.inner.pool.run_all(|_| Some(Task::Ping))
     }
 
     /// Makes W [n, k] (row-major, row = output channel) resident in `format`.
@@ -297,24 +272,6 @@ impl Engine {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let present: Vec<bool> = plans.iter().map(Option::is_some).collect();
-        let tasks = plans
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                p.as_ref().map(|p| {
-                    let core = if multi { Core::Index(i) } else { Core::Auto };
-                    Task::Register {
-                        id,
-                        spec: make_spec(shard(p.n0, p.width), p, k_pad, &segments, &buckets, core),
-                    }
-                })
-            })
-            .collect();
-        inner
-            .owners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, present);
         let linear = Linear {
             inner: inner.clone(),
             id,
@@ -322,9 +279,18 @@ impl Engine {
             k,
             k_pad,
             format,
+            present,
         };
         // On failure, dropping `linear` removes the shards that were built.
-        inner.pool.run_all(tasks)?;
+        inner.pool.run_all(|i| {
+            plans[i].as_ref().map(|p| {
+                let core = if multi { Core::Index(i) } else { Core::Auto };
+                Task::Register {
+                    id,
+                    spec: make_spec(shard(p.n0, p.width), p, k_pad, &segments, &buckets, core),
+                }
+            })
+        })?;
         Ok(linear)
     }
 }

@@ -150,6 +150,9 @@ impl<T: Work> Drop for Worker<T> {
     }
 }
 
+/// Workers one pool can hold (NPU cores: 3 on RK3588).
+pub(crate) const MAX_WORKERS: usize = 8;
+
 /// All workers of an engine.
 pub(crate) struct Pool<T: Work> {
     workers: Vec<Worker<T>>,
@@ -158,6 +161,10 @@ pub(crate) struct Pool<T: Work> {
 
 impl<T: Work> Pool<T> {
     pub(crate) fn new(workers: Vec<Worker<T>>, exit: fn() -> T) -> Pool<T> {
+        assert!(
+            workers.len() <= MAX_WORKERS,
+            "at most {MAX_WORKERS} workers"
+        );
         Pool { workers, exit }
     }
 
@@ -166,17 +173,14 @@ impl<T: Work> Pool<T> {
         self.workers.len()
     }
 
-    /// Runs `tasks[i]` on worker `i` (skipping `None`), all at once, and waits for all of them
+    /// Runs `task(i)` on worker `i` (skipping `None`), all at once, and waits for all of them
     /// even when one fails: the tasks may point into the caller's buffers, which must outlive
-    /// every use. Returns the first error.
-    pub(crate) fn run_all(&self, tasks: Vec<Option<T>>) -> Result<()> {
-        debug_assert_eq!(tasks.len(), self.workers.len());
-        let tickets: Vec<Option<u64>> = self
-            .workers
-            .iter()
-            .zip(tasks)
-            .map(|(w, t)| t.map(|t| w.post(t)))
-            .collect();
+    /// every use. Returns the first error. Allocates nothing.
+    pub(crate) fn run_all(&self, mut task: impl FnMut(usize) -> Option<T>) -> Result<()> {
+        let mut tickets = [None; MAX_WORKERS];
+        for (i, (w, t)) in self.workers.iter().zip(&mut tickets).enumerate() {
+            *t = task(i).map(|task| w.post(task));
+        }
         let mut first = Ok(());
         for (w, t) in self.workers.iter().zip(tickets) {
             if let Some(seq) = t {
@@ -192,9 +196,7 @@ impl<T: Work> Pool<T> {
 
 impl<T: Work> Drop for Pool<T> {
     fn drop(&mut self) {
-        let exits = (0..self.workers.len())
-            .map(|_| Some((self.exit)()))
-            .collect();
-        let _ = self.run_all(exits);
+        let exit = self.exit;
+        let _ = self.run_all(|_| Some(exit()));
     }
 }
