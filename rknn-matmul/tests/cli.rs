@@ -1,0 +1,79 @@
+//! The `rknn-info` binary: text and JSON reports on the emulator.
+#![cfg(feature = "cli")]
+
+use std::process::{Command, Output};
+
+/// Runs rknn-info; `None` where the binary cannot be started (an aarch64 binary under
+/// qemu-user, where the kernel cannot exec it or the loader is missing).
+fn rknn_info(args: &[&str]) -> Option<Output> {
+    match Command::new(env!("CARGO_BIN_EXE_rknn-info"))
+        .args(args)
+        .output()
+    {
+        Err(e) if e.raw_os_error() == Some(8) => None,
+        Err(e) => panic!("start rknn-info: {e}"),
+        Ok(out) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            (!stderr.contains("qemu") && !stderr.contains("ld-linux")).then_some(out)
+        }
+    }
+}
+
+#[test]
+fn json_report_has_the_documented_fields() {
+    let Some(out) = rknn_info(&["--backend", "emulator", "--platform", "rk3576", "--json"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["backend"], "emulator");
+    assert_eq!(v["platform"], "rk3576");
+    assert_eq!(v["npu_cores"], 2);
+    assert!(v["runtime_version"].as_str().unwrap().contains("2.3.2"));
+    assert!(v["driver_version"].is_string());
+    assert!(v["fd_limit"]["soft"].as_u64().unwrap() >= 1);
+    let dtypes = v["dtypes"].as_array().unwrap();
+    assert_eq!(dtypes.len(), 13);
+    let t7 = dtypes.iter().find(|d| d["type"] == 7).unwrap();
+    assert_eq!(t7["name"], "RKNN_FLOAT16_MM_INT4_TO_FLOAT32");
+    assert_eq!(t7["scheme"], "W4A16");
+    assert_eq!(t7["supported"], true, "RK3576 has weight-only int4");
+    assert!(t7["reason"].is_null());
+    let t3 = dtypes.iter().find(|d| d["type"] == 3).unwrap();
+    assert_eq!(t3["supported"], false);
+    assert!(t3["reason"].is_string());
+}
+
+#[test]
+fn text_report_names_backend_platform_and_refusals() {
+    let Some(out) = rknn_info(&["--backend", "emulator"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Backend           emulator"), "{text}");
+    assert!(text.contains("RK3588"));
+    assert!(
+        text.contains("RKNN_FLOAT16_MM_INT4_TO_FLOAT32") && text.contains("no weight-only"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_platform_is_a_clear_error() {
+    let Some(out) = rknn_info(&["--backend", "emulator", "--platform", "rk9999"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown platform"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
