@@ -294,7 +294,15 @@ impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
             B_layout: self.b_layout.raw() as i16,
             AC_layout: self.ac_layout.raw() as i16,
             B_quant_type: self.b_quant_type().raw() as i16,
-            AC_quant_type: 0,
+            // Zero points of A or C make the A/C quantisation asymmetric.
+            AC_quant_type: QuantType {
+                granularity: QuantGranularity::PerLayer,
+                asymmetric: [self.quant_a, self.quant_c]
+                    .iter()
+                    .flatten()
+                    .any(|q| q.zp != 0),
+            }
+            .raw() as i16,
             iommu_domain_id: self.iommu_domain,
             group_size: match &self.quant_b {
                 Some(BQuant::PerGroup { group_size, .. }) => *group_size as i16,

@@ -523,3 +523,60 @@ fn int4_packing_helpers() {
 /// ENOEXEC: the kernel cannot run the file (an aarch64 test binary under qemu-user, with no
 /// binfmt handler to start its child).
 const ENOEXEC: i32 = 8;
+
+#[test]
+fn int4_w4a4_runs_with_native_b_from_the_converter() {
+    let rt = strict_runtime(Platform::Rk3588);
+    let (m, k, n) = (3, 64, 64);
+    let mut rng = fastrand::Rng::with_seed(44);
+    let a: Vec<i8> = (0..m * k).map(|_| rng.i8(-8..=7)).collect();
+    let b: Vec<i8> = (0..k * n).map(|_| rng.i8(-8..=7)).collect();
+    let mm = rt
+        .matmul::<I4xI4ToI16>(m, k, n)
+        .b_layout(Layout::Native)
+        .build()
+        .unwrap();
+    let (mut am, mut bm, mut cm) = (
+        mm.alloc_a().unwrap(),
+        mm.alloc_b().unwrap(),
+        mm.alloc_c().unwrap(),
+    );
+    let packed: Vec<I4x2> = a.chunks(2).map(|p| I4x2::new(p[0], p[1])).collect();
+    am.write(&packed).unwrap();
+    mm.b_to_native(&b, &mut bm).unwrap();
+    mm.run(&am, &bm, &mut cm).unwrap();
+    let want = naive_i8(&a, &b, m, k, n);
+    let got: Vec<i32> = cm.as_slice()[..m * n]
+        .iter()
+        .map(|&x| i32::from(x))
+        .collect();
+    assert_eq!(got, want);
+    // The converter refuses a source of the wrong element type or length.
+    assert!(mm.b_to_native(&b[..10], &mut bm).is_err());
+}
+
+#[test]
+fn i8_to_i8_with_an_asymmetric_output() {
+    let rt = strict_runtime(Platform::Rk3588);
+    let mm = rt
+        .matmul::<I8xI8ToI8>(1, 32, 32)
+        .quant_a(LayerQuant { scale: 1.0, zp: 0 })
+        .quant_b(BQuant::PerLayer { scale: 1.0, zp: 0 })
+        .quant_c(LayerQuant { scale: 4.0, zp: 10 })
+        .build()
+        .unwrap();
+    let (mut a, mut b, mut c) = (
+        mm.alloc_a().unwrap(),
+        mm.alloc_b().unwrap(),
+        mm.alloc_c().unwrap(),
+    );
+    a.as_mut_slice().fill(1);
+    b.as_mut_slice().fill(3);
+    mm.run(&a, &b, &mut c).unwrap();
+    // 32 * 3 / 4 + 10 = 34
+    assert!(
+        c.as_slice().iter().all(|&x| x == 34),
+        "{:?}",
+        &c.as_slice()[..4]
+    );
+}
