@@ -197,7 +197,17 @@ impl Runtime {
         };
         let reason = format!("NPU found ({platform}); runtime {}", api.origin());
         let mut rt = Runtime::finish(Inner::Npu(api), platform, reason, opts, true)?;
-        rt.versions = Some(rt.query_versions()?);
+        // Whether the runtime answers RKNN_QUERY_SDK_VERSION on a matmul context is [open]: a
+        // refusal leaves the versions unreported instead of failing the open. A failure to
+        // create the throw-away context, though, means the NPU is not usable.
+        rt.versions = match rt.query_versions() {
+            Ok(v) => Some(v),
+            Err(Error::Rknn {
+                call: "rknn_query(RKNN_QUERY_SDK_VERSION)",
+                ..
+            }) => None,
+            Err(e) => return Err(e),
+        };
         Ok(rt)
     }
 
