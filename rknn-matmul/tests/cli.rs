@@ -4,7 +4,7 @@
 use std::process::{Command, Output};
 
 /// Runs rknn-info; `None` where the binary cannot be started (an aarch64 binary under
-/// qemu-user, where the kernel cannot exec it or the loader is missing).
+/// qemu-user without binfmt: the kernel cannot exec it, or it dies before `main`).
 fn rknn_info(args: &[&str]) -> Option<Output> {
     match Command::new(env!("CARGO_BIN_EXE_rknn-info"))
         .args(args)
@@ -13,8 +13,12 @@ fn rknn_info(args: &[&str]) -> Option<Output> {
         Err(e) if e.raw_os_error() == Some(8) => None,
         Err(e) => panic!("start rknn-info: {e}"),
         Ok(out) => {
+            // rknn-info always prints something (its report, or an error naming itself or
+            // clap's "error:"); silence means the binary never ran.
             let stderr = String::from_utf8_lossy(&out.stderr);
-            (!stderr.contains("qemu") && !stderr.contains("ld-linux")).then_some(out)
+            let ran =
+                !out.stdout.is_empty() || stderr.contains("rknn-info") || stderr.contains("error:");
+            ran.then_some(out)
         }
     }
 }
