@@ -26,6 +26,9 @@
 //! # unsafe { (api.rknn_matmul_destroy)(ctx) };
 //! ```
 
+/// The C types, constants and function-pointer types (bindgen output, C names; the C names
+/// and the fact sheet are their documentation).
+#[allow(missing_docs)]
 pub mod bindings;
 pub use bindings::*;
 
