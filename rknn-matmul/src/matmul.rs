@@ -525,6 +525,13 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
         self.core.shapes[self.core.current.get()]
     }
 
+    /// The raw context handle, for calls the safe layer does not wrap. Using it is `unsafe`
+    /// (through the runtime's function table); it stays valid while `self` lives, and must not
+    /// be destroyed or used from another thread.
+    pub fn as_raw(&self) -> sys::rknn_matmul_ctx {
+        self.core.ctx
+    }
+
     /// The runtime's descriptors of A, B and C for the current shape.
     pub fn io_attr(&self) -> &sys::rknn_matmul_io_attr {
         self.core.io()

@@ -1,0 +1,61 @@
+//! What the safe layer costs per run: `Matmul::run` (bind checks, cache syncs, error mapping)
+//! against the same run through the raw function table, on the emulator, in one process.
+//!
+//! ```text
+//! cargo bench --bench safe_layer_overhead        # BENCH_QUICK=1 for a short run
+//! ```
+
+use std::time::{Duration, Instant};
+
+use rknn_matmul::rknn_emu::rknn_chip::Platform;
+use rknn_matmul::{I8xI8ToI32, Runtime};
+
+fn median_per_call(iters: u32, mut f: impl FnMut()) -> Duration {
+    f();
+    let mut v: Vec<Duration> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed() / iters
+        })
+        .collect();
+    v.sort();
+    v[4]
+}
+
+fn main() {
+    let iters = if std::env::var_os("BENCH_QUICK").is_some() {
+        2_000
+    } else {
+        20_000
+    };
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    println!(
+        "{:>5} {:>5} {:>5} {:>14} {:>14} {:>8}",
+        "M", "K", "N", "safe run us", "raw run us", "ratio"
+    );
+    for (m, k, n) in [(1usize, 32usize, 32usize), (1, 1024, 1024), (16, 256, 256)] {
+        let mm = rt.matmul::<I8xI8ToI32>(m, k, n).build().unwrap();
+        let (a, b, mut c) = (
+            mm.alloc_a().unwrap(),
+            mm.alloc_b().unwrap(),
+            mm.alloc_c().unwrap(),
+        );
+        let safe = median_per_call(iters, || mm.run(&a, &b, &mut c).unwrap());
+        // The raw call on the same bound context: the safe layer adds everything else.
+        let api = rt.api();
+        let raw = median_per_call(iters, || {
+            // SAFETY: the context is live and A, B, C are bound (by the runs above).
+            let rc = unsafe { (api.rknn_matmul_run)(mm.as_raw()) };
+            assert_eq!(rc, 0);
+        });
+        println!(
+            "{m:>5} {k:>5} {n:>5} {:>14.3} {:>14.3} {:>8.2}",
+            safe.as_secs_f64() * 1e6,
+            raw.as_secs_f64() * 1e6,
+            safe.as_secs_f64() / raw.as_secs_f64()
+        );
+    }
+}
