@@ -17,6 +17,12 @@ pub(crate) struct QuantParams {
     pub(crate) zp: Vec<i32>,
 }
 
+/// The documented defaults: per-layer, scale 1.0, zero point 0 (missing entries read as such).
+static DEFAULT_QUANT: QuantParams = QuantParams {
+    scale: Vec::new(),
+    zp: Vec::new(),
+};
+
 impl QuantParams {
     fn scale(&self, i: usize) -> f32 {
         self.scale.get(i).copied().unwrap_or(1.0)
@@ -75,6 +81,11 @@ impl Context {
             b: None,
             c_mem: None,
         }
+    }
+
+    /// The quant params of A (0), B (1) or C (2), or the defaults when none were set.
+    fn quant_or_default(&self, which: usize) -> &QuantParams {
+        self.quant[which].as_ref().unwrap_or(&DEFAULT_QUANT)
     }
 
     /// The configuration of the current shape.
@@ -229,10 +240,7 @@ impl Context {
         let cfg = self.cfg();
         match bt {
             Operand::Int(v) if cfg.t.a == ElemKind::F16 => {
-                let q = self.quant[1].clone().unwrap_or(QuantParams {
-                    scale: vec![1.0],
-                    zp: vec![],
-                });
+                let q = self.quant_or_default(1);
                 let (n, k) = (cfg.n, cfg.k);
                 let mut out = vec![0f32; n * k];
                 for col in 0..n {
@@ -314,10 +322,7 @@ impl Context {
                 if cfg.t.c == ElemKind::F32 {
                     return Out::F32(real.iter().map(|&r| r as f32).collect());
                 }
-                let qc = self.quant[2].clone().unwrap_or(QuantParams {
-                    scale: vec![1.0],
-                    zp: vec![],
-                });
+                let qc = self.quant_or_default(2);
                 Out::I8(
                     real.iter()
                         .enumerate()
@@ -342,14 +347,8 @@ impl Context {
     /// integer sum and the scales (up to one f64 rounding), not an f32 approximation of it.
     fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Vec<f64> {
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
-        let qa = self.quant[0].clone().unwrap_or(QuantParams {
-            scale: vec![1.0],
-            zp: vec![],
-        });
-        let qb = self.quant[1].clone().unwrap_or(QuantParams {
-            scale: vec![1.0],
-            zp: vec![],
-        });
+        let qa = self.quant_or_default(0);
+        let qb = self.quant_or_default(1);
         let group = if cfg.b_quant.granularity == QuantGranularity::PerGroup {
             cfg.group_size
         } else {
