@@ -1,0 +1,14 @@
+//! The flagship of rknpu-rs: a quantized LLM forward pass (GGUF files of the llama family)
+//! whose weight matmuls run through the SDK, and the pieces around it.
+//!
+//! * [`gguf`]: the GGUF container: header, metadata, tensor directory, zero-copy views into the
+//!   mapped file, and dequantization of the common block formats.
+//! * [`tokenizer`]: the vocabularies GGUF files carry (SentencePiece-style and byte-level BPE
+//!   with the model's pre-tokenizer), producing llama.cpp's ids.
+//! * [`model`]: the llama / qwen2 forward pass with a KV cache.
+//! * [`sample`]: greedy, temperature, top-k, top-p, repetition penalty.
+
+pub mod gguf;
+pub mod model;
+pub mod sample;
+pub mod tokenizer;
