@@ -32,9 +32,14 @@ impl ElemKind {
         }
     }
 
-    /// Bytes taken by `count` elements (int4 rounds up to whole bytes).
-    pub const fn bytes_for(self, count: usize) -> usize {
-        (count * self.bits()).div_ceil(8)
+    /// Bytes taken by `count` elements (int4 rounds up to whole bytes), or `None` when the
+    /// size does not fit in `usize`.
+    pub const fn bytes_for(self, count: usize) -> Option<usize> {
+        match self {
+            // Never multiplied by the bit width, which could overflow where the result fits.
+            ElemKind::I4 => Some(count.div_ceil(2)),
+            _ => count.checked_mul(self.bits() / 8),
+        }
     }
 
     /// The runtime's `rknn_tensor_type` for this kind.

@@ -11,24 +11,42 @@
 //! * Native C `[ceil(N/sN), M, sN]`: element (m, n) at `((n / sN) * M + m) * sN + n % sN`.
 //!
 //! Tiles are padded with zeros; native A and C have no padding in M.
+//!
+//! Every length computed from dimensions is checked: the functions return `None` (or a
+//! [`RuleViolation`]) instead of wrapping when a size does not fit in `usize`.
 
 use crate::dtype::{ElemKind, Layout, MatmulType};
+use crate::int4::Int4ConverterInput;
 use crate::platform::{Platform, Tiles};
-use crate::rules::MatmulConfig;
+use crate::rules::{MatmulConfig, RuleViolation};
 
-/// Elements of native A (with K padding).
-pub const fn native_a_len(m: usize, k: usize, sk: usize) -> usize {
-    k.div_ceil(sk) * m * sk
+/// `d` rounded up to a whole number of tiles of `s`, or `None` for a zero tile or an overflow.
+fn padded(d: usize, s: usize) -> Option<usize> {
+    if s == 0 {
+        return None;
+    }
+    d.div_ceil(s).checked_mul(s)
 }
 
-/// Elements of native B (with K and N padding; segmentation does not change the total).
-pub const fn native_b_len(k: usize, n: usize, sn: usize, sk: usize) -> usize {
-    n.div_ceil(sn) * sn * k.div_ceil(sk) * sk
+/// Elements of native A (with K padding); `None` if the length overflows `usize` or `sk` is 0.
+pub fn native_a_len(m: usize, k: usize, sk: usize) -> Option<usize> {
+    padded(k, sk)?.checked_mul(m)
 }
 
-/// Elements of native C (with N padding).
-pub const fn native_c_len(m: usize, n: usize, sn: usize) -> usize {
-    n.div_ceil(sn) * m * sn
+/// Elements of native B (with K and N padding; segmentation does not change the total);
+/// `None` if the length overflows `usize` or a tile is 0.
+pub fn native_b_len(k: usize, n: usize, sn: usize, sk: usize) -> Option<usize> {
+    padded(n, sn)?.checked_mul(padded(k, sk)?)
+}
+
+/// Elements of native C (with N padding); `None` if the length overflows `usize` or `sn` is 0.
+pub fn native_c_len(m: usize, n: usize, sn: usize) -> Option<usize> {
+    padded(n, sn)?.checked_mul(m)
+}
+
+/// `a * b` for a length check, `None` on overflow (then no slice can be that long).
+fn product(a: usize, b: usize) -> Option<usize> {
+    a.checked_mul(b)
 }
 
 /// Index of A(m, k) in native A.
@@ -43,8 +61,10 @@ pub const fn native_c_index(m_total: usize, sn: usize, m: usize, n: usize) -> us
     ((n / sn) * m_total + m) * sn + n % sn
 }
 
-/// The geometry of a native B buffer, segmentation included.
+/// The geometry of a native B buffer, segmentation included. Only [`NativeB::new`] makes one,
+/// so its length always fits in `usize` and every index below it is computed without overflow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NativeB {
     /// K of the whole matrix.
     pub k: usize,
@@ -56,32 +76,46 @@ pub struct NativeB {
     pub sk: usize,
     /// K rows per segment (equal to the padded K when there is one segment).
     pub segment: usize,
+    len: usize,
 }
 
 impl NativeB {
     /// The geometry for `k` × `n` with tiles `sn` × `sk`, segmented at `segment` rows of K
     /// when K exceeds it (`None`: never segmented).
-    pub fn new(k: usize, n: usize, sn: usize, sk: usize, segment: Option<usize>) -> NativeB {
-        let padded = k.div_ceil(sk) * sk;
+    ///
+    /// `None` when a tile is 0, the segment is not a positive multiple of `sk` (the layout would
+    /// not be defined), or the buffer's length does not fit in `usize`.
+    pub fn new(
+        k: usize,
+        n: usize,
+        sn: usize,
+        sk: usize,
+        segment: Option<usize>,
+    ) -> Option<NativeB> {
+        let len = native_b_len(k, n, sn, sk)?;
+        let k_padded = padded(k, sk)?;
         let segment = match segment {
             Some(s) if k > s => {
-                debug_assert!(s % sk == 0, "segment must be a multiple of the K tile");
+                if s == 0 || s % sk != 0 {
+                    return None;
+                }
                 s
             }
-            _ => padded.max(sk),
+            _ => k_padded.max(sk),
         };
-        NativeB {
+        Some(NativeB {
             k,
             n,
             sn,
             sk,
             segment,
-        }
+            len,
+        })
     }
 
     /// Total elements.
     pub fn len(&self) -> usize {
-        native_b_len(self.k, self.n, self.sn, self.sk)
+        self.len
     }
 
     /// Whether the buffer is empty (never, for valid shapes).
@@ -125,7 +159,7 @@ impl NativeB {
     /// Writes B given transposed (`src` is [N, K] row-major) into native order. Padding in `dst`
     /// is zeroed.
     pub fn pack_from_nk<T: Copy + Default>(&self, src: &[T], dst: &mut [T]) {
-        assert!(src.len() >= self.k * self.n && dst.len() >= self.len());
+        assert!(product(self.k, self.n).is_some_and(|l| src.len() >= l) && dst.len() >= self.len());
         dst[..self.len()].fill(T::default());
         self.for_each_run(|k0, n, r| {
             let len = r.len();
@@ -135,7 +169,7 @@ impl NativeB {
 
     /// Writes B given row-major (`src` is [K, N]) into native order. Padding is zeroed.
     pub fn pack_from_kn<T: Copy + Default>(&self, src: &[T], dst: &mut [T]) {
-        assert!(src.len() >= self.k * self.n && dst.len() >= self.len());
+        assert!(product(self.k, self.n).is_some_and(|l| src.len() >= l) && dst.len() >= self.len());
         dst[..self.len()].fill(T::default());
         self.for_each_run(|k0, n, r| {
             for (i, d) in dst[r].iter_mut().enumerate() {
@@ -146,7 +180,7 @@ impl NativeB {
 
     /// Reads native B into [N, K] row-major (B transposed), the form a dot-product kernel wants.
     pub fn unpack_to_nk<T: Copy>(&self, src: &[T], dst: &mut [T]) {
-        assert!(src.len() >= self.len() && dst.len() >= self.k * self.n);
+        assert!(src.len() >= self.len() && product(self.k, self.n).is_some_and(|l| dst.len() >= l));
         self.for_each_run(|k0, n, r| {
             let len = r.len();
             dst[n * self.k + k0..n * self.k + k0 + len].copy_from_slice(&src[r]);
@@ -155,9 +189,12 @@ impl NativeB {
 }
 
 /// Writes row-major A [M, K] into native A `[ceil(K/sk), M, sk]`, zeroing the K padding.
+///
+/// # Panics
+/// If `src` or `dst` is shorter than the shape needs, or `sk` is 0.
 pub fn pack_a_native<T: Copy + Default>(src: &[T], m: usize, k: usize, sk: usize, dst: &mut [T]) {
-    let len = native_a_len(m, k, sk);
-    assert!(src.len() >= m * k && dst.len() >= len);
+    let len = native_a_len(m, k, sk).expect("native A length overflows or sk is 0");
+    assert!(product(m, k).is_some_and(|l| src.len() >= l) && dst.len() >= len);
     for (kt, tile) in dst[..len].chunks_exact_mut(m * sk).enumerate() {
         let k0 = kt * sk;
         let w = sk.min(k - k0);
@@ -169,9 +206,12 @@ pub fn pack_a_native<T: Copy + Default>(src: &[T], m: usize, k: usize, sk: usize
 }
 
 /// Reads native A into row-major [M, K].
+///
+/// # Panics
+/// If `src` or `dst` is shorter than the shape needs, or `sk` is 0.
 pub fn unpack_a_native<T: Copy>(src: &[T], m: usize, k: usize, sk: usize, dst: &mut [T]) {
-    let len = native_a_len(m, k, sk);
-    assert!(src.len() >= len && dst.len() >= m * k);
+    let len = native_a_len(m, k, sk).expect("native A length overflows or sk is 0");
+    assert!(src.len() >= len && product(m, k).is_some_and(|l| dst.len() >= l));
     for (kt, tile) in src[..len].chunks_exact(m * sk).enumerate() {
         let k0 = kt * sk;
         let w = sk.min(k - k0);
@@ -215,8 +255,10 @@ pub fn unpack_i4(src: &[u8], dst: &mut [i8]) {
 }
 
 /// What `io_attr` reports for one matrix: dims (2-D normal, 3-D native A/C, 4-D native B),
-/// element kind and size in bytes (int4 counts half a byte).
+/// element kind and size in bytes (int4 counts half a byte). Made by [`io_descs`], which checks
+/// that the element count and the byte size fit (the size in a `uint32_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TensorDesc {
     /// "A", "B" or "C".
     pub name: &'static str,
@@ -228,40 +270,62 @@ pub struct TensorDesc {
     pub kind: ElemKind,
     /// Layout.
     pub layout: Layout,
+    elements: usize,
+    bytes: usize,
 }
 
 impl TensorDesc {
     /// Number of elements (product of the dims).
     pub fn elements(&self) -> usize {
-        self.dims[..self.n_dims].iter().product()
+        self.elements
     }
 
-    /// Size in bytes.
+    /// Size in bytes (at most `u32::MAX`).
     pub fn size_bytes(&self) -> usize {
-        self.kind.bytes_for(self.elements())
+        self.bytes
     }
 }
 
 /// The descriptors of A, B and C for a configuration, exactly as `rknn_matmul_create` reports
-/// them. `None` if the chip has no tiles for the type.
-pub fn io_descs(platform: Platform, cfg: &MatmulConfig) -> Option<[TensorDesc; 3]> {
-    let tiles = platform.tiles(cfg.t)?;
-    Some(io_descs_with(tiles, cfg))
+/// them.
+///
+/// Errors: [`RuleViolation::UnsupportedType`] if the chip has no tiles for the type,
+/// [`RuleViolation::SizeOverflow`] if a size does not fit in `usize`, and
+/// [`RuleViolation::TooManyBytes`] if a matrix needs more bytes than the `uint32_t size` of a
+/// tensor attribute holds.
+pub fn io_descs(platform: Platform, cfg: &MatmulConfig) -> Result<[TensorDesc; 3], RuleViolation> {
+    let tiles = platform
+        .tiles(cfg.t)
+        .ok_or(RuleViolation::UnsupportedType { platform, t: cfg.t })?;
+    io_descs_with(tiles, cfg)
 }
 
-/// As [`io_descs`], with explicit tiles.
-pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
+/// As [`io_descs`], with explicit tiles (which must not be 0).
+pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> Result<[TensorDesc; 3], RuleViolation> {
     let MatmulConfig { t, m, k, n, .. } = *cfg;
-    let d = |name, dims: &[usize], kind, layout| {
+    let overflow = |matrix| RuleViolation::SizeOverflow { matrix, m, k, n };
+    let tile_dims = [tiles.a_k, tiles.b_n, tiles.b_k, tiles.c_n];
+    if tile_dims.contains(&0) {
+        // A zero tile has no layout; the size of the first matrix that uses it is undefined.
+        return Err(overflow("A"));
+    }
+    let d = |name, dims: &[usize], kind: ElemKind, layout| {
         let mut all = [0; 4];
         all[..dims.len()].copy_from_slice(dims);
-        TensorDesc {
+        let elements = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or(overflow(name))?;
+        let bytes = kind.bytes_for(elements).ok_or(overflow(name))?;
+        Ok(TensorDesc {
             name,
             dims: all,
             n_dims: dims.len(),
             kind,
             layout,
-        }
+            elements,
+            bytes,
+        })
     };
     let a = match cfg.ac_layout {
         Layout::Native => d(
@@ -269,8 +333,8 @@ pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
             &[k.div_ceil(tiles.a_k), m, tiles.a_k],
             t.a,
             Layout::Native,
-        ),
-        _ => d("A", &[m, k], t.a, Layout::Norm),
+        )?,
+        _ => d("A", &[m, k], t.a, Layout::Norm)?,
     };
     let b = match cfg.b_layout {
         Layout::Native => d(
@@ -283,9 +347,9 @@ pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
             ],
             t.b,
             Layout::Native,
-        ),
-        Layout::TpNorm => d("B", &[n, k], t.b, Layout::TpNorm),
-        Layout::Norm => d("B", &[k, n], t.b, Layout::Norm),
+        )?,
+        Layout::TpNorm => d("B", &[n, k], t.b, Layout::TpNorm)?,
+        Layout::Norm => d("B", &[k, n], t.b, Layout::Norm)?,
     };
     let c = match cfg.ac_layout {
         Layout::Native => d(
@@ -293,20 +357,42 @@ pub fn io_descs_with(tiles: Tiles, cfg: &MatmulConfig) -> [TensorDesc; 3] {
             &[n.div_ceil(tiles.c_n), m, tiles.c_n],
             t.c,
             Layout::Native,
-        ),
-        _ => d("C", &[m, n], t.c, Layout::Norm),
+        )?,
+        _ => d("C", &[m, n], t.c, Layout::Norm)?,
     };
-    [a, b, c]
+    // After every size is known, so that an overflow anywhere is reported as such first.
+    for desc in [&a, &b, &c] {
+        if u32::try_from(desc.bytes).is_err() {
+            return Err(RuleViolation::TooManyBytes {
+                matrix: desc.name,
+                bytes: desc.bytes,
+                max: u32::MAX as usize,
+            });
+        }
+    }
+    Ok([a, b, c])
 }
 
-/// The native-B geometry of a configuration on a chip (tiles and segment size).
+/// The native-B geometry of a configuration on a chip (tiles and segment size). `None` if the
+/// chip has no tiles for the type or the length overflows `usize`.
 pub fn native_b_geometry(platform: Platform, t: MatmulType, k: usize, n: usize) -> Option<NativeB> {
     let tiles = platform.tiles(t)?;
-    Some(NativeB::new(
-        k,
-        n,
-        tiles.b_n,
-        tiles.b_k,
-        platform.k_segment(),
-    ))
+    NativeB::new(k, n, tiles.b_n, tiles.b_k, platform.k_segment())
+}
+
+/// Bytes `rknn_B_normal_layout_to_native_layout` reads for a row-major [K, N] B of `kind`:
+/// two bytes per f16/bf16 element, one per i8, and for int4 what `int4` says (\[open\], see
+/// [`Int4ConverterInput`]). `None` if the size overflows `usize`.
+pub fn converter_input_len(
+    kind: ElemKind,
+    k: usize,
+    n: usize,
+    int4: Int4ConverterInput,
+) -> Option<usize> {
+    let count = k.checked_mul(n)?;
+    match (kind, int4) {
+        (ElemKind::I4, Int4ConverterInput::Packed) => ElemKind::I4.bytes_for(count),
+        (ElemKind::I4, Int4ConverterInput::OnePerByte) => Some(count),
+        _ => kind.bytes_for(count),
+    }
 }

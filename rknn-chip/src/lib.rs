@@ -6,6 +6,10 @@
 //! (`rknn-matmul`) uses them to validate before any FFI call and to pack A / unpack C on the
 //! engine's hot path. One source of truth keeps the two from drifting apart.
 //!
+//! Every size computed from dimensions is overflow-checked ([`ElemKind::bytes_for`],
+//! [`layout::io_descs`], the native lengths), and [`check_dims`] bounds M, K and N to the C
+//! API's `int32_t` before anything else.
+//!
 //! Facts are labelled as in the project's fact sheet (`docs/hardware-facts.md`): \[doc\]
 //! Rockchip's documentation, \[hw\] measured on boards, \[open\] unsettled. \[open\] items are
 //! documented defaults, never presented as fact, and [`ShapeRules`] makes the disputed limits
@@ -20,10 +24,15 @@
 //! ```
 
 mod dtype;
+mod int4;
 pub mod layout;
 mod platform;
 mod rules;
 
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
+pub use int4::{INT4_CONVERTER_INPUT_ENV, Int4ConverterInput, UnknownInt4ConverterInput};
 pub use platform::{Platform, ShapeRules, Tiles, UnknownPlatform};
-pub use rules::{Dim, MatmulConfig, RuleViolation, check_kn, check_type, parse_info};
+pub use rules::{
+    Dim, MAX_DIM, MatmulConfig, RuleViolation, check_dims, check_kn, check_layouts, check_type,
+    parse_info,
+};

@@ -42,12 +42,58 @@ pub enum RuleViolation {
         t: MatmulType,
     },
     /// A dimension is zero or negative.
-    #[error("{dim}={value} must be positive")]
+    #[error("{dim}={value} must be at least 1")]
     NotPositive {
         /// The dimension.
         dim: Dim,
         /// Its value.
         value: i64,
+    },
+    /// A dimension does not fit the C API's `int32_t` fields (`rknn_matmul_info.M/K/N`): a
+    /// cast would silently truncate it.
+    #[error("{dim}={value} exceeds {max}, the largest value the C API's int32_t dimensions carry")]
+    DimTooLarge {
+        /// The dimension.
+        dim: Dim,
+        /// Its value.
+        value: usize,
+        /// The limit, `i32::MAX`.
+        max: usize,
+    },
+    /// A size computed from the dimensions does not fit in `usize` on this machine.
+    #[error("the size of {matrix} for M={m}, K={k}, N={n} overflows this machine's address space")]
+    SizeOverflow {
+        /// "A", "B" or "C".
+        matrix: &'static str,
+        /// M.
+        m: usize,
+        /// K.
+        k: usize,
+        /// N.
+        n: usize,
+    },
+    /// A matrix takes more bytes than a tensor attribute's `uint32_t size` (and
+    /// `rknn_create_mem`'s size argument) can describe.
+    #[error(
+        "{matrix} takes {bytes} bytes, more than the {max} a tensor attribute's uint32_t size can describe"
+    )]
+    TooManyBytes {
+        /// "A", "B" or "C".
+        matrix: &'static str,
+        /// Its size in bytes.
+        bytes: usize,
+        /// The limit, `u32::MAX`.
+        max: usize,
+    },
+    /// The chip needs B in the native layout for this type.
+    #[error(
+        "{t} on {platform} needs B in the native layout (a normal-layout B fails at set_io_mem on the hardware)"
+    )]
+    NeedsNativeB {
+        /// The chip.
+        platform: Platform,
+        /// The matmul type.
+        t: MatmulType,
     },
     /// K or N is not a multiple of the chip's alignment for the element type.
     #[error("{dim}={value} is not a multiple of {align} required for {kind} on {platform}")]
@@ -77,8 +123,9 @@ pub enum RuleViolation {
         /// Where the limit comes from.
         source_of_limit: &'static str,
     },
-    /// A layout value that does not exist, or one that this matrix cannot use.
-    #[error("layout {value} is not valid for {matrix} (NORM 0, NATIVE 1{})", if *matrix == "B" { ", TP_NORM 2" } else { "" })]
+    /// A layout value that does not exist, or one that this matrix cannot use (TP_NORM, 2, is a
+    /// layout of B only).
+    #[error("layout {value} is not valid for {matrix} (NORM 0, NATIVE 1{})", if *matrix == "B" { ", TP_NORM 2" } else if *value == 2 { "; TP_NORM 2 is a layout of B only" } else { "" })]
     BadLayout {
         /// "A/C" or "B".
         matrix: &'static str,
@@ -264,6 +311,65 @@ pub fn check_kn(
             platform,
             source_of_limit: "user guide",
         });
+    }
+    Ok(())
+}
+
+/// The largest M, K or N the C API can carry: `rknn_matmul_info` and `rknn_matmul_shape` hold
+/// them in `int32_t` fields.
+pub const MAX_DIM: usize = i32::MAX as usize;
+
+/// Checks M, K and N before anything else: each must be in `1..=i32::MAX` ([`MAX_DIM`]), so
+/// that the casts to the C API's `int32_t` fields are exact.
+///
+/// ```
+/// use rknn_chip::{check_dims, Dim, RuleViolation};
+/// assert_eq!(check_dims(1, 64, 0).unwrap_err().to_string(), "N=0 must be at least 1");
+/// let err = check_dims(1, (1 << 32) + 32, 32).unwrap_err();
+/// assert!(matches!(err, RuleViolation::DimTooLarge { dim: Dim::K, .. }));
+/// ```
+pub fn check_dims(m: usize, k: usize, n: usize) -> Result<(), RuleViolation> {
+    for (dim, value) in [(Dim::M, m), (Dim::K, k), (Dim::N, n)] {
+        if value == 0 {
+            return Err(RuleViolation::NotPositive { dim, value: 0 });
+        }
+        if value > MAX_DIM {
+            return Err(RuleViolation::DimTooLarge {
+                dim,
+                value,
+                max: MAX_DIM,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the layouts of a configuration: TP_NORM is a layout of B only, and on RK3588
+/// `RKNN_INT4_MM_INT4_TO_INT16` needs B in the native layout (\[hw\]: the runtime creates the
+/// context with a normal B but fails at `set_io_mem`). The emulator applies it when B is bound,
+/// where the hardware fails; the safe layer before creating the context.
+///
+/// ```
+/// use rknn_chip::{check_layouts, Layout, MatmulType, Platform};
+/// let p = Platform::Rk3588;
+/// assert!(check_layouts(p, MatmulType::I4_I4_I16, Layout::Native, Layout::Norm).is_ok());
+/// assert!(check_layouts(p, MatmulType::I4_I4_I16, Layout::Norm, Layout::Norm).is_err());
+/// assert!(check_layouts(p, MatmulType::I8_I8_I32, Layout::Norm, Layout::TpNorm).is_err());
+/// ```
+pub fn check_layouts(
+    platform: Platform,
+    t: MatmulType,
+    b_layout: Layout,
+    ac_layout: Layout,
+) -> Result<(), RuleViolation> {
+    if ac_layout == Layout::TpNorm {
+        return Err(RuleViolation::BadLayout {
+            matrix: "A/C",
+            value: Layout::TpNorm.raw().into(),
+        });
+    }
+    if platform == Platform::Rk3588 && t == MatmulType::I4_I4_I16 && b_layout != Layout::Native {
+        return Err(RuleViolation::NeedsNativeB { platform, t });
     }
     Ok(())
 }

@@ -422,7 +422,7 @@ fn parse_info_rejects_non_positive_dims() {
                 },
                 "{dim}={v}"
             );
-            assert_eq!(err.to_string(), format!("{dim}={v} must be positive"));
+            assert_eq!(err.to_string(), format!("{dim}={v} must be at least 1"));
         }
     }
 }

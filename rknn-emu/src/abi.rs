@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use rknn_chip::layout::{self, TensorDesc};
-use rknn_chip::{ElemKind, Layout, MatmulType, Platform};
+use rknn_chip::{ElemKind, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
 use crate::context::{CallResult, Context};
@@ -153,11 +153,7 @@ fn describe(
 ) -> CallResult<(rknn_chip::MatmulConfig, [TensorDesc; 3])> {
     let cfg =
         rknn_chip::parse_info(platform, &inst.cfg.rules, info).map_err(|e| param(e.to_string()))?;
-    let descs = layout::io_descs(platform, &cfg)
-        .ok_or_else(|| param(format!("{} has no tiles on {platform}", cfg.t)))?;
-    if descs.iter().any(|d| d.size_bytes() > u32::MAX as usize) {
-        return Err(param("a matrix exceeds 4 GiB"));
-    }
+    let descs = layout::io_descs(platform, &cfg).map_err(|e| param(e.to_string()))?;
     Ok((cfg, descs))
 }
 
@@ -309,15 +305,10 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                     desc.size_bytes()
                 )));
             }
-            if which == 1
-                && platform == Platform::Rk3588
-                && c.base.t == MatmulType::I4_I4_I16
-                && desc.layout != Layout::Native
-            {
-                // [hw]: on RK3588 type 10 with B in a normal layout fails at set_io_mem.
-                return Err(param(
-                    "RKNN_INT4_MM_INT4_TO_INT16 on RK3588 needs B in the native layout",
-                ));
+            if which == 1 {
+                // [hw]: on RK3588 type 10 with B in a normal layout is created but fails here.
+                rknn_chip::check_layouts(platform, c.base.t, desc.layout, c.base.ac_layout)
+                    .map_err(|e| param(e.to_string()))?;
             }
             let st = inst.state();
             let m = st

@@ -456,9 +456,9 @@ fn canonical<T: Copy + Default>(
     } else {
         let mut d = vec![T::default(); k * n];
         match desc.layout {
-            Layout::Native => {
-                NativeB::new(k, n, tiles.b_n, tiles.b_k, segment).unpack_to_nk(src, &mut d)
-            }
+            Layout::Native => NativeB::new(k, n, tiles.b_n, tiles.b_k, segment)
+                .expect("native B of a validated configuration fits in memory")
+                .unpack_to_nk(src, &mut d),
             Layout::TpNorm => d.copy_from_slice(&src[..k * n]),
             Layout::Norm => transpose(src, k, n, &mut d),
         }
@@ -487,7 +487,9 @@ impl Out {
             if !native {
                 return v;
             }
-            let mut d = vec![T::default(); layout::native_c_len(m, n, c_n)];
+            let len = layout::native_c_len(m, n, c_n)
+                .expect("native C of a validated configuration fits in memory");
+            let mut d = vec![T::default(); len];
             layout::pack_c_native(&v, m, n, c_n, &mut d);
             d
         }

@@ -134,7 +134,7 @@ fn bad_shapes_and_types_are_typed_errors_before_any_ffi_call() {
     let e = rt.matmul::<I4xI4ToI16>(1, 64, 64).build().unwrap_err();
     assert!(e.to_string().contains("native layout"), "{e}");
     let e = rt.matmul::<I8xI8ToI32>(0, 64, 64).build().unwrap_err();
-    assert_eq!(e.to_string(), "M=0 must be positive");
+    assert_eq!(e.to_string(), "M=0 must be at least 1");
     let e = rt
         .matmul::<I8xI8ToI32>(1, 64, 64)
         .ac_layout(Layout::TpNorm)

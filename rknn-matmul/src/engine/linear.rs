@@ -293,7 +293,11 @@ fn write_native_b<T: Copy + Default>(
     for row in w.chunks_exact(k_pad) {
         seg.extend_from_slice(&row[k0..k0 + ks]);
     }
-    let geo = rknn_chip::layout::NativeB::new(ks, width, sn, sk, None);
+    let geo = rknn_chip::layout::NativeB::new(ks, width, sn, sk, None).ok_or_else(|| {
+        Error::Invalid(format!(
+            "native B of K={ks} N={width} with tile {sn}x{sk} has no layout or overflows"
+        ))
+    })?;
     if dst.len() < geo.len() {
         return Err(Error::Size {
             what: "native B memory",
