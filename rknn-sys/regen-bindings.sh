@@ -26,6 +26,7 @@ bindgen "$header" \
   --allowlist-function 'rknn_B_normal_layout_to_native_layout' \
   --allowlist-function 'rknn_(create|destroy)_mem.*' \
   --allowlist-function 'rknn_mem_sync' --allowlist-function 'rknn_query' \
+  --allowlist-function 'rknn_set_core_mask' --allowlist-function 'rknn_emu_last_error' \
   --allowlist-type 'rknn_.*' --allowlist-var 'RKNN_.*' \
   --output "$out" -- -x c
 echo "generated: $out"

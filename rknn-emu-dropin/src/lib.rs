@@ -6,7 +6,7 @@
 //! the other `RKNN_EMU_*` variables of [`rknn_emu::EmuConfig::from_env`] set the policies.
 //! Rust programs can load it through `rknn_sys::RknnApi::load` like the real library.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 use rknn_emu::DROPIN_FUNCTIONS as F;
 use rknn_sys::*;
@@ -34,6 +34,8 @@ macro_rules! export {
     (@call rknn_create_mem_from_fd, $args:tt) => { export!(@opt rknn_create_mem_from_fd, $args) };
     (@call rknn_create_mem_from_phys, $args:tt) => { export!(@opt rknn_create_mem_from_phys, $args) };
     (@call rknn_mem_sync, $args:tt) => { export!(@opt rknn_mem_sync, $args) };
+    (@call rknn_set_core_mask, $args:tt) => { export!(@opt rknn_set_core_mask, $args) };
+    (@call rknn_emu_last_error, $args:tt) => { export!(@opt rknn_emu_last_error, $args) };
     (@call $name:ident, ($($arg:ident),*)) => { (F.$name)($($arg),*) };
     // The emulator implements every optional function; `Option` is only the table's type.
     (@opt $name:ident, ($($arg:ident),*)) => { (F.$name.expect("the emulator implements every function"))($($arg),*) };
@@ -57,4 +59,6 @@ export! {
     fn rknn_destroy_mem(ctx: rknn_context, mem: *mut rknn_tensor_mem) -> c_int;
     fn rknn_mem_sync(ctx: rknn_context, mem: *mut rknn_tensor_mem, mode: rknn_mem_sync_mode) -> c_int;
     fn rknn_query(ctx: rknn_context, cmd: rknn_query_cmd, info: *mut c_void, size: u32) -> c_int;
+    fn rknn_set_core_mask(ctx: rknn_context, mask: rknn_core_mask) -> c_int;
+    fn rknn_emu_last_error() -> *const c_char;
 }

@@ -29,6 +29,9 @@ fn the_loader_opens_the_dropin_library_and_runs_a_matmul() {
         api.missing_optional().is_empty(),
         "the emulator exports every function"
     );
+    let last_error = api
+        .rknn_emu_last_error
+        .expect("the loader resolves the emulator's extension");
 
     let (m, k, n) = (2usize, 64usize, 32usize);
     let mut info = rknn_matmul_info {
@@ -68,6 +71,11 @@ fn the_loader_opens_the_dropin_library_and_runs_a_matmul() {
             assert_eq!((api.rknn_destroy_mem)(ctx, mem), 0);
         }
         assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+        // The library's own error message, through the table (the library has its own copy of
+        // the emulator, so only the table can reach its messages).
+        assert_eq!((api.rknn_matmul_run)(ctx), RKNN_ERR_CTX_INVALID);
+        let msg = std::ffi::CStr::from_ptr(last_error()).to_string_lossy();
+        assert!(msg.contains("is not a live matmul context"), "{msg}");
     }
 }
 

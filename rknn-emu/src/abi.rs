@@ -2,7 +2,8 @@
 //! signature. They check every pointer and handle, turn misuse into the runtime's error codes
 //! (never a crash), catch panics at the boundary, and forward to the instance of their slot.
 
-use std::ffi::{c_int, c_void};
+use std::cell::RefCell;
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, TryLockError};
 
@@ -18,46 +19,83 @@ use crate::memory::Source;
 pub const EMULATED_API_VERSION: &str = "2.3.2 (rknn-emu)";
 
 thread_local! {
-    static LAST_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    /// The last error message of this thread, as the C string `rknn_emu_last_error` returns.
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
 }
 
-/// The message of the last error an emulator call returned on this thread (the real runtime
-/// prints its reasons to the log; the emulator keeps them here, and prints them to stderr when
-/// `RKNN_EMU_LOG=1`).
+/// The message of the last error an emulator call returned on this thread, of any instance
+/// (empty when none failed). Kept after later successful calls, like `errno`.
+///
+/// Code above the function table should read the table's `rknn_emu_last_error` entry instead,
+/// which works through the drop-in library too and is simply absent with Rockchip's runtime.
 pub fn last_error() -> String {
-    LAST_ERROR.with(|e| e.borrow().clone())
+    LAST_ERROR.with(|e| {
+        e.borrow()
+            .as_ref()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    })
 }
 
-fn record(code: c_int, msg: &str) -> c_int {
-    LAST_ERROR.with(|e| *e.borrow_mut() = msg.to_string());
-    if std::env::var_os("RKNN_EMU_LOG").is_some_and(|v| v == "1") {
-        eprintln!("E rknn-emu: {msg} (code {code})");
+/// Keeps the message for `rknn_emu_last_error` and, unless the instance's configuration says
+/// not to, logs it on stderr the way the real runtime logs its reasons (`E RKNN: ...`).
+fn record(slot: usize, func: &str, code: c_int, msg: &str) -> c_int {
+    // Our messages never contain NUL; a name copied from C could not either (it ends at one).
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = Some(c));
+    let log = instance::instance(slot).is_none_or(|i| i.cfg.log_errors);
+    if log {
+        let name = sys::error_name(code).unwrap_or("error");
+        let prefix = if msg.starts_with(func) { "" } else { func };
+        let sep = if prefix.is_empty() { "" } else { ": " };
+        // `eprintln!` (not a raw write to fd 2) so that test harnesses capture it; it panics if
+        // stderr is closed, which must not unwind into C.
+        let _ = catch_unwind(|| eprintln!("E RKNN: {prefix}{sep}{msg} ({name} {code})"));
     }
     code
 }
 
-/// Runs a call body, mapping errors and panics to codes.
-fn call(body: impl FnOnce() -> CallResult) -> c_int {
+/// Runs the body of C function `func` of slot `S`, mapping errors and panics to codes.
+fn call<const S: usize>(func: &'static str, body: impl FnOnce() -> CallResult) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => 0,
-        Ok(Err((code, msg))) => record(code, &msg),
-        Err(_) => record(sys::RKNN_ERR_FAIL, "internal error (panic) in the emulator"),
+        Ok(Err((code, msg))) => record(S, func, code, &msg),
+        Err(_) => record(
+            S,
+            func,
+            sys::RKNN_ERR_FAIL,
+            "internal error (panic) in the emulator",
+        ),
     }
 }
 
 /// As [`call`] for the functions that return a memory pointer (NULL on failure).
-fn call_ptr(body: impl FnOnce() -> CallResult<*mut rknn_tensor_mem>) -> *mut rknn_tensor_mem {
+fn call_ptr<const S: usize>(
+    func: &'static str,
+    body: impl FnOnce() -> CallResult<*mut rknn_tensor_mem>,
+) -> *mut rknn_tensor_mem {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(p)) => p,
         Ok(Err((code, msg))) => {
-            record(code, &msg);
+            record(S, func, code, &msg);
             std::ptr::null_mut()
         }
         Err(_) => {
-            record(sys::RKNN_ERR_FAIL, "internal error (panic) in the emulator");
+            record(
+                S,
+                func,
+                sys::RKNN_ERR_FAIL,
+                "internal error (panic) in the emulator",
+            );
             std::ptr::null_mut()
         }
     }
+}
+
+/// `rknn_emu_last_error`, the emulator's extension of the table: this thread's last error
+/// message as a C string, valid until the thread's next call into the emulator.
+unsafe extern "C" fn emu_last_error<const S: usize>() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ref().map_or(c"".as_ptr(), |c| c.as_ptr()))
 }
 
 /// The handle as the emulator's key: `rknn_context` is 32-bit on 32-bit ARM, 64-bit elsewhere.
@@ -152,7 +190,7 @@ fn describe(
     info: &sys::rknn_matmul_info,
 ) -> CallResult<(rknn_chip::MatmulConfig, [TensorDesc; 3])> {
     let cfg =
-        rknn_chip::parse_info(platform, &inst.cfg.rules, info).map_err(|e| param(e.to_string()))?;
+        rknn_chip::parse_info(platform, &inst.rules, info).map_err(|e| param(e.to_string()))?;
     let descs = layout::io_descs(platform, &cfg).map_err(|e| param(e.to_string()))?;
     Ok((cfg, descs))
 }
@@ -162,7 +200,7 @@ unsafe extern "C" fn matmul_create<const S: usize>(
     info: *mut sys::rknn_matmul_info,
     io_attr: *mut sys::rknn_matmul_io_attr,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_create", || {
         if ctx.is_null() || info.is_null() || io_attr.is_null() {
             return Err(param(
                 "rknn_matmul_create: ctx, info and io_attr must not be NULL",
@@ -194,7 +232,7 @@ unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
     shapes: *mut sys::rknn_matmul_shape,
     io_attrs: *mut sys::rknn_matmul_io_attr,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_create_dynamic_shape", || {
         if ctx.is_null() || info.is_null() || shapes.is_null() || io_attrs.is_null() {
             return Err(param(
                 "rknn_matmul_create_dynamic_shape: pointers must not be NULL",
@@ -255,7 +293,7 @@ unsafe extern "C" fn matmul_set_dynamic_shape<const S: usize>(
     ctx: rknn_matmul_ctx,
     shape: *mut sys::rknn_matmul_shape,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_set_dynamic_shape", || {
         if shape.is_null() {
             return Err(param(
                 "rknn_matmul_set_dynamic_shape: shape must not be NULL",
@@ -275,7 +313,7 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
     mem: *mut rknn_tensor_mem,
     attr: *mut sys::rknn_matmul_tensor_attr,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_set_io_mem", || {
         if mem.is_null() || attr.is_null() {
             return Err(param(
                 "rknn_matmul_set_io_mem: mem and attr must not be NULL",
@@ -338,28 +376,54 @@ unsafe extern "C" fn matmul_set_core_mask<const S: usize>(
     ctx: rknn_matmul_ctx,
     mask: sys::rknn_core_mask,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_set_core_mask", || {
+        set_mask(&*inst(S)?, handle(ctx), mask)
+    })
+}
+
+/// `rknn_set_core_mask`, the model API's core mask. The emulator has no model API: the only
+/// contexts it knows are matmul contexts, on which it acts as `rknn_matmul_set_core_mask`
+/// (what Rockchip's runtime does with a matmul handle here is not documented); any other handle
+/// is `RKNN_ERR_CTX_INVALID`. Exported so that C code written for the whole vendor API links.
+unsafe extern "C" fn set_core_mask<const S: usize>(
+    ctx: sys::rknn_context,
+    mask: sys::rknn_core_mask,
+) -> c_int {
+    call::<S>("rknn_set_core_mask", || {
         let inst = inst(S)?;
-        let p = inst.cfg.platform;
-        with_context(&inst, handle(ctx), |c| {
-            if !p.has_core_mask() {
-                return Err(err(
-                    sys::RKNN_ERR_FAIL,
-                    format!("{p} has one NPU core: no core mask"),
-                ));
-            }
-            if !p.accepts_core_mask(mask) {
-                return Err(param(format!(
-                    "core mask {mask:#x} rejected: a matmul context runs on one core of {p} (masks 0 = auto, {}; use one context per core)",
-                    (0..p.npu_cores())
-                        .map(|i| (1u32 << i).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            c.core_mask = mask;
-            Ok(())
-        })
+        if !inst.state().contexts.contains_key(&handle(ctx)) {
+            return Err(err(
+                sys::RKNN_ERR_CTX_INVALID,
+                format!(
+                    "context {:#x} is not a matmul context of this runtime (the emulator implements the matmul API only, it has no model contexts)",
+                    handle(ctx)
+                ),
+            ));
+        }
+        set_mask(&inst, handle(ctx), mask)
+    })
+}
+
+fn set_mask(inst: &Instance, ctx: u64, mask: sys::rknn_core_mask) -> CallResult {
+    let p = inst.cfg.platform;
+    with_context(inst, ctx, |c| {
+        if !p.has_core_mask() {
+            return Err(err(
+                sys::RKNN_ERR_FAIL,
+                format!("{p} has one NPU core: no core mask"),
+            ));
+        }
+        if !p.accepts_core_mask(mask) {
+            return Err(param(format!(
+                "core mask {mask:#x} rejected: a matmul context runs on one core of {p} (masks 0 = auto, {}; use one context per core)",
+                (0..p.npu_cores())
+                    .map(|i| (1u32 << i).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        c.core_mask = mask;
+        Ok(())
     })
 }
 
@@ -367,7 +431,7 @@ unsafe extern "C" fn matmul_set_quant_params<const S: usize>(
     ctx: rknn_matmul_ctx,
     params: *mut sys::rknn_quant_params,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_set_quant_params", || {
         if params.is_null() {
             return Err(param(
                 "rknn_matmul_set_quant_params: params must not be NULL",
@@ -413,7 +477,7 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
     params: *mut sys::rknn_quant_params,
     scale: *mut f32,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_get_quant_params", || {
         if scale.is_null() {
             return Err(param(
                 "rknn_matmul_get_quant_params: scale must not be NULL",
@@ -437,7 +501,7 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 }
 
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
         with_context(&inst, handle(ctx), |c| {
             let bytes = c.run(&inst.cfg)?;
@@ -462,7 +526,7 @@ unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
 }
 
 unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
-    call(|| {
+    call::<S>("rknn_matmul_destroy", || {
         let inst = inst(S)?;
         // Refuse while another thread is inside a call on it.
         with_context(&inst, handle(ctx), |c| {
@@ -494,7 +558,7 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
     n: c_int,
     info: *mut sys::rknn_matmul_info,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_B_normal_layout_to_native_layout", || {
         if b_in.is_null() || b_out.is_null() || info.is_null() {
             return Err(param(
                 "rknn_B_normal_layout_to_native_layout: pointers must not be NULL",
@@ -588,7 +652,9 @@ unsafe extern "C" fn create_mem<const S: usize>(
     ctx: sys::rknn_context,
     size: u32,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| create(S, handle(ctx), size.into(), 0, Source::Alloc))
+    call_ptr::<S>("rknn_create_mem", || {
+        create(S, handle(ctx), size.into(), 0, Source::Alloc)
+    })
 }
 
 unsafe extern "C" fn create_mem2<const S: usize>(
@@ -596,7 +662,9 @@ unsafe extern "C" fn create_mem2<const S: usize>(
     size: u64,
     flags: u64,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| create(S, handle(ctx), size, flags, Source::Alloc))
+    call_ptr::<S>("rknn_create_mem2", || {
+        create(S, handle(ctx), size, flags, Source::Alloc)
+    })
 }
 
 unsafe extern "C" fn create_mem_from_fd<const S: usize>(
@@ -606,7 +674,7 @@ unsafe extern "C" fn create_mem_from_fd<const S: usize>(
     size: u32,
     offset: i32,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| {
+    call_ptr::<S>("rknn_create_mem_from_fd", || {
         if virt.is_null() || fd < 0 || offset < 0 {
             return Err(param(
                 "rknn_create_mem_from_fd: the emulator needs the buffer's CPU mapping (virt_addr), fd >= 0, offset >= 0",
@@ -635,7 +703,7 @@ unsafe extern "C" fn create_mem_from_phys<const S: usize>(
     virt: *mut c_void,
     size: u32,
 ) -> *mut rknn_tensor_mem {
-    call_ptr(|| {
+    call_ptr::<S>("rknn_create_mem_from_phys", || {
         if virt.is_null() {
             return Err(param(
                 "rknn_create_mem_from_phys: the emulator needs the buffer's CPU mapping (virt_addr)",
@@ -662,7 +730,7 @@ unsafe extern "C" fn destroy_mem<const S: usize>(
     ctx: sys::rknn_context,
     mem: *mut rknn_tensor_mem,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_destroy_mem", || {
         if mem.is_null() {
             return Err(param("rknn_destroy_mem: mem must not be NULL"));
         }
@@ -689,7 +757,7 @@ unsafe extern "C" fn mem_sync<const S: usize>(
     mem: *mut rknn_tensor_mem,
     mode: sys::rknn_mem_sync_mode,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_mem_sync", || {
         if mem.is_null() {
             return Err(param("rknn_mem_sync: mem must not be NULL"));
         }
@@ -722,7 +790,7 @@ unsafe extern "C" fn query<const S: usize>(
     info: *mut c_void,
     size: u32,
 ) -> c_int {
-    call(|| {
+    call::<S>("rknn_query", || {
         let inst = inst(S)?;
         if ctx != 0 {
             context(&inst, handle(ctx))?;
@@ -776,6 +844,8 @@ const fn table<const S: usize>() -> RknnFunctions {
         rknn_create_mem_from_fd: Some(create_mem_from_fd::<S>),
         rknn_create_mem_from_phys: Some(create_mem_from_phys::<S>),
         rknn_mem_sync: Some(mem_sync::<S>),
+        rknn_set_core_mask: Some(set_core_mask::<S>),
+        rknn_emu_last_error: Some(emu_last_error::<S>),
     }
 }
 

@@ -1,7 +1,32 @@
 //! The emulator's configuration: the chip it plays, the policies for behaviour the public
 //! sources leave \[open\], and the size of the field hazards it reproduces.
 
-use rknn_chip::{Platform, ShapeRules};
+use rknn_chip::{Int4ConverterInput, Platform, ShapeRules};
+
+/// Which shape limits an instance enforces beyond the per-chip tables. A policy, not the
+/// limits themselves: it is resolved against [`EmuConfig::platform`] when the instance is
+/// created, so changing only the platform never keeps another chip's limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RulesPolicy {
+    /// What the runtime demonstrably accepts on the chip ([`ShapeRules::accepted`], default).
+    #[default]
+    Accepted,
+    /// The user guide's stricter limits ([`ShapeRules::strict`]).
+    Strict,
+    /// Exactly these limits, whatever the chip.
+    Custom(ShapeRules),
+}
+
+impl RulesPolicy {
+    /// The limits this policy means on `platform`.
+    pub const fn resolve(self, platform: Platform) -> ShapeRules {
+        match self {
+            RulesPolicy::Accepted => ShapeRules::accepted(platform),
+            RulesPolicy::Strict => ShapeRules::strict(platform),
+            RulesPolicy::Custom(rules) => rules,
+        }
+    }
+}
 
 /// What i4 × i4 → i16 does when a sum leaves the i16 range (K > 511 with extreme values).
 /// The hardware's behaviour is \[open\] (a weak hint says saturate).
@@ -28,8 +53,10 @@ pub enum Rounding {
 pub struct EmuConfig {
     /// The chip to emulate (default RK3588).
     pub platform: Platform,
-    /// Shape limits beyond the per-chip tables (default: what the runtime accepts).
-    pub rules: ShapeRules,
+    /// Shape limits beyond the per-chip tables, resolved for `platform` when the instance is
+    /// created (default: what the runtime accepts on that chip). [`crate::Emulator::rules`]
+    /// gives the resolved limits.
+    pub rules: RulesPolicy,
     /// i4 × i4 → i16 overflow policy (default saturate).
     pub i16_overflow: Overflow,
     /// Requantisation rounding (default half away from zero).
@@ -45,6 +72,13 @@ pub struct EmuConfig {
     /// programs written for coherent memory work; the safe layer's tests turn it on to prove that
     /// it syncs.
     pub strict_cache: bool,
+    /// How `rknn_B_normal_layout_to_native_layout` reads int4 B (\[open\], default packed two
+    /// per byte as Rockchip's demos do; see [`Int4ConverterInput`]).
+    pub int4_converter_input: Int4ConverterInput,
+    /// Print every error on stderr as the real runtime logs its reasons (`E RKNN: ...`), so a C
+    /// program that gets -5 sees why (default on; `RKNN_EMU_LOG=0` turns the drop-in's off).
+    /// The message is also kept for `rknn_emu_last_error` either way.
+    pub log_errors: bool,
 }
 
 impl EmuConfig {
@@ -52,12 +86,14 @@ impl EmuConfig {
     pub fn new(platform: Platform) -> EmuConfig {
         EmuConfig {
             platform,
-            rules: ShapeRules::accepted(platform),
+            rules: RulesPolicy::Accepted,
             i16_overflow: Overflow::Saturate,
             rounding: Rounding::HalfAwayFromZero,
             handle_budget: 1020,
             iommu_domain_bytes: 4 << 30,
             strict_cache: false,
+            int4_converter_input: Int4ConverterInput::Packed,
+            log_errors: true,
         }
     }
 
@@ -71,6 +107,8 @@ impl EmuConfig {
     /// | `RKNN_EMU_ROUNDING` | half-away, half-even | half-away |
     /// | `RKNN_EMU_HANDLE_BUDGET` | live memories | 1020 |
     /// | `RKNN_EMU_STRICT_CACHE` | 1 = non-coherent cache emulation | 0 |
+    /// | `RKNN_INT4_B_CONVERTER_INPUT` ([`rknn_chip::INT4_CONVERTER_INPUT_ENV`], shared with the safe layer) | packed, one-per-byte | packed |
+    /// | `RKNN_EMU_LOG` | 0 = no error lines on stderr | 1 |
     ///
     /// Unknown values are reported on stderr and replaced by the default, since a C caller has
     /// no other channel for the error.
@@ -87,7 +125,7 @@ impl EmuConfig {
         };
         let mut cfg = EmuConfig::new(platform);
         if var("RKNN_EMU_STRICT_RULES").as_deref() == Some("1") {
-            cfg.rules = ShapeRules::strict(platform);
+            cfg.rules = RulesPolicy::Strict;
         }
         match var("RKNN_EMU_I16_OVERFLOW").as_deref() {
             None | Some("saturate") => {}
@@ -106,6 +144,15 @@ impl EmuConfig {
             }
         }
         cfg.strict_cache = var("RKNN_EMU_STRICT_CACHE").as_deref() == Some("1");
+        match Int4ConverterInput::from_env() {
+            Ok(v) => cfg.int4_converter_input = v,
+            Err(e) => eprintln!("rknn-emu: {e}; using packed"),
+        }
+        match var("RKNN_EMU_LOG").as_deref() {
+            None | Some("1") => {}
+            Some("0") => cfg.log_errors = false,
+            Some(v) => warn("RKNN_EMU_LOG", v),
+        }
         cfg
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
+use rknn_chip::ShapeRules;
 use rknn_sys::RknnApi;
 
 use crate::config::EmuConfig;
@@ -24,6 +25,8 @@ pub(crate) fn next_handle() -> u64 {
 
 pub(crate) struct Instance {
     pub(crate) cfg: EmuConfig,
+    /// `cfg.rules` resolved for `cfg.platform`, once, when the instance is created.
+    pub(crate) rules: ShapeRules,
     state: Mutex<State>,
     /// Memories still alive when their context was destroyed (the docs say: memories first).
     pub(crate) orphaned: AtomicUsize,
@@ -51,6 +54,7 @@ impl State {
 impl Instance {
     fn new(cfg: EmuConfig) -> Instance {
         Instance {
+            rules: cfg.rules.resolve(cfg.platform),
             cfg,
             state: Mutex::new(State {
                 next_fd: 100,
@@ -172,6 +176,12 @@ impl Emulator {
     /// The configuration.
     pub fn config(&self) -> &EmuConfig {
         &self.instance.cfg
+    }
+
+    /// The shape limits this instance enforces: the configuration's [`crate::RulesPolicy`]
+    /// resolved for its platform.
+    pub fn rules(&self) -> ShapeRules {
+        self.instance.rules
     }
 
     /// Usage counters.

@@ -35,7 +35,9 @@
 //! // SAFETY: valid pointers for the call.
 //! let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
 //! assert_eq!(rc, RKNN_ERR_PARAM_INVALID); // RK3588 has no weight-only int4
-//! assert!(rknn_emu::last_error().contains("no weight-only"));
+//! // The emulator's extension of the table says why (Rockchip's runtime leaves it `None`).
+//! let why = unsafe { std::ffi::CStr::from_ptr((api.rknn_emu_last_error.unwrap())()) };
+//! assert!(why.to_str().unwrap().contains("no weight-only"));
 //! ```
 
 mod abi;
@@ -46,6 +48,6 @@ pub mod kernels;
 mod memory;
 
 pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
-pub use config::{EmuConfig, Overflow, Rounding};
+pub use config::{EmuConfig, Overflow, Rounding, RulesPolicy};
 pub use instance::{EmuError, EmuStats, Emulator};
 pub use rknn_chip;

@@ -155,7 +155,7 @@ fn k_limits_follow_the_configured_rules() {
         last_error()
     );
     let mut cfg = rknn_emu::EmuConfig::new(Platform::Rk3588);
-    cfg.rules = rknn_chip::ShapeRules::strict(Platform::Rk3588);
+    cfg.rules = rknn_emu::RulesPolicy::Strict;
     let strict = rknn_emu::Emulator::new(cfg).unwrap();
     assert_eq!(
         create(&strict, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 15360, 32)).unwrap_err(),
@@ -511,5 +511,152 @@ fn get_quant_params_reports_the_normalised_per_channel_scale() {
     }
     assert_eq!(norm, 16.0);
     assert!(out.iter().zip(&scales).all(|(o, s)| *o == s / 16.0));
+    destroy(&emu, ctx);
+}
+
+#[test]
+fn changing_only_the_platform_takes_that_chips_rules() {
+    // The configuration holds a policy, resolved for the platform when the instance starts:
+    // `..Default::default()` (RK3588's defaults) must not keep RK3588's limits.
+    for p in Platform::ALL {
+        let emu = rknn_emu::Emulator::new(rknn_emu::EmuConfig {
+            platform: p,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(emu.rules(), rknn_chip::ShapeRules::accepted(p), "{p}");
+        // K above the header's 10240: only RK3588 runs it (measured up to 15360).
+        let k_big = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 10240 + 32, 32));
+        match p {
+            Platform::Rk3588 => destroy(&emu, k_big.unwrap().0),
+            _ => {
+                assert_eq!(k_big.unwrap_err(), RKNN_ERR_PARAM_INVALID, "{p}");
+                assert!(last_error().contains("10240"), "{p}: {}", last_error());
+            }
+        }
+        // f16 with N = 8: the alignment of RK3562/3566/3568, not of RK3588/3576 (16).
+        let n8 = create(&emu, info(RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32, 1, 32, 8));
+        match p {
+            Platform::Rk3588 | Platform::Rk3576 => {
+                assert_eq!(n8.unwrap_err(), RKNN_ERR_PARAM_INVALID, "{p}");
+                assert!(
+                    last_error().contains("N=8 is not a multiple of 16"),
+                    "{p}: {}",
+                    last_error()
+                );
+            }
+            _ => destroy(
+                &emu,
+                n8.unwrap_or_else(|rc| panic!("{p}: {rc} {}", last_error()))
+                    .0,
+            ),
+        }
+    }
+}
+
+#[test]
+fn the_strict_policy_is_resolved_per_chip_too() {
+    for p in Platform::ALL {
+        let emu = rknn_emu::Emulator::new(rknn_emu::EmuConfig {
+            platform: p,
+            rules: rknn_emu::RulesPolicy::Strict,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(emu.rules(), rknn_chip::ShapeRules::strict(p), "{p}");
+        // N = 4096 is the guide's limit on every chip; 4096 + 32 is refused.
+        let (ctx, _) = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 4096)).unwrap();
+        destroy(&emu, ctx);
+        assert_eq!(
+            create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 4096 + 32)).unwrap_err(),
+            RKNN_ERR_PARAM_INVALID
+        );
+    }
+    let custom = rknn_chip::ShapeRules {
+        max_k: Some(64),
+        ..rknn_chip::ShapeRules::accepted(Platform::Rk3566)
+    };
+    let emu = rknn_emu::Emulator::new(rknn_emu::EmuConfig {
+        platform: Platform::Rk3566,
+        rules: rknn_emu::RulesPolicy::Custom(custom),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(emu.rules(), custom);
+    assert_eq!(
+        create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 96, 32)).unwrap_err(),
+        RKNN_ERR_PARAM_INVALID
+    );
+}
+
+/// The table's `rknn_emu_last_error` as a Rust string.
+fn table_error(emu: &rknn_emu::Emulator) -> String {
+    let f = emu
+        .api()
+        .rknn_emu_last_error
+        .expect("the emulator fills its extension");
+    // SAFETY: the emulator returns a NUL-terminated string valid until this thread's next call.
+    unsafe { std::ffi::CStr::from_ptr(f()) }
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn the_tables_last_error_entry_says_why_a_call_failed() {
+    let emu = emulator(Platform::Rk3588);
+    // A fresh thread has no error yet: an empty string, not NULL.
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(table_error(&emu), ""))
+            .join()
+            .unwrap();
+    });
+    assert_eq!(
+        create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 100)).unwrap_err(),
+        RKNN_ERR_PARAM_INVALID
+    );
+    let msg = table_error(&emu);
+    assert_eq!(
+        msg,
+        "N=100 is not a multiple of 32 required for i8 on RK3588"
+    );
+    assert_eq!(msg, last_error());
+    // Per thread: another thread's failure does not overwrite this one's.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: a bad handle is refused, not used.
+            let rc = unsafe { (emu.api().rknn_matmul_run)(7) };
+            assert_eq!(rc, RKNN_ERR_CTX_INVALID);
+            assert!(table_error(&emu).contains("not a live matmul context"));
+        })
+        .join()
+        .unwrap();
+    });
+    assert_eq!(table_error(&emu), msg);
+    // Like errno, a later success leaves the message in place.
+    let (ctx, _) = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 64)).unwrap();
+    assert_eq!(table_error(&emu), msg);
+    destroy(&emu, ctx);
+}
+
+#[test]
+fn rknn_set_core_mask_acts_on_matmul_contexts_and_refuses_other_handles() {
+    let emu = emulator(Platform::Rk3588);
+    let set = emu
+        .api()
+        .rknn_set_core_mask
+        .expect("the emulator exports it");
+    let (ctx, _) = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 64)).unwrap();
+    // SAFETY: plain handle calls.
+    unsafe {
+        assert_eq!(set(ctx, RKNN_NPU_CORE_1), 0);
+        assert_eq!(set(ctx, RKNN_NPU_CORE_0_1_2), RKNN_ERR_PARAM_INVALID);
+        assert_eq!(set(0xdead, RKNN_NPU_CORE_0), RKNN_ERR_CTX_INVALID);
+    }
+    assert!(
+        last_error().contains("no model contexts"),
+        "{}",
+        last_error()
+    );
     destroy(&emu, ctx);
 }

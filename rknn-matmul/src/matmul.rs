@@ -276,7 +276,7 @@ impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
 
     fn rt_rules(&self) -> rknn_chip::ShapeRules {
         match self.rt.emulator_instance() {
-            Some(e) => e.config().rules,
+            Some(e) => e.rules(),
             None => rknn_chip::ShapeRules::accepted(self.rt.platform()),
         }
     }

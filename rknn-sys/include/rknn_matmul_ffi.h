@@ -173,6 +173,16 @@ rknn_tensor_mem *rknn_create_mem_from_phys(rknn_context ctx, uint64_t phys_addr,
 int rknn_destroy_mem(rknn_context ctx, rknn_tensor_mem *mem);
 int rknn_mem_sync(rknn_context context, rknn_tensor_mem *mem, rknn_mem_sync_mode mode);
 int rknn_query(rknn_context context, rknn_query_cmd cmd, void *info, uint32_t size);
+int rknn_set_core_mask(rknn_context context, rknn_core_mask core_mask);
+
+/* rknn-emu extension, NOT part of Rockchip's runtime: the calling thread's last error message
+ * of the emulator (empty when none). Declared weak, so a program built against this header links
+ * with either library; with Rockchip's runtime the symbol's address is NULL:
+ *     if (rknn_emu_last_error) fprintf(stderr, "%s\n", rknn_emu_last_error());            */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((weak))
+#endif
+const char *rknn_emu_last_error(void);
 
 #ifdef __cplusplus
 }

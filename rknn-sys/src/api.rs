@@ -23,12 +23,17 @@ macro_rules! function_table {
     (
         required { $($req:ident: $req_ty:ident,)* }
         optional { $($opt:ident: $opt_ty:ident,)* }
+        extension { $($ext:ident: $ext_ty:ident: $ext_doc:literal,)* }
     ) => {
         /// Every function of the runtime's matmul and memory API, by its C name.
         ///
         /// Required functions exist in every 2.x runtime. Optional ones are `None` when the loaded
         /// runtime does not export them; the exact release that introduced each is not documented
         /// publicly, so the loader treats them as optional instead of refusing an older runtime.
+        ///
+        /// Extensions are not part of Rockchip's API: functions that the emulator (and its
+        /// drop-in library) adds. They are resolved when the loaded library exports them and are
+        /// `None` with Rockchip's runtime and with link-time binding.
         #[derive(Clone, Copy, Debug)]
         pub struct RknnFunctions {
             $(
@@ -39,6 +44,10 @@ macro_rules! function_table {
                 #[doc = concat!("`", stringify!($opt), "` (optional: absent in some older 2.x runtimes).")]
                 pub $opt: Option<$opt_ty>,
             )*
+            $(
+                #[doc = concat!("`", stringify!($ext), "`: ", $ext_doc)]
+                pub $ext: Option<$ext_ty>,
+            )*
         }
 
         impl RknnFunctions {
@@ -46,6 +55,8 @@ macro_rules! function_table {
             pub const REQUIRED_SYMBOLS: &'static [&'static str] = &[$(stringify!($req),)*];
             /// Names of the symbols that may be missing.
             pub const OPTIONAL_SYMBOLS: &'static [&'static str] = &[$(stringify!($opt),)*];
+            /// Names of the non-vendor extension symbols (exported by the emulator only).
+            pub const EXTENSION_SYMBOLS: &'static [&'static str] = &[$(stringify!($ext),)*];
 
             /// Resolves every symbol from `lib`.
             ///
@@ -73,6 +84,13 @@ macro_rules! function_table {
                             lib.get::<$opt_ty>(concat!(stringify!($opt), "\0").as_bytes()).ok().map(|s| *s)
                         },
                     )*
+                    $(
+                        // SAFETY: as above; a library that exports an extension symbol is the
+                        // emulator, which defines it with this signature.
+                        $ext: unsafe {
+                            lib.get::<$ext_ty>(concat!(stringify!($ext), "\0").as_bytes()).ok().map(|s| *s)
+                        },
+                    )*
                 })
             }
 
@@ -82,10 +100,13 @@ macro_rules! function_table {
                 Self {
                     $($req: crate::linked::$req,)*
                     $($opt: Some(crate::linked::$opt),)*
+                    // Rockchip's librknnrt has no extension symbols to link against.
+                    $($ext: None,)*
                 }
             }
 
-            /// Names of the optional symbols that this table lacks.
+            /// Names of the optional symbols that this table lacks (extensions are not counted:
+            /// Rockchip's runtime never has them).
             pub fn missing_optional(&self) -> Vec<&'static str> {
                 let mut missing = Vec::new();
                 $(if self.$opt.is_none() { missing.push(stringify!($opt)); })*
@@ -116,6 +137,16 @@ function_table! {
         rknn_create_mem_from_fd: rknn_create_mem_from_fd_fn,
         rknn_create_mem_from_phys: rknn_create_mem_from_phys_fn,
         rknn_mem_sync: rknn_mem_sync_fn,
+        rknn_set_core_mask: rknn_set_core_mask_fn,
+    }
+    extension {
+        rknn_emu_last_error: rknn_emu_last_error_fn: "extension of the rknn-emu emulator, not in \
+            Rockchip's runtime (`None` there). Returns the calling thread's last error message of \
+            the emulator: NUL-terminated, valid until the calling thread's next call into the \
+            emulator, an empty string when no call on this thread has failed. Messages are kept \
+            after later successful calls, like `errno`: read it right after a call that failed. \
+            Error details should come from this entry only, so that the code above the table \
+            works the same with every backend.",
     }
 }
 

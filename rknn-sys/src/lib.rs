@@ -9,6 +9,8 @@
 //!   default), so a crate depending on this one builds and runs on machines without an NPU;
 //!   feature `link` adds `RknnApi::linked` for link-time binding; [`RknnApi::from_functions`]
 //!   lets a Rust implementation of the C API (the `rknn-emu` emulator) fill the same table.
+//!   One entry is not Rockchip's: [`RknnFunctions::rknn_emu_last_error`], the emulator's
+//!   error message for the last failed call, `None` with the real runtime.
 //!
 //! Only SDK 2.x is supported: 1.x runtimes have a 24-byte `rknn_matmul_info` and would
 //! misread the 64-byte struct bound here.

@@ -67,6 +67,7 @@ unsafe extern "C" {
         mem: *mut rknn_tensor_mem,
         mode: rknn_mem_sync_mode,
     ) -> c_int;
+    pub fn rknn_set_core_mask(context: rknn_context, core_mask: rknn_core_mask) -> c_int;
     pub fn rknn_query(
         context: rknn_context,
         cmd: rknn_query_cmd,

@@ -221,7 +221,29 @@ fn the_table_lists_every_function_of_the_fact_sheet_once() {
         "rknn_destroy_mem",
         "rknn_mem_sync",
         "rknn_query",
+        "rknn_set_core_mask",
     ];
     expected.sort_unstable();
     assert_eq!(all, expected);
+    // The one non-vendor entry, resolved optionally and never counted as a missing function.
+    assert_eq!(RknnFunctions::EXTENSION_SYMBOLS, ["rknn_emu_last_error"]);
+}
+
+#[test]
+fn function_pointer_types_have_the_c_signatures() {
+    // A mismatch here is a wrong ABI at the call: checked by coercing functions of the exact
+    // Rust signature to the bound types.
+    unsafe extern "C" fn set_core_mask(_: rknn_context, _: rknn_core_mask) -> std::ffi::c_int {
+        0
+    }
+    unsafe extern "C" fn last_error() -> *const std::ffi::c_char {
+        c"".as_ptr()
+    }
+    let f: rknn_set_core_mask_fn = set_core_mask;
+    let g: rknn_emu_last_error_fn = last_error;
+    // SAFETY: the local functions above touch nothing.
+    unsafe {
+        assert_eq!(f(0, RKNN_NPU_CORE_0), 0);
+        assert_eq!(*g(), 0, "an empty C string");
+    }
 }
