@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use rknn_matmul::rknn_emu::rknn_chip::Platform;
+use rknn_matmul::Platform;
 use rknn_matmul::{I8xI8ToI32, Runtime};
 
 fn median_per_call(iters: u32, mut f: impl FnMut()) -> Duration {

@@ -3,27 +3,35 @@
 //! measured 0.66 / 1.26 / 1.83 TOPS for 1 / 2 / 3 contexts on RK3588 (i8 4096³).
 //!
 //! ```text
-//! cargo run --release --example mm_concurrent [-- --backend auto|npu|emulator] [--quick]
+//! cargo run --release --example mm_concurrent -- [--backend auto|npu|emulator] [--platform rk3588] [--quick]
 //! ```
 
+use std::process::ExitCode;
 use std::time::Instant;
 
-use rknn_matmul::{Backend, Core, I8xI8ToI32, Layout, Platform, Runtime, RuntimeOptions};
+use clap::Parser;
+use rknn_matmul::{Core, I8xI8ToI32, Layout};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let backend = match args
-        .iter()
-        .position(|a| a == "--backend")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-    {
-        Some("npu") => Backend::Npu,
-        Some("emulator") => Backend::Emulator(Platform::Rk3588),
-        _ => Backend::Auto,
-    };
-    let rt = Runtime::open(backend, RuntimeOptions::default())?;
+mod common;
+
+/// One single-core context per NPU core, run concurrently, timing only the runs.
+#[derive(Parser, Debug)]
+struct Args {
+    #[command(flatten)]
+    backend: common::BackendFlags,
+    /// Small shapes and few iterations (for CI and the emulator).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    common::run("mm_concurrent", || probe(&args))
+}
+
+fn probe(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let quick = args.quick;
+    let rt = args.backend.open()?;
     println!(
         "backend: {} ({}), {} NPU cores",
         rt.backend_name(),

@@ -2,29 +2,37 @@
 //! `rknn_matmul_run` (through the safe layer).
 //!
 //! ```text
-//! cargo run --release --example mm_peak [-- --backend auto|npu|emulator] [--quick]
+//! cargo run --release --example mm_peak -- [--backend auto|npu|emulator] [--platform rk3588] [--quick]
 //! ```
 //! On the NPU this reproduces the field's ceiling measurement (i8 4096³ on one core: 0.69 TOPS
 //! with librknnrt 2.3.2). On the emulator it measures the emulator, which is what CI has.
 
+use std::process::ExitCode;
 use std::time::Instant;
 
-use rknn_matmul::{Backend, Core, I8xI8ToI32, Layout, Platform, Runtime, RuntimeOptions};
+use clap::Parser;
+use rknn_matmul::{Core, I8xI8ToI32, Layout};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let backend = match args
-        .iter()
-        .position(|a| a == "--backend")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-    {
-        Some("npu") => Backend::Npu,
-        Some("emulator") => Backend::Emulator(Platform::Rk3588),
-        _ => Backend::Auto,
-    };
-    let rt = Runtime::open(backend, RuntimeOptions::default())?;
+mod common;
+
+/// Single-context matmul throughput across shapes and layouts, timing only the runs.
+#[derive(Parser, Debug)]
+struct Args {
+    #[command(flatten)]
+    backend: common::BackendFlags,
+    /// Small shapes and few iterations (for CI and the emulator).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    common::run("mm_peak", || probe(&args))
+}
+
+fn probe(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let quick = args.quick;
+    let rt = args.backend.open()?;
     println!("backend: {} ({})", rt.backend_name(), rt.selection_reason());
     let big = if quick { 1024 } else { 4096 };
     let cases = [

@@ -6,7 +6,6 @@
 //! cargo bench -p rknn-matmul --bench engine            # BENCH_QUICK=1 for a short run
 //! ```
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rknn_matmul::engine::topology::Pinning;
@@ -34,13 +33,13 @@ fn time_per_call(iters: usize, mut f: impl FnMut()) -> Duration {
 
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let rt = Arc::new(Runtime::emulator(Platform::Rk3588).expect("emulator"));
+    let rt = Runtime::emulator(Platform::Rk3588).expect("emulator");
     // This machine may have fewer CPUs than the board; do not pin in the benchmark.
     let cfg = EngineConfig {
         pinning: Pinning::None,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(rt.clone(), cfg).expect("engine");
+    let engine = Engine::new(&rt, cfg).expect("engine");
     println!(
         "workers: {}, cpus: {}",
         engine.workers(),
@@ -68,7 +67,7 @@ fn main() {
     );
     for workers in 1..=3 {
         let e = Engine::new(
-            rt.clone(),
+            &rt,
             EngineConfig {
                 cores: Some(workers),
                 pinning: Pinning::None,

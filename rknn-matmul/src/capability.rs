@@ -5,6 +5,7 @@ use rknn_chip::{MatmulType, Platform};
 use rknn_sys as sys;
 
 use crate::error::{Error, Result};
+use crate::matmul::ContextHandle;
 use crate::runtime::Runtime;
 
 /// A quantisation scheme, named by weight and activation precision.
@@ -84,33 +85,40 @@ fn table_reason(p: Platform, t: MatmulType) -> String {
 }
 
 impl Runtime {
-    /// The capability table: on the NPU each type is tried with `rknn_matmul_create` on a
-    /// minimal aligned shape and compared with the documented table; on the emulator it is the
-    /// platform table.
+    /// The capability table: every matmul type is tried with `rknn_matmul_create` on a minimal
+    /// aligned shape (the same probe on the NPU and on the emulator) and compared with the
+    /// documented table.
     pub fn capabilities(&self) -> Vec<Capability> {
         let p = self.platform();
         MatmulType::ALL
             .iter()
             .map(|&t| {
                 let documented = p.accepts(t);
-                let (supported, reason) = if self.is_emulator() {
-                    (documented, (!documented).then(|| table_reason(p, t)))
-                } else {
-                    match self.try_create(t) {
-                        Ok(()) if documented => (true, None),
-                        Ok(()) => (true, Some(format!("runs, although the documented table says it is not supported on {p}"))),
-                        Err(e) if documented => (false, Some(format!("documented for {p} but refused: {e}"))),
-                        Err(_) => (false, Some(table_reason(p, t))),
+                let (supported, reason) = match self.try_create(t) {
+                    Ok(()) if documented => (true, None),
+                    Ok(()) => (
+                        true,
+                        Some(format!(
+                            "runs, although the documented table says it is not supported on {p}"
+                        )),
+                    ),
+                    Err(e) if documented => {
+                        (false, Some(format!("documented for {p} but refused: {e}")))
                     }
+                    Err(_) => (false, Some(table_reason(p, t))),
                 };
-                Capability { matmul_type: t, scheme: Scheme::of(t), supported, reason }
+                Capability {
+                    matmul_type: t,
+                    scheme: Scheme::of(t),
+                    supported,
+                    reason,
+                }
             })
             .collect()
     }
 
     fn try_create(&self, t: MatmulType) -> Result<()> {
-        let api = self.api();
-        // K = N = 64 meets every chip's alignment for every type.
+        // K = N = 64 meets every chip's alignment for every type; native B is what int4 needs.
         let mut info = sys::rknn_matmul_info {
             M: 1,
             K: 64,
@@ -119,14 +127,7 @@ impl Runtime {
             B_layout: 1,
             ..Default::default()
         };
-        let mut io = sys::rknn_matmul_io_attr::default();
-        let mut ctx: sys::rknn_matmul_ctx = 0;
-        // SAFETY: valid pointers for the call.
-        let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
-        self.check("rknn_matmul_create", rc)?;
-        // SAFETY: destroying the context just created (no memories).
-        unsafe { (api.rknn_matmul_destroy)(ctx) };
-        Ok(())
+        ContextHandle::create(self, &mut info).map(drop)
     }
 
     /// The matmul types that implement `scheme` here, best first, or an error explaining why

@@ -49,6 +49,13 @@ pub unsafe trait Element:
     const KIND: ElemKind;
     /// Logical values per stored element (2 for [`I4x2`], 1 otherwise).
     const PER_ELEMENT: usize = 1;
+
+    /// The element's bytes in the order the runtime reads them (little-endian: every chip of
+    /// the family is little-endian).
+    fn to_le_bytes_vec(self) -> Vec<u8>;
+
+    /// The element from `size_of::<Self>()` little-endian bytes.
+    fn from_le_bytes_slice(bytes: &[u8]) -> Self;
 }
 
 macro_rules! element {
@@ -57,6 +64,14 @@ macro_rules! element {
         // SAFETY: a primitive (or a transparent wrapper of one): no padding, every bit pattern valid.
         unsafe impl Element for $t {
             const KIND: ElemKind = ElemKind::$kind;
+            fn to_le_bytes_vec(self) -> Vec<u8> {
+                self.to_le_bytes().to_vec()
+            }
+            fn from_le_bytes_slice(bytes: &[u8]) -> Self {
+                let mut b = [0u8; std::mem::size_of::<$t>()];
+                b.copy_from_slice(bytes);
+                <$t>::from_le_bytes(b)
+            }
         }
     )*};
 }
@@ -67,6 +82,12 @@ impl sealed::Sealed for I4x2 {}
 unsafe impl Element for I4x2 {
     const KIND: ElemKind = ElemKind::I4;
     const PER_ELEMENT: usize = 2;
+    fn to_le_bytes_vec(self) -> Vec<u8> {
+        vec![self.0]
+    }
+    fn from_le_bytes_slice(bytes: &[u8]) -> Self {
+        I4x2(bytes[0])
+    }
 }
 
 /// A matmul type with its element types: the type parameter of [`crate::Matmul`].

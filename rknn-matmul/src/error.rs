@@ -1,9 +1,10 @@
-//! Errors: every RKNN code mapped, raw codes kept, versions attached where skew is the likely
-//! cause, and the rule a request broke named with its numbers.
+//! Errors: every RKNN code mapped, raw codes kept, the C call named by an enum (never a string
+//! to match on), versions attached where skew is the likely cause, and every rule a request
+//! broke named with its numbers.
 
 use std::path::PathBuf;
 
-use rknn_chip::{Platform, RuleViolation};
+use rknn_chip::{ElemKind, Platform, RuleViolation};
 use rknn_sys as sys;
 
 use crate::capability::Scheme;
@@ -109,6 +110,104 @@ impl std::fmt::Display for RknnCode {
     }
 }
 
+/// The C function a runtime error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// `rknn_matmul_create`.
+    MatmulCreate,
+    /// `rknn_matmul_create_dynamic_shape`.
+    MatmulCreateDynamicShape,
+    /// `rknn_matmul_set_dynamic_shape`.
+    MatmulSetDynamicShape,
+    /// `rknn_matmul_set_io_mem`.
+    MatmulSetIoMem,
+    /// `rknn_matmul_set_core_mask`.
+    MatmulSetCoreMask,
+    /// `rknn_matmul_set_quant_params`.
+    MatmulSetQuantParams,
+    /// `rknn_matmul_run`.
+    MatmulRun,
+    /// `rknn_matmul_destroy`.
+    MatmulDestroy,
+    /// `rknn_B_normal_layout_to_native_layout`.
+    BNormalLayoutToNativeLayout,
+    /// `rknn_create_mem`.
+    CreateMem,
+    /// `rknn_create_mem2`.
+    CreateMem2,
+    /// `rknn_destroy_mem`.
+    DestroyMem,
+    /// `rknn_mem_sync`.
+    MemSync,
+    /// `rknn_query(RKNN_QUERY_SDK_VERSION)`.
+    QuerySdkVersion,
+}
+
+impl Call {
+    /// The C name (with the query command for `rknn_query`).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Call::MatmulCreate => "rknn_matmul_create",
+            Call::MatmulCreateDynamicShape => "rknn_matmul_create_dynamic_shape",
+            Call::MatmulSetDynamicShape => "rknn_matmul_set_dynamic_shape",
+            Call::MatmulSetIoMem => "rknn_matmul_set_io_mem",
+            Call::MatmulSetCoreMask => "rknn_matmul_set_core_mask",
+            Call::MatmulSetQuantParams => "rknn_matmul_set_quant_params",
+            Call::MatmulRun => "rknn_matmul_run",
+            Call::MatmulDestroy => "rknn_matmul_destroy",
+            Call::BNormalLayoutToNativeLayout => "rknn_B_normal_layout_to_native_layout",
+            Call::CreateMem => "rknn_create_mem",
+            Call::CreateMem2 => "rknn_create_mem2",
+            Call::DestroyMem => "rknn_destroy_mem",
+            Call::MemSync => "rknn_mem_sync",
+            Call::QuerySdkVersion => "rknn_query(RKNN_QUERY_SDK_VERSION)",
+        }
+    }
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.c_name())
+    }
+}
+
+/// One of the three matrices of C = A × B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Matrix {
+    /// The left operand (activations), \[M, K\].
+    A,
+    /// The right operand (weights), \[K, N\].
+    B,
+    /// The result, \[M, N\].
+    C,
+}
+
+impl Matrix {
+    /// A, B, C in the order of `rknn_matmul_io_attr`.
+    pub const ALL: [Matrix; 3] = [Matrix::A, Matrix::B, Matrix::C];
+
+    /// Index into `rknn_matmul_io_attr` order.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The tensor name the runtime uses in `io_attr` and quant params.
+    pub fn name(self) -> &'static str {
+        match self {
+            Matrix::A => "A",
+            Matrix::B => "B",
+            Matrix::C => "C",
+        }
+    }
+}
+
+impl std::fmt::Display for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Runtime and driver versions, as the runtime reports them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Versions {
@@ -138,7 +237,16 @@ fn detail_note(detail: &Option<String>) -> String {
     }
 }
 
-/// Everything that can go wrong in this crate.
+fn list(values: &[usize]) -> String {
+    values
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Everything that can go wrong in this crate. Each variant names the rule that was broken and
+/// the values that broke it, so a caller can match on the kind and a user can read the cause.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -150,7 +258,7 @@ pub enum Error {
     )]
     Rknn {
         /// The C function.
-        call: &'static str,
+        call: Call,
         /// The code.
         code: RknnCode,
         /// The runtime's reason, when it gives one (the emulator does).
@@ -162,21 +270,41 @@ pub enum Error {
     #[error("{call} returned NULL for {bytes} bytes{}", detail_note(detail))]
     AllocFailed {
         /// The C function.
-        call: &'static str,
+        call: Call,
         /// Bytes asked for.
-        bytes: usize,
+        bytes: u64,
         /// The runtime's reason, when it gives one.
         detail: Option<String>,
     },
+    /// Releasing a context or memory failed earlier, in a `Drop` that could not return the
+    /// error; it is reported by the next call on the same runtime.
+    #[error("an earlier release failed: {0}")]
+    ReleaseFailed(Box<Error>),
     /// The request breaks a rule of the chip (checked before any FFI call).
     #[error(transparent)]
     Rule(#[from] RuleViolation),
+    /// A setting read from the environment has an unknown value.
+    #[error(transparent)]
+    Setting(#[from] rknn_chip::UnknownInt4ConverterInput),
     /// The runtime library could not be loaded.
     #[error(transparent)]
     Load(#[from] rknn_sys::LoadError),
+    /// The loaded runtime lacks an optional function this request needs.
+    #[error(
+        "the runtime does not export {symbol}, which this needs (an older librknnrt? SDK 2.x required)"
+    )]
+    MissingFunction {
+        /// The C symbol.
+        symbol: &'static str,
+    },
     /// No usable NPU.
     #[error("no usable NPU: {0}")]
     NoNpu(String),
+    /// The emulator was asked for, but this build of `rknn-matmul` has no emulator.
+    #[error(
+        "the emulator is not compiled in (enable the `emulator` feature of rknn-matmul), and {0}"
+    )]
+    EmulatorNotCompiled(String),
     /// Another process holds the NPU.
     #[error("NPU busy (held by pid {}) — lock file {}; the NPU is single-tenant: two processes driving it have panicked the kernel", pid.map_or("unknown".to_string(), |p| p.to_string()), path.display())]
     NpuBusy {
@@ -205,20 +333,185 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// A slice or value does not have the size the context needs.
-    #[error("{what}: expected {expected} elements, got {got}")]
-    Size {
-        /// What was passed.
+    /// A slice does not hold the number of elements the operation needs.
+    #[error("{what} holds {got} elements where {expected} are needed")]
+    Length {
+        /// What was passed, with the formula of its length ("x (m × in_features)").
         what: &'static str,
         /// Needed.
         expected: usize,
         /// Given.
         got: usize,
     },
-    /// A request that is invalid for this context.
-    #[error("{0}")]
-    Invalid(String),
+    /// A size computed from the request does not fit the type the runtime or this machine uses.
+    #[error("{what} = {value} does not fit {limit}")]
+    SizeOverflow {
+        /// The quantity, with its formula ("bytes of B (K × N × 1)").
+        what: &'static str,
+        /// Its value, when it is representable at all (as text: it may exceed u64).
+        value: String,
+        /// The type or limit it exceeds ("u32, the runtime's memory size").
+        limit: &'static str,
+    },
+    /// A memory of another context was passed.
+    #[error(
+        "{matrix} was allocated on another context (a memory can only be bound to the context it was allocated on)"
+    )]
+    ForeignMemory {
+        /// Which operand.
+        matrix: Matrix,
+    },
+    /// A memory allocated for one matrix was passed as another.
+    #[error("a memory allocated for {allocated_for} was passed as {passed_as}")]
+    WrongMatrix {
+        /// What the memory was allocated for.
+        allocated_for: Matrix,
+        /// Where it was passed.
+        passed_as: Matrix,
+    },
+    /// A memory smaller than the tensor the runtime would read or write through it.
+    #[error(
+        "{matrix} memory holds {bytes} bytes but the current shape needs {needed} (an out-of-bounds DMA on the board)"
+    )]
+    MemoryTooSmall {
+        /// Which operand.
+        matrix: Matrix,
+        /// Its size.
+        bytes: u64,
+        /// The runtime's tensor size.
+        needed: u64,
+    },
+    /// The runtime returned a memory the CPU cannot use.
+    #[error("{call} returned a memory without a usable CPU mapping ({reason})")]
+    BadMapping {
+        /// The allocation call.
+        call: Call,
+        /// What was wrong (null address, short size, misaligned).
+        reason: String,
+    },
+    /// `set_m` with an M the context was not created for.
+    #[error("M={m} is not one of this context's shapes (M = {})", list(shapes))]
+    UnknownM {
+        /// The M asked for.
+        m: usize,
+        /// The context's M values.
+        shapes: Vec<usize>,
+    },
+    /// A dynamic-shape list that the runtime cannot take.
+    #[error("dynamic M needs 1..={max} distinct values; got {}", describe_ms(ms, *max))]
+    DynamicShapes {
+        /// The values given.
+        ms: Vec<usize>,
+        /// `RKNN_MAX_DYNAMIC_SHAPE_NUM`.
+        max: usize,
+    },
+    /// Quantisation parameters of the wrong length.
+    #[error("{matrix} {what}: {got} values given, {expected} needed ({rule})")]
+    QuantLength {
+        /// The matrix.
+        matrix: Matrix,
+        /// "scales" or "zero points".
+        what: &'static str,
+        /// Needed.
+        expected: usize,
+        /// Given.
+        got: usize,
+        /// The rule ("one per output channel, N").
+        rule: &'static str,
+    },
+    /// A quantisation scale that is not a positive finite number.
+    #[error("{matrix} scale #{index} = {value} must be a positive finite number")]
+    BadScale {
+        /// The matrix.
+        matrix: Matrix,
+        /// Position in the scale array.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A core that does not exist, or a chip without core selection.
+    #[error("core {core} does not exist: {platform} has {cores} NPU core(s){}", if *selectable { "" } else { " and no core selection" })]
+    NoSuchCore {
+        /// The index asked for.
+        core: usize,
+        /// The chip.
+        platform: Platform,
+        /// Its cores.
+        cores: usize,
+        /// Whether the chip accepts a core mask at all.
+        selectable: bool,
+    },
+    /// An operation that needs B in the native layout, on a context with another layout.
+    #[error("{operation} needs a context with B in the native layout (this one has {layout:?})")]
+    NeedsNativeB {
+        /// What was asked.
+        operation: &'static str,
+        /// The context's layout of B.
+        layout: rknn_chip::Layout,
+    },
+    /// A source of the wrong element type.
+    #[error("{what} must be {expected} for {matmul_type}, got {got}")]
+    ElementKind {
+        /// What was passed.
+        what: &'static str,
+        /// The kind needed.
+        expected: ElemKind,
+        /// The kind given.
+        got: ElemKind,
+        /// The context's matmul type (C name).
+        matmul_type: &'static str,
+    },
+    /// A value outside the range of its element type (int4 outside -8..=7).
+    #[error("{what}[{index}] = {value} is outside {range}")]
+    OutOfRange {
+        /// What was passed.
+        what: &'static str,
+        /// Position.
+        index: usize,
+        /// Value.
+        value: i64,
+        /// The allowed range.
+        range: &'static str,
+    },
+    /// The runtime reported tensor dimensions this layer cannot use (tile sizes of a native
+    /// layout missing or zero).
+    #[error("the runtime reported unusable {matrix} dims for the {layout:?} layout: {dims:?}")]
+    BadTensorDims {
+        /// The matrix.
+        matrix: Matrix,
+        /// The layout.
+        layout: rknn_chip::Layout,
+        /// The dims the runtime returned.
+        dims: Vec<u32>,
+    },
+    /// An engine configuration that breaks a rule.
+    #[error("engine config: {field}={value} {rule}")]
+    EngineConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// An engine worker panicked while running a task; the engine should be dropped.
+    #[error("engine worker {worker} panicked while running a task")]
+    WorkerPanicked {
+        /// The worker (NPU core) index.
+        worker: usize,
+    },
+    /// The K-segment sum of an int8 linear could exceed i32, so it would not be exact.
+    #[error(
+        "K={k} is too large for an exact int8 linear: the i32 accumulator is exact only for K <= {max} (127 × 127 × K must stay below 2^31)"
+    )]
+    KTooLargeForExactSum {
+        /// K asked for.
+        k: usize,
+        /// The largest exact K.
+        max: usize,
+    },
     /// The emulator could not start.
+    #[cfg(feature = "emulator")]
     #[error(transparent)]
     Emulator(#[from] rknn_emu::EmuError),
     /// An operating-system call failed.
@@ -231,11 +524,34 @@ pub enum Error {
     },
 }
 
+fn describe_ms(ms: &[usize], max: usize) -> String {
+    if ms.is_empty() {
+        return "none".into();
+    }
+    if ms.len() > max {
+        return format!("{} values", ms.len());
+    }
+    match ms.iter().enumerate().find(|(i, m)| ms[..*i].contains(m)) {
+        Some((_, m)) => format!("M={m} twice"),
+        None => list(ms),
+    }
+}
+
 impl Error {
     /// The raw RKNN code, for errors that came from the runtime.
     pub fn rknn_code(&self) -> Option<i32> {
         match self {
             Error::Rknn { code, .. } => Some(code.raw()),
+            Error::ReleaseFailed(e) => e.rknn_code(),
+            _ => None,
+        }
+    }
+
+    /// The C call, for errors that came from the runtime.
+    pub fn call(&self) -> Option<Call> {
+        match self {
+            Error::Rknn { call, .. } | Error::AllocFailed { call, .. } => Some(*call),
+            Error::ReleaseFailed(e) => e.call(),
             _ => None,
         }
     }

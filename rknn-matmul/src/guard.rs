@@ -14,6 +14,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::error::{Error, Result};
 
@@ -121,17 +122,80 @@ impl HandleBudget {
 }
 
 /// An exclusive, process-wide lock on the NPU: an `flock` on a file that names its holder.
-/// Released when dropped (or when the process dies, by the kernel).
-#[derive(Debug)]
+/// Runtimes of one process share it (the NPU is single-tenant between processes, not between
+/// runtimes of one process); it is released when the last of them drops it (or when the
+/// process dies, by the kernel).
+#[derive(Debug, Clone)]
 pub struct NpuLock {
+    held: Arc<HeldLock>,
+}
+
+#[derive(Debug)]
+struct HeldLock {
     file: File,
     path: PathBuf,
 }
 
+/// The locks this process holds, by path: a second runtime shares the first one's lock instead
+/// of failing on its own `flock` (which the kernel ties to the open file, not the process).
+static HELD: Mutex<Vec<(PathBuf, Weak<HeldLock>)>> = Mutex::new(Vec::new());
+
 impl NpuLock {
-    /// Takes the lock at `path` without waiting; fails with [`Error::NpuBusy`] naming the
-    /// holder's pid when another process has it.
+    /// Takes the lock at `path` without waiting (or shares it, when this process holds it
+    /// already); fails with [`Error::NpuBusy`] naming the holder's pid when another process has
+    /// it.
     pub fn acquire(path: &Path) -> Result<NpuLock> {
+        let mut held = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+        held.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(lock) = held
+            .iter()
+            .find(|(p, _)| p == path)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(NpuLock { held: lock });
+        }
+        // A lock of this process whose last user is being dropped right now still holds the
+        // flock for a moment: wait for its release rather than report ourselves as busy.
+        let me = std::process::id();
+        let mut tries = 0;
+        let lock = loop {
+            match HeldLock::take(path) {
+                Err(Error::NpuBusy { pid: Some(p), .. }) if p == me && tries < 10_000 => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                r => break Arc::new(r?),
+            }
+        };
+        held.push((path.to_path_buf(), Arc::downgrade(&lock)));
+        Ok(NpuLock { held: lock })
+    }
+
+    /// Which other process holds the lock at `path`, if any (`None` when free or held by this
+    /// process).
+    pub fn holder(path: &Path) -> Option<u32> {
+        let mine = HELD
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|(p, w)| p == path && w.strong_count() > 0);
+        if mine {
+            return None;
+        }
+        match HeldLock::take(path) {
+            Err(Error::NpuBusy { pid, .. }) => pid.or(Some(0)),
+            _ => None,
+        }
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.held.path
+    }
+}
+
+impl HeldLock {
+    fn take(path: &Path) -> Result<HeldLock> {
         let os = |what: &str, source| Error::Os {
             what: format!("{what} {}", path.display()),
             source,
@@ -160,27 +224,14 @@ impl NpuLock {
         file.rewind().map_err(|e| os("rewind", e))?;
         write!(file, "{}", std::process::id()).map_err(|e| os("write", e))?;
         file.flush().map_err(|e| os("flush", e))?;
-        Ok(NpuLock {
+        Ok(HeldLock {
             file,
             path: path.to_path_buf(),
         })
     }
-
-    /// Which process holds the lock at `path`, if any (`None` when free).
-    pub fn holder(path: &Path) -> Option<u32> {
-        match NpuLock::acquire(path) {
-            Err(Error::NpuBusy { pid, .. }) => pid.or(Some(0)),
-            _ => None,
-        }
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
-impl Drop for NpuLock {
+impl Drop for HeldLock {
     fn drop(&mut self) {
         let _ = self.file.set_len(0);
         // SAFETY: unlock our own descriptor; closing it would unlock too.

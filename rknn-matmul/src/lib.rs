@@ -1,20 +1,30 @@
 //! Safe Rust SDK for matrix multiplication on Rockchip NPUs (RK3588 and family).
 //!
-//! * [`Runtime`]: the real NPU through `librknnrt.so`, or the emulator (`rknn-emu`), or
-//!   [`Runtime::auto`]; every context is created from a runtime and cannot outlive it.
-//! * [`Matmul`]: a typed context, `Matmul<'_, I8xI8ToI32>` and friends: shapes and layouts
-//!   are checked against the chip's rules before any FFI call, with errors that name the rule
+//! * [`Runtime`]: the real NPU through `librknnrt.so`, or the emulator (`rknn-emu`, feature
+//!   `emulator`, on by default), or [`Runtime::auto`]. A runtime is a cheap handle; every
+//!   object made from it keeps it alive.
+//! * [`Matmul`]: a typed context, `Matmul<I8xI8ToI32>` and friends: shapes and layouts are
+//!   checked against the chip's rules before any FFI call, with errors that name the rule
 //!   ("N=100 is not a multiple of 32 required for i8 on RK3588").
-//! * [`TensorMem`]: NPU memory that borrows its context (freed before it, exactly once);
-//!   [`Matmul::run`] syncs caches and re-binds changed inputs by construction.
+//! * [`TensorMem`]: NPU memory that owns its context (so the context is destroyed after its last
+//!   memory, whatever the drop order); [`Matmul::run`] syncs caches and re-binds changed inputs
+//!   by construction.
 //! * [`Runtime::capabilities`] / [`Runtime::require`]: what the chip can multiply; RK3588's
 //!   missing weight-only int4/int8 modes are refused with the reason.
 //! * Guards for the field hazards ([`guard`]): fd limit and handle budget, an exclusive NPU
 //!   lock between processes, the glibc `mallopt` workaround.
+//! * [`engine`]: the GEMM engine for model weights: resident linears split over the NPU cores
+//!   and K segments, one persistent worker per core, SIMD host glue.
 //!
-//! Threads: a [`Runtime`] is `Sync`; a [`Matmul`] is `Send` but not `Sync`, because one
+//! Layers, bottom up: `rknn-sys` (the C function table, filled by `dlopen` or by the emulator),
+//! the result layer (one function per C call, each return code mapped to a typed [`Error`]
+//! naming the [`Call`]), the safe types here, the engine. Errors a `Drop` cannot return (a
+//! failed destroy) are reported by the next call on the same runtime
+//! ([`Error::ReleaseFailed`]), never lost.
+//!
+//! Threads: a [`Runtime`] is `Send + Sync`; a [`Matmul`] is `Send` but not `Sync`, because one
 //! context driven from two threads at once has panicked the kernel on RK3588. Use one context
-//! per thread (per NPU core).
+//! per thread (per NPU core), as the engine does.
 //!
 //! ```
 //! use rknn_matmul::{F16xF16ToF32, Platform, Runtime};
@@ -36,13 +46,15 @@ mod error;
 pub mod guard;
 mod matmul;
 mod mem;
+mod result;
 mod runtime;
 
 pub use capability::{Capability, Scheme};
 pub use dtype::*;
-pub use error::{Error, Result, RknnCode, Versions};
+pub use error::{Call, Error, Matrix, Result, RknnCode, Versions};
 pub use matmul::{BQuant, Core, LayerQuant, Matmul, MatmulBuilder};
-pub use mem::TensorMem;
-pub use rknn_chip::{self, Layout, MatmulType, Platform};
+pub use mem::{MemFlags, TensorMem};
+pub use rknn_chip::{self, Int4ConverterInput, Layout, MatmulType, Platform, ShapeRules};
+#[cfg(feature = "emulator")]
 pub use rknn_emu::{self, EmuConfig};
 pub use runtime::{Backend, GuardPolicy, Runtime, RuntimeOptions, detect_platform};

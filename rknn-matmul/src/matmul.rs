@@ -1,15 +1,18 @@
-//! Typed matmul contexts: validated per chip before any FFI call, with memories that borrow
-//! them, runs that bind and sync by construction, and one owner thread at a time.
+//! Typed matmul contexts: validated per chip before any FFI call, owning an `Arc` of their
+//! runtime (memories own an `Arc` of their context), binding and syncing by construction, and
+//! used by one thread at a time.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use rknn_chip::{Layout, MatmulType, QuantGranularity, QuantType, Tiles};
-use rknn_sys as sys;
+use rknn_chip::{ElemKind, Int4ConverterInput, Layout, QuantGranularity, QuantType};
+use rknn_sys::{self as sys, RknnApi};
 
 use crate::dtype::{Element, MatmulKind};
-use crate::error::{Error, Result};
-use crate::mem::TensorMem;
+use crate::error::{Error, Matrix, Result};
+use crate::mem::{MemFlags, TensorMem};
+use crate::result;
 use crate::runtime::Runtime;
 
 /// Which NPU core a context runs on.
@@ -64,8 +67,8 @@ pub struct LayerQuant {
 /// Configures a [`Matmul`]; made by [`Runtime::matmul`].
 #[derive(Debug)]
 #[must_use]
-pub struct MatmulBuilder<'rt, K: MatmulKind> {
-    rt: &'rt Runtime,
+pub struct MatmulBuilder<K: MatmulKind> {
+    rt: Runtime,
     m: usize,
     k: usize,
     n: usize,
@@ -99,9 +102,9 @@ impl Runtime {
     /// assert_eq!(err.to_string(), "N=100 is not a multiple of 32 required for i8 on RK3588");
     /// # Ok::<(), rknn_matmul::Error>(())
     /// ```
-    pub fn matmul<K: MatmulKind>(&self, m: usize, k: usize, n: usize) -> MatmulBuilder<'_, K> {
+    pub fn matmul<K: MatmulKind>(&self, m: usize, k: usize, n: usize) -> MatmulBuilder<K> {
         MatmulBuilder {
-            rt: self,
+            rt: self.clone(),
             m,
             k,
             n,
@@ -118,7 +121,36 @@ impl Runtime {
     }
 }
 
-impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
+/// The quantisation parameters of one matrix, as the runtime takes them.
+struct QuantArrays {
+    scales: Vec<f32>,
+    zps: Vec<i32>,
+}
+
+fn check_scales(matrix: Matrix, scales: &[f32]) -> Result<()> {
+    match scales
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !(s.is_finite() && **s > 0.0))
+    {
+        Some((index, &value)) => Err(Error::BadScale {
+            matrix,
+            index,
+            value,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn layer_arrays(matrix: Matrix, q: LayerQuant) -> Result<QuantArrays> {
+    check_scales(matrix, &[q.scale])?;
+    Ok(QuantArrays {
+        scales: vec![q.scale],
+        zps: vec![q.zp],
+    })
+}
+
+impl<K: MatmulKind> MatmulBuilder<K> {
     /// Layout of B: normal [K, N] (default), native, or TP_NORM ([N, K]).
     pub fn b_layout(mut self, l: Layout) -> Self {
         self.b_layout = l;
@@ -170,10 +202,8 @@ impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
 
     fn b_quant_type(&self) -> QuantType {
         let (granularity, asymmetric) = match &self.quant_b {
-            None | Some(BQuant::PerLayer { .. }) => (
-                QuantGranularity::PerLayer,
-                matches!(self.quant_b, Some(BQuant::PerLayer { zp, .. }) if zp != 0),
-            ),
+            None => (QuantGranularity::PerLayer, false),
+            Some(BQuant::PerLayer { zp, .. }) => (QuantGranularity::PerLayer, *zp != 0),
             Some(BQuant::PerChannel { zps, .. }) => (QuantGranularity::PerChannel, !zps.is_empty()),
             Some(BQuant::PerGroup { zps, .. }) => (QuantGranularity::PerGroup, !zps.is_empty()),
         };
@@ -183,113 +213,140 @@ impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
         }
     }
 
+    /// The M values of the context, checked.
+    fn ms(&self) -> Result<Vec<usize>> {
+        let ms = self.dynamic_m.clone().unwrap_or_else(|| vec![self.m]);
+        let max = sys::RKNN_MAX_DYNAMIC_SHAPE_NUM as usize;
+        let duplicate = ms.iter().enumerate().any(|(i, m)| ms[..i].contains(m));
+        if ms.is_empty() || ms.len() > max || duplicate {
+            return Err(Error::DynamicShapes { ms, max });
+        }
+        Ok(ms)
+    }
+
+    /// B's quantisation arrays, with their lengths checked against the shape.
+    fn b_arrays(&self) -> Result<Option<QuantArrays>> {
+        let (n, k) = (self.n, self.k);
+        let Some(q) = &self.quant_b else {
+            return Ok(None);
+        };
+        let (scales, zps, expected, rule) = match q {
+            BQuant::PerLayer { scale, zp } => {
+                return layer_arrays(
+                    Matrix::B,
+                    LayerQuant {
+                        scale: *scale,
+                        zp: *zp,
+                    },
+                )
+                .map(Some);
+            }
+            BQuant::PerChannel { scales, zps } => (scales, zps, n, "one per output channel: N"),
+            BQuant::PerGroup {
+                group_size,
+                scales,
+                zps,
+            } => {
+                if *group_size == 0 || k % group_size != 0 || *group_size > i16::MAX as usize {
+                    return Err(Error::Rule(rknn_chip::RuleViolation::BadGroupSize {
+                        group_size: i64::try_from(*group_size).unwrap_or(i64::MAX),
+                        k,
+                    }));
+                }
+                // k / group_size <= k, and n * k was checked to fit in the dims check.
+                (
+                    scales,
+                    zps,
+                    n * (k / group_size),
+                    "one per output channel and group: N × K / group_size",
+                )
+            }
+        };
+        if scales.len() != expected {
+            return Err(Error::QuantLength {
+                matrix: Matrix::B,
+                what: "scales",
+                expected,
+                got: scales.len(),
+                rule,
+            });
+        }
+        if !zps.is_empty() && zps.len() != expected {
+            return Err(Error::QuantLength {
+                matrix: Matrix::B,
+                what: "zero points",
+                expected,
+                got: zps.len(),
+                rule,
+            });
+        }
+        check_scales(Matrix::B, scales)?;
+        Ok(Some(QuantArrays {
+            scales: scales.clone(),
+            zps: zps.clone(),
+        }))
+    }
+
     /// Checks everything the chip's rules say, without calling the runtime.
     fn validate(&self) -> Result<Vec<usize>> {
         let p = self.rt.platform();
         let t = K::TYPE;
+        let ms = self.ms()?;
+        for &m in &ms {
+            rknn_chip::check_dims(m, self.k, self.n)?;
+        }
+        // Sizes the runtime computes from the shape must exist: K × N elements of B, and the
+        // same products in bytes, fit the runtime's 32-bit sizes.
+        let largest_m = ms.iter().copied().max().unwrap_or(self.m);
+        for (what, a, b) in [
+            ("elements of A (M × K)", largest_m, self.k),
+            ("elements of B (K × N)", self.k, self.n),
+            ("elements of C (M × N)", largest_m, self.n),
+        ] {
+            let v = a.checked_mul(b).filter(|v| *v <= u32::MAX as usize / 4);
+            if v.is_none() {
+                return Err(Error::SizeOverflow {
+                    what,
+                    value: (a as u128 * b as u128).to_string(),
+                    limit: "the runtime's 32-bit tensor sizes",
+                });
+            }
+        }
         rknn_chip::check_type(p, t)?;
-        rknn_chip::check_kn(p, &self.rt_rules(), t, self.k, self.n)?;
-        if self.ac_layout == Layout::TpNorm {
-            return Err(Error::Invalid(
-                "TP_NORM is a layout of B only; A and C take NORM or NATIVE".into(),
-            ));
-        }
-        if p == rknn_chip::Platform::Rk3588
-            && t == MatmulType::I4_I4_I16
-            && self.b_layout != Layout::Native
-        {
-            return Err(Error::Invalid("RKNN_INT4_MM_INT4_TO_INT16 on RK3588 needs B in the native layout (normal B fails at set_io_mem on the hardware)".into()));
-        }
-        let ms = self.dynamic_m.clone().unwrap_or_else(|| vec![self.m]);
-        if ms.is_empty() || ms.len() > sys::RKNN_MAX_DYNAMIC_SHAPE_NUM as usize {
-            return Err(Error::Invalid(format!(
-                "dynamic M needs 1..={} values, got {}",
-                sys::RKNN_MAX_DYNAMIC_SHAPE_NUM,
-                ms.len()
-            )));
-        }
-        if let Some(&bad) = ms.iter().find(|&&m| m == 0 || m > i32::MAX as usize) {
-            return Err(Error::Rule(rknn_chip::RuleViolation::NotPositive {
-                dim: rknn_chip::Dim::M,
-                value: bad as i64,
-            }));
-        }
-        for (i, m) in ms.iter().enumerate() {
-            if ms[..i].contains(m) {
-                return Err(Error::Invalid(format!(
-                    "dynamic M value {m} is given twice"
-                )));
-            }
-        }
-        if let Some(q) = &self.quant_b {
-            let (len, zlen, what) = match q {
-                BQuant::PerLayer { .. } => (1, 1, 1),
-                BQuant::PerChannel { scales, zps } => (scales.len(), zps.len().max(self.n), self.n),
-                BQuant::PerGroup {
-                    group_size,
-                    scales,
-                    zps,
-                } => {
-                    if *group_size == 0
-                        || self.k % group_size != 0
-                        || *group_size > i16::MAX as usize
-                    {
-                        return Err(Error::Rule(rknn_chip::RuleViolation::BadGroupSize {
-                            group_size: *group_size as i64,
-                            k: self.k,
-                        }));
-                    }
-                    let want = self.n * self.k / group_size;
-                    (scales.len(), zps.len().max(want), want)
-                }
-            };
-            if len != what {
-                return Err(Error::Size {
-                    what: "B quant scales",
-                    expected: what,
-                    got: len,
+        rknn_chip::check_kn(p, &self.rt.shape_rules(), t, self.k, self.n)?;
+        rknn_chip::check_layouts(p, t, self.b_layout, self.ac_layout)?;
+        if let Core::Index(core) = self.core {
+            if core >= p.npu_cores() || !p.has_core_mask() {
+                return Err(Error::NoSuchCore {
+                    core,
+                    platform: p,
+                    cores: p.npu_cores(),
+                    selectable: p.has_core_mask(),
                 });
-            }
-            if zlen != what {
-                return Err(Error::Size {
-                    what: "B quant zero points",
-                    expected: what,
-                    got: zlen,
-                });
-            }
-        }
-        if let Core::Index(i) = self.core {
-            if i >= p.npu_cores() || !p.has_core_mask() {
-                return Err(Error::Invalid(format!(
-                    "{p} has {} NPU core(s){}: core {i} does not exist",
-                    p.npu_cores(),
-                    if p.has_core_mask() {
-                        ""
-                    } else {
-                        " and no core selection"
-                    }
-                )));
             }
         }
         Ok(ms)
     }
 
-    fn rt_rules(&self) -> rknn_chip::ShapeRules {
-        match self.rt.emulator_instance() {
-            Some(e) => e.rules(),
-            None => rknn_chip::ShapeRules::accepted(self.rt.platform()),
-        }
-    }
-
     /// Validates and creates the context.
-    pub fn build(self) -> Result<Matmul<'rt, K>> {
+    pub fn build(self) -> Result<Matmul<K>> {
         let ms = self.validate()?;
-        let rt = self.rt;
-        let api = rt.api();
+        let b_quant = self.b_arrays()?;
+        let a_quant = self
+            .quant_a
+            .map(|q| layer_arrays(Matrix::A, q))
+            .transpose()?;
+        let c_quant = self
+            .quant_c
+            .map(|q| layer_arrays(Matrix::C, q))
+            .transpose()?;
+        let rt = self.rt.clone();
+        // Every dimension was bounded by i32::MAX in `validate`, so these casts are exact.
+        let dim = |v: usize| v as i32;
         let mut info = sys::rknn_matmul_info {
-            M: self.m as i32,
-            K: self.k as i32,
-            N: self.n as i32,
+            M: dim(ms[0]),
+            K: dim(self.k),
+            N: dim(self.n),
             type_: K::TYPE.raw(),
             B_layout: self.b_layout.raw() as i16,
             AC_layout: self.ac_layout.raw() as i16,
@@ -304,194 +361,122 @@ impl<'rt, K: MatmulKind> MatmulBuilder<'rt, K> {
             }
             .raw() as i16,
             iommu_domain_id: self.iommu_domain,
+            // Bounded by i16::MAX in `b_arrays`.
             group_size: match &self.quant_b {
                 Some(BQuant::PerGroup { group_size, .. }) => *group_size as i16,
                 _ => 0,
             },
             ..Default::default()
         };
-        let mut ctx: sys::rknn_matmul_ctx = 0;
-        let shapes: Vec<(usize, usize, usize)> = ms.iter().map(|&m| (m, self.k, self.n)).collect();
-        let ios = if self.dynamic_m.is_some() {
-            let create = api.rknn_matmul_create_dynamic_shape.ok_or_else(|| {
-                Error::Invalid("this runtime has no rknn_matmul_create_dynamic_shape".into())
-            })?;
-            let mut sh: Vec<sys::rknn_matmul_shape> = shapes
+        // From here on the handle owns the context: an error below destroys it.
+        let (handle, ios) = if self.dynamic_m.is_some() {
+            let mut shapes: Vec<sys::rknn_matmul_shape> = ms
                 .iter()
-                .map(|&(m, k, n)| sys::rknn_matmul_shape {
-                    M: m as i32,
-                    K: k as i32,
-                    N: n as i32,
+                .map(|&m| sys::rknn_matmul_shape {
+                    M: dim(m),
+                    K: dim(self.k),
+                    N: dim(self.n),
                 })
                 .collect();
-            let mut ios = vec![sys::rknn_matmul_io_attr::default(); sh.len()];
-            // SAFETY: `sh` and `ios` hold `shape_num` entries each; the other pointers are valid.
-            let rc = unsafe {
-                create(
-                    &mut ctx,
-                    &mut info,
-                    sh.len() as i32,
-                    sh.as_mut_ptr(),
-                    ios.as_mut_ptr(),
-                )
-            };
-            rt.check("rknn_matmul_create_dynamic_shape", rc)?;
-            ios
+            let ctx =
+                rt.call(|api| result::matmul_create_dynamic_shape(api, &mut info, &mut shapes))?;
+            (ContextHandle::own(rt, ctx.0), ctx.1)
         } else {
-            let mut io = sys::rknn_matmul_io_attr::default();
-            // SAFETY: valid pointers for the call.
-            rt.check("rknn_matmul_create", unsafe {
-                (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io)
-            })?;
-            vec![io]
+            let (handle, io) = ContextHandle::create(&rt, &mut info)?;
+            (handle, vec![io])
         };
-        let core = ContextCore::new(rt, ctx, ios, shapes, K::TYPE, self.ac_layout, self.b_layout);
+        let handle = Arc::new(handle);
         if let Core::Index(i) = self.core {
-            // SAFETY: a live context.
-            rt.check("rknn_matmul_set_core_mask", unsafe {
-                (api.rknn_matmul_set_core_mask)(ctx, 1 << i)
-            })?;
+            handle.call(|api, ctx| result::matmul_set_core_mask(api, ctx, 1 << i))?;
         }
-        core.set_quant("A", self.quant_a.map(|q| (vec![q.scale], vec![q.zp])))?;
-        core.set_quant(
-            "B",
-            self.quant_b.map(|q| match q {
-                BQuant::PerLayer { scale, zp } => (vec![scale], vec![zp]),
-                BQuant::PerChannel { scales, zps } | BQuant::PerGroup { scales, zps, .. } => {
-                    (scales, zps)
-                }
-            }),
-        )?;
-        core.set_quant("C", self.quant_c.map(|q| (vec![q.scale], vec![q.zp])))?;
+        for (matrix, q) in [
+            (Matrix::A, a_quant),
+            (Matrix::B, b_quant),
+            (Matrix::C, c_quant),
+        ] {
+            if let Some(q) = q {
+                handle.call(|api, ctx| {
+                    result::matmul_set_quant_params(api, ctx, matrix, &q.scales, &q.zps)
+                })?;
+            }
+        }
         Ok(Matmul {
-            core,
+            handle,
+            ios,
+            ms,
+            k: self.k,
+            n: self.n,
+            current: Cell::new(0),
+            bound: Default::default(),
+            ac_layout: self.ac_layout,
+            b_layout: self.b_layout,
             _k: PhantomData,
         })
     }
 }
 
-/// The untyped part of a context, which memories borrow.
-pub(crate) struct ContextCore<'rt> {
-    pub(crate) rt: &'rt Runtime,
-    pub(crate) ctx: sys::rknn_matmul_ctx,
-    ios: Vec<sys::rknn_matmul_io_attr>,
-    shapes: Vec<(usize, usize, usize)>,
-    current: Cell<usize>,
-    /// What is bound to A, B, C: (memory id, generation at bind time).
-    bound: [Cell<Option<(u64, u64)>>; 3],
-    t: MatmulType,
-    ac_layout: Layout,
-    b_layout: Layout,
+/// What every object made from a context shares: the handle, its runtime, and the lock that
+/// serialises the calls on it. Memories hold an `Arc` of it, so the context is destroyed after
+/// the last of them, and a memory dropped on another thread never calls into the context at the
+/// same time as its owner (one context used from two threads at once has panicked RK3588's
+/// kernel).
+pub(crate) struct ContextHandle {
+    pub(crate) rt: Runtime,
+    ctx: sys::rknn_matmul_ctx,
+    calls: Mutex<()>,
 }
 
-impl<'rt> ContextCore<'rt> {
-    fn new(
-        rt: &'rt Runtime,
-        ctx: sys::rknn_matmul_ctx,
-        ios: Vec<sys::rknn_matmul_io_attr>,
-        shapes: Vec<(usize, usize, usize)>,
-        t: MatmulType,
-        ac_layout: Layout,
-        b_layout: Layout,
-    ) -> Self {
-        ContextCore {
+impl ContextHandle {
+    /// Takes ownership of a context the runtime created: it is destroyed when the handle drops.
+    fn own(rt: Runtime, ctx: sys::rknn_matmul_ctx) -> ContextHandle {
+        ContextHandle {
             rt,
             ctx,
-            ios,
-            shapes,
-            current: Cell::new(0),
-            bound: Default::default(),
-            t,
-            ac_layout,
-            b_layout,
+            calls: Mutex::new(()),
         }
     }
 
-    fn set_quant(&self, name: &str, q: Option<(Vec<f32>, Vec<i32>)>) -> Result<()> {
-        let Some((mut scale, mut zp)) = q else {
-            return Ok(());
-        };
-        let set = self.rt.api().rknn_matmul_set_quant_params.ok_or_else(|| {
-            Error::Invalid("this runtime has no rknn_matmul_set_quant_params".into())
-        })?;
-        let mut p = sys::rknn_quant_params::default();
-        for (d, s) in p.name.iter_mut().zip(name.bytes()) {
-            *d = std::ffi::c_char::from_ne_bytes([s]);
-        }
-        p.scale = scale.as_mut_ptr();
-        p.scale_len = scale.len() as i32;
-        if !zp.is_empty() {
-            p.zp = zp.as_mut_ptr();
-            p.zp_len = zp.len() as i32;
-        }
-        // SAFETY: `p` points into `scale`/`zp`, alive for the call; the runtime copies the arrays.
-        self.rt.check("rknn_matmul_set_quant_params", unsafe {
-            set(self.ctx, &mut p)
-        })
+    /// Creates a context for `info` (also how the probes ask the runtime whether it accepts a
+    /// configuration, or for its versions).
+    pub(crate) fn create(
+        rt: &Runtime,
+        info: &mut sys::rknn_matmul_info,
+    ) -> Result<(ContextHandle, sys::rknn_matmul_io_attr)> {
+        let (ctx, io) = rt.call(|api| result::matmul_create(api, info))?;
+        Ok((ContextHandle::own(rt.clone(), ctx), io))
     }
 
-    pub(crate) fn forget(&self, id: u64) {
-        for b in &self.bound {
-            if b.get().is_some_and(|(i, _)| i == id) {
-                b.set(None);
-            }
-        }
+    /// Makes a result-layer call on this context, alone.
+    pub(crate) fn call<T>(
+        &self,
+        f: impl FnOnce(&RknnApi, sys::rknn_matmul_ctx) -> Result<T>,
+    ) -> Result<T> {
+        let _alone = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        self.rt.call(|api| f(api, self.ctx))
     }
 
-    fn io(&self) -> &sys::rknn_matmul_io_attr {
-        &self.ios[self.current.get()]
-    }
-
-    /// The largest size in bytes of matrix `which` over the shapes.
-    fn max_bytes(&self, which: usize) -> usize {
-        self.ios
-            .iter()
-            .map(|io| [io.A.size, io.B.size, io.C.size][which] as usize)
-            .max()
-            .unwrap_or(0)
-    }
-
-    fn attr(&self, which: usize) -> sys::rknn_matmul_tensor_attr {
-        let io = self.io();
-        [io.A, io.B, io.C][which]
-    }
-
-    /// Binds `mem` to `which` unless the same, unchanged memory is bound already; syncs inputs
-    /// to the device first.
-    fn bind<T: Element>(&self, which: usize, mem: &TensorMem<'_, T>) -> Result<()> {
-        if !mem.belongs_to(self) {
-            return Err(Error::Invalid(format!(
-                "{} was allocated on another context",
-                ["A", "B", "C"][which]
-            )));
-        }
-        let stamp = mem.stamp();
-        if self.bound[which].get() == Some(stamp) {
-            return Ok(());
-        }
-        if which < 2 {
-            mem.sync(sys::RKNN_MEMORY_SYNC_TO_DEVICE)?;
-        }
-        let mut attr = self.attr(which);
-        // SAFETY: a live memory of this context, at least as large as the attr says (sized from
-        // io_attr at allocation), and the attr the runtime returned.
-        let rc = unsafe { (self.rt.api().rknn_matmul_set_io_mem)(self.ctx, mem.raw(), &mut attr) };
-        self.rt.check("rknn_matmul_set_io_mem", rc)?;
-        self.bound[which].set(Some(stamp));
-        Ok(())
+    /// As [`ContextHandle::call`] for a release in `Drop`: a failure is recorded on the runtime
+    /// and reported by its next call.
+    pub(crate) fn release(&self, f: impl FnOnce(&RknnApi, sys::rknn_matmul_ctx) -> Result<()>) {
+        let _alone = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        self.rt.released(f(self.rt.api(), self.ctx));
     }
 }
 
-impl Drop for ContextCore<'_> {
+impl Drop for ContextHandle {
     fn drop(&mut self) {
-        // Memories borrow the context, so all of them are gone already: the documented order.
-        // SAFETY: a live context, destroyed once.
-        let rc = unsafe { (self.rt.api().rknn_matmul_destroy)(self.ctx) };
-        debug_assert_eq!(rc, 0, "rknn_matmul_destroy failed");
+        // Every memory holds an Arc of this handle, so all of them are gone: the documented
+        // order (memories first, then the context).
+        // SAFETY: a live context, destroyed once, after its memories.
+        let r = unsafe { result::matmul_destroy(self.rt.api(), self.ctx) };
+        self.rt.released(r);
     }
 }
 
 /// A matmul context of type `K`: C = A × B on the NPU.
+///
+/// It owns its runtime (an `Arc` inside [`Runtime`]), and its memories own it, so any drop
+/// order is safe: the context is destroyed after its last memory.
 ///
 /// It is `Send` (it can move to a worker thread) but not `Sync`: one context used from two
 /// threads at once has caused kernel panics and unkillable hangs on RK3588, so the type system
@@ -505,12 +490,21 @@ impl Drop for ContextCore<'_> {
 ///     s.spawn(|| mm.shape()); // error: `Cell<..>` cannot be shared between threads safely
 /// });
 /// ```
-pub struct Matmul<'rt, K: MatmulKind> {
-    core: ContextCore<'rt>,
+pub struct Matmul<K: MatmulKind> {
+    handle: Arc<ContextHandle>,
+    ios: Vec<sys::rknn_matmul_io_attr>,
+    ms: Vec<usize>,
+    k: usize,
+    n: usize,
+    current: Cell<usize>,
+    /// What is bound to A, B, C: (memory id, generation at bind time).
+    bound: [Cell<Option<(u64, u64)>>; 3],
+    ac_layout: Layout,
+    b_layout: Layout,
     _k: PhantomData<K>,
 }
 
-impl<K: MatmulKind> std::fmt::Debug for Matmul<'_, K> {
+impl<K: MatmulKind> std::fmt::Debug for Matmul<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Matmul")
             .field("type", &K::TYPE.c_name())
@@ -519,97 +513,187 @@ impl<K: MatmulKind> std::fmt::Debug for Matmul<'_, K> {
     }
 }
 
-impl<'rt, K: MatmulKind> Matmul<'rt, K> {
+impl<K: MatmulKind> Matmul<K> {
     /// The current (M, K, N).
     pub fn shape(&self) -> (usize, usize, usize) {
-        self.core.shapes[self.core.current.get()]
+        (self.ms[self.current.get()], self.k, self.n)
+    }
+
+    /// The M values of a dynamic-shape context (one value otherwise).
+    pub fn m_values(&self) -> &[usize] {
+        &self.ms
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.handle.rt
     }
 
     /// The raw context handle, for calls the safe layer does not wrap. Using it is `unsafe`
     /// (through the runtime's function table); it stays valid while `self` lives, and must not
     /// be destroyed or used from another thread.
     pub fn as_raw(&self) -> sys::rknn_matmul_ctx {
-        self.core.ctx
+        self.handle.ctx
     }
 
     /// The runtime's descriptors of A, B and C for the current shape.
     pub fn io_attr(&self) -> &sys::rknn_matmul_io_attr {
-        self.core.io()
+        &self.ios[self.current.get()]
     }
 
-    /// Native tile sizes as the runtime reported them in `io_attr` (never hard-coded: the fact
-    /// sheet says to read them from the returned dims). `None` for matrices in normal layout.
-    pub fn tiles(&self) -> (Option<usize>, Option<(usize, usize)>, Option<usize>) {
-        let io = self.core.io();
-        let native = self.core.ac_layout == Layout::Native;
-        (
-            native.then_some(io.A.dims[2] as usize),
-            (self.core.b_layout == Layout::Native)
-                .then_some((io.B.dims[2] as usize, io.B.dims[3] as usize)),
-            native.then_some(io.C.dims[2] as usize),
-        )
+    fn attr(&self, matrix: Matrix) -> &sys::rknn_matmul_tensor_attr {
+        let io = self.io_attr();
+        match matrix {
+            Matrix::A => &io.A,
+            Matrix::B => &io.B,
+            Matrix::C => &io.C,
+        }
     }
 
-    /// The chip's tile table for this type (for code that packs before a context exists).
-    pub fn chip_tiles(&self) -> Option<Tiles> {
-        self.core.rt.platform().tiles(self.core.t)
+    /// The native tile of `matrix` as the runtime reported it in `io_attr` (never hard-coded:
+    /// the fact sheet says to read tile sizes from the returned dims): A's `sK`, B's
+    /// `(sN, sK)` as `(dims[2], dims[3])`, C's `sN`. An error if the matrix is not in the
+    /// native layout or the runtime reported no usable tile.
+    pub fn native_tile(&self, matrix: Matrix) -> Result<(usize, usize)> {
+        let attr = self.attr(matrix);
+        let layout = if matrix == Matrix::B {
+            self.b_layout
+        } else {
+            self.ac_layout
+        };
+        let dims: Vec<u32> = attr.dims[..(attr.n_dims as usize).min(attr.dims.len())].to_vec();
+        let bad = || Error::BadTensorDims {
+            matrix,
+            layout,
+            dims: dims.clone(),
+        };
+        if layout != Layout::Native {
+            return Err(bad());
+        }
+        let (i, j) = if matrix == Matrix::B { (2, 3) } else { (2, 2) };
+        let (a, b) = (
+            dims.get(i).copied().unwrap_or(0),
+            dims.get(j).copied().unwrap_or(0),
+        );
+        if a == 0 || b == 0 {
+            return Err(bad());
+        }
+        Ok((a as usize, b as usize))
     }
 
-    fn alloc<T: Element>(&self, which: usize) -> Result<TensorMem<'_, T>> {
-        let bytes = self.core.max_bytes(which);
-        TensorMem::new(&self.core, bytes.div_ceil(std::mem::size_of::<T>()))
+    fn max_bytes(&self, matrix: Matrix) -> u64 {
+        self.ios
+            .iter()
+            .map(|io| {
+                u64::from(match matrix {
+                    Matrix::A => io.A.size,
+                    Matrix::B => io.B.size,
+                    Matrix::C => io.C.size,
+                })
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn alloc<T: Element>(&self, matrix: Matrix, flags: Option<MemFlags>) -> Result<TensorMem<T>> {
+        TensorMem::new(self.handle.clone(), matrix, self.max_bytes(matrix), flags)
     }
 
     /// Allocates A, sized for the largest shape.
-    pub fn alloc_a(&self) -> Result<TensorMem<'_, K::A>> {
-        self.alloc(0)
+    pub fn alloc_a(&self) -> Result<TensorMem<K::A>> {
+        self.alloc(Matrix::A, None)
     }
 
     /// Allocates B.
-    pub fn alloc_b(&self) -> Result<TensorMem<'_, K::B>> {
-        self.alloc(1)
+    pub fn alloc_b(&self) -> Result<TensorMem<K::B>> {
+        self.alloc(Matrix::B, None)
     }
 
     /// Allocates C, sized for the largest shape.
-    pub fn alloc_c(&self) -> Result<TensorMem<'_, K::C>> {
-        self.alloc(2)
+    pub fn alloc_c(&self) -> Result<TensorMem<K::C>> {
+        self.alloc(Matrix::C, None)
     }
 
-    /// Selects M on a dynamic-shape context. Bindings are redone by the next run.
+    /// Allocates A with explicit allocation flags (`rknn_create_mem2`).
+    pub fn alloc_a_with(&self, flags: MemFlags) -> Result<TensorMem<K::A>> {
+        self.alloc(Matrix::A, Some(flags))
+    }
+
+    /// Allocates B with explicit allocation flags (`rknn_create_mem2`).
+    pub fn alloc_b_with(&self, flags: MemFlags) -> Result<TensorMem<K::B>> {
+        self.alloc(Matrix::B, Some(flags))
+    }
+
+    /// Allocates C with explicit allocation flags (`rknn_create_mem2`).
+    pub fn alloc_c_with(&self, flags: MemFlags) -> Result<TensorMem<K::C>> {
+        self.alloc(Matrix::C, Some(flags))
+    }
+
+    /// Selects M on a dynamic-shape context. A and C are bound again by the next run; B stays
+    /// bound, as the vendor's usage requires ("B can not be dynamic, only call set_io_mem
+    /// once").
     pub fn set_m(&self, m: usize) -> Result<()> {
-        let (_, k, n) = self.shape();
         let i = self
-            .core
-            .shapes
+            .ms
             .iter()
-            .position(|s| s.0 == m)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "M={m} is not one of this context's shapes {:?}",
-                    self.core.shapes.iter().map(|s| s.0).collect::<Vec<_>>()
-                ))
+            .position(|&x| x == m)
+            .ok_or_else(|| Error::UnknownM {
+                m,
+                shapes: self.ms.clone(),
             })?;
-        if i == self.core.current.get() {
+        if i == self.current.get() {
             return Ok(());
         }
-        let set = self
-            .core
-            .rt
-            .api()
-            .rknn_matmul_set_dynamic_shape
-            .ok_or_else(|| Error::Invalid("not a dynamic-shape context".into()))?;
+        // Bounded by i32::MAX when the context was built.
         let mut s = sys::rknn_matmul_shape {
             M: m as i32,
-            K: k as i32,
-            N: n as i32,
+            K: self.k as i32,
+            N: self.n as i32,
         };
-        // SAFETY: a live context and a valid shape pointer.
-        let rc = unsafe { set(self.core.ctx, &mut s) };
-        self.core.rt.check("rknn_matmul_set_dynamic_shape", rc)?;
-        self.core.current.set(i);
-        for b in &self.core.bound {
-            b.set(None);
+        self.handle
+            .call(|api, ctx| result::matmul_set_dynamic_shape(api, ctx, &mut s))?;
+        self.current.set(i);
+        self.bound[Matrix::A.index()].set(None);
+        self.bound[Matrix::C.index()].set(None);
+        Ok(())
+    }
+
+    /// Binds `mem` as `matrix` unless the same, unchanged memory is bound already; syncs inputs
+    /// to the device first.
+    fn bind<T: Element>(&self, matrix: Matrix, mem: &TensorMem<T>) -> Result<()> {
+        if !mem.belongs_to(&self.handle) {
+            return Err(Error::ForeignMemory { matrix });
         }
+        if mem.matrix() != matrix {
+            return Err(Error::WrongMatrix {
+                allocated_for: mem.matrix(),
+                passed_as: matrix,
+            });
+        }
+        let mut attr = *self.attr(matrix);
+        if mem.bytes() < u64::from(attr.size) {
+            return Err(Error::MemoryTooSmall {
+                matrix,
+                bytes: mem.bytes(),
+                needed: attr.size.into(),
+            });
+        }
+        let stamp = mem.stamp();
+        let slot = &self.bound[matrix.index()];
+        if slot.get() == Some(stamp) {
+            return Ok(());
+        }
+        if matrix != Matrix::C {
+            mem.sync(sys::RKNN_MEMORY_SYNC_TO_DEVICE)?;
+        }
+        let raw = mem.raw();
+        self.handle.call(|api, ctx| {
+            // SAFETY: a live memory of this context (checked above), at least as large as the
+            // tensor (checked above); it stays alive while bound because `run` borrows it for the
+            // call and every later run binds again unless this exact memory is passed again.
+            unsafe { result::matmul_set_io_mem(api, ctx, raw, &mut attr) }
+        })?;
+        slot.set(Some(stamp));
         Ok(())
     }
 
@@ -617,23 +701,26 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
     /// and bound again first; C is synced back before this returns.
     pub fn run(
         &self,
-        a: &TensorMem<'_, K::A>,
-        b: &TensorMem<'_, K::B>,
-        c: &mut TensorMem<'_, K::C>,
+        a: &TensorMem<K::A>,
+        b: &TensorMem<K::B>,
+        c: &mut TensorMem<K::C>,
     ) -> Result<()> {
-        self.core.bind(0, a)?;
-        self.core.bind(1, b)?;
-        self.core.bind(2, c)?;
-        // SAFETY: a live context with A, B and C bound to live memories (they borrow it).
-        let rc = unsafe { (self.core.rt.api().rknn_matmul_run)(self.core.ctx) };
-        self.core.rt.check("rknn_matmul_run", rc)?;
+        self.bind(Matrix::A, a)?;
+        self.bind(Matrix::B, b)?;
+        self.bind(Matrix::C, c)?;
+        self.handle.call(|api, ctx| {
+            // SAFETY: A, B and C are bound to live memories of this context, borrowed for the call.
+            unsafe { result::matmul_run(api, ctx) }
+        })?;
         c.sync(sys::RKNN_MEMORY_SYNC_FROM_DEVICE)
     }
 
     /// Converts B from normal [K, N] into the native layout in `dst`, with the chip's K
     /// segmentation (`rknn_B_normal_layout_to_native_layout`). For int4 B, `src` holds one value
-    /// per element (-8..=7). Source and destination cannot alias: `dst` is borrowed mutably, so
-    /// the in-place conversion that corrupts B on the hardware cannot be written:
+    /// per element (-8..=7); the runtime is given them packed two per byte or one per byte, as
+    /// [`Runtime::int4_converter_input`] says (\[open\]). Source and destination cannot alias:
+    /// `dst` is borrowed mutably, so the in-place conversion that corrupts B on the hardware
+    /// cannot be written:
     ///
     /// ```compile_fail,E0502
     /// # use rknn_matmul::{Runtime, Platform, I8xI8ToI32, Layout};
@@ -642,67 +729,88 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
     /// let mut b = mm.alloc_b().unwrap();
     /// mm.b_to_native(b.as_slice(), &mut b).unwrap(); // error: `b` is borrowed twice
     /// ```
-    pub fn b_to_native<S: Element>(&self, src: &[S], dst: &mut TensorMem<'_, K::B>) -> Result<()> {
-        let (_, k, n) = self.shape();
-        let expect_kind = if K::B::KIND == rknn_chip::ElemKind::I4 {
-            rknn_chip::ElemKind::I8
-        } else {
-            K::B::KIND
-        };
-        if S::KIND != expect_kind {
-            return Err(Error::Invalid(format!(
-                "B source must be {expect_kind} for {}",
-                K::TYPE.c_name()
-            )));
+    pub fn b_to_native<S: Element>(&self, src: &[S], dst: &mut TensorMem<K::B>) -> Result<()> {
+        let (m, k, n) = self.shape();
+        let int4 = K::B::KIND == ElemKind::I4;
+        let expected = if int4 { ElemKind::I8 } else { K::B::KIND };
+        if S::KIND != expected {
+            return Err(Error::ElementKind {
+                what: "B source",
+                expected,
+                got: S::KIND,
+                matmul_type: K::TYPE.c_name(),
+            });
         }
+        if self.b_layout != Layout::Native {
+            return Err(Error::NeedsNativeB {
+                operation: "b_to_native",
+                layout: self.b_layout,
+            });
+        }
+        // K × N was bounded when the context was built.
         if src.len() != k * n {
-            return Err(Error::Size {
-                what: "B (normal layout)",
+            return Err(Error::Length {
+                what: "B source (K × N, normal layout)",
                 expected: k * n,
                 got: src.len(),
             });
         }
-        if self.core.b_layout != Layout::Native {
-            return Err(Error::Invalid(
-                "b_to_native needs a context with B in the native layout".into(),
-            ));
+        if !dst.belongs_to(&self.handle) {
+            return Err(Error::ForeignMemory { matrix: Matrix::B });
         }
-        let conv = self
-            .core
-            .rt
-            .api()
-            .rknn_B_normal_layout_to_native_layout
-            .ok_or_else(|| Error::Invalid("this runtime has no B layout converter".into()))?;
-        let needed = self.core.io().B.size as usize;
-        if dst.len() * std::mem::size_of::<K::B>() < needed {
-            return Err(Error::Size {
-                what: "B memory bytes",
-                expected: needed,
-                got: dst.len() * std::mem::size_of::<K::B>(),
+        let needed = u64::from(self.io_attr().B.size);
+        if dst.bytes() < needed {
+            return Err(Error::MemoryTooSmall {
+                matrix: Matrix::B,
+                bytes: dst.bytes(),
+                needed,
             });
         }
+        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes_vec()).collect();
+        let input: Vec<u8> = if int4 {
+            if let Some((index, &b)) = bytes
+                .iter()
+                .enumerate()
+                .find(|(_, b)| !(-8..=7).contains(&(**b as i8)))
+            {
+                return Err(Error::OutOfRange {
+                    what: "int4 B source",
+                    index,
+                    value: i64::from(b as i8),
+                    range: "-8..=7",
+                });
+            }
+            match self.runtime().int4_converter_input() {
+                Int4ConverterInput::OnePerByte => bytes,
+                Int4ConverterInput::Packed => {
+                    let values: Vec<i8> = bytes.iter().map(|&b| b as i8).collect();
+                    let mut out = vec![0u8; values.len().div_ceil(2)];
+                    rknn_chip::layout::pack_i4(&values, &mut out);
+                    out
+                }
+            }
+        } else {
+            bytes
+        };
         let mut info = sys::rknn_matmul_info {
-            M: self.shape().0 as i32,
+            M: m as i32,
             K: k as i32,
             N: n as i32,
             type_: K::TYPE.raw(),
-            B_layout: 1,
+            B_layout: Layout::Native.raw() as i16,
             ..Default::default()
         };
-        let out = dst.as_mut_slice();
-        // SAFETY: `src` holds K*N elements and `out` the native size (checked); they cannot alias
-        // (shared vs unique borrow); the converter only reads and writes within those sizes.
-        let rc = unsafe {
-            conv(
-                src.as_ptr() as *mut _,
-                out.as_mut_ptr().cast(),
-                k as i32,
-                n as i32,
-                &mut info,
-            )
-        };
-        self.core
-            .rt
-            .check("rknn_B_normal_layout_to_native_layout", rc)
+        let mut out = vec![0u8; dst.as_slice().len() * std::mem::size_of::<K::B>()];
+        self.runtime().call(|api| {
+            result::b_normal_to_native(api, &input, &mut out, k as i32, n as i32, &mut info)
+        })?;
+        for (d, bytes) in dst
+            .as_mut_slice()
+            .iter_mut()
+            .zip(out.chunks_exact(std::mem::size_of::<K::B>()))
+        {
+            *d = K::B::from_le_bytes_slice(bytes);
+        }
+        Ok(())
     }
 }

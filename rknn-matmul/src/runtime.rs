@@ -1,23 +1,31 @@
 //! The runtime: which backend runs the matmuls (the real NPU through `librknnrt.so`, or the
-//! emulator), the chip, versions, and the guards held for the runtime's life.
+//! emulator), the chip, versions, the guards held for the runtime's life, and the errors that
+//! `Drop` implementations could not return.
+//!
+//! A [`Runtime`] is a cheap handle (an `Arc` inside): every context holds one, so the backend
+//! lives as long as anything made from it, and drop order is right by construction.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use rknn_chip::Platform;
-use rknn_emu::{EmuConfig, Emulator};
+use rknn_chip::{Int4ConverterInput, Platform, ShapeRules};
 use rknn_sys::{self as sys, RknnApi};
 
-use crate::error::{Error, Result, RknnCode, Versions};
+use crate::error::{Error, Result, Versions};
 use crate::guard::{self, FdLimit, HandleBudget, NpuLock};
+use crate::matmul::ContextHandle;
+use crate::result;
 
 /// Which backend to open.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// The NPU if one is usable, else the emulator (saying why).
     Auto,
-    /// The real NPU through `librknnrt.so`.
+    /// The real NPU through `librknnrt.so` (or a library standing in for it: see
+    /// [`RuntimeOptions::runtime_path`]).
     Npu,
-    /// The emulator, playing this chip.
+    /// The emulator, playing this chip (needs the `emulator` feature, on by default).
     Emulator(Platform),
 }
 
@@ -56,11 +64,24 @@ pub struct RuntimeOptions {
     /// The memory-handle budget; `None` sizes it from the file-descriptor limit (and, on the
     /// emulator, the emulator's own handle budget).
     pub handle_budget: Option<usize>,
-    /// The emulator's configuration (its `platform` is overridden by [`Backend::Emulator`]).
-    pub emulator: EmuConfig,
+    /// Validate shapes with the user guide's stricter limits (K <= 10240, N <= 4096, f16 N
+    /// aligned to 32 on RK3588/RK3576) instead of what the runtime demonstrably accepts. Whether
+    /// a runtime enforces them is \[open\].
+    pub strict_shape_rules: bool,
+    /// What `rknn_B_normal_layout_to_native_layout` expects for int4 B (\[open\]: Rockchip's
+    /// 2.x demos pack two values per byte, a third-party backend passes one per byte). `None`
+    /// (the default) reads `$RKNN_INT4_B_CONVERTER_INPUT` when the runtime opens (packed when
+    /// unset; an unknown value is an error). On the emulator this also configures the emulator,
+    /// so the two always agree.
+    pub int4_converter_input: Option<Int4ConverterInput>,
+    /// The emulator's configuration (its `platform` is overridden by [`Backend::Emulator`], and
+    /// its int4 converter input by [`RuntimeOptions::int4_converter_input`]).
+    #[cfg(feature = "emulator")]
+    pub emulator: rknn_emu::EmuConfig,
     /// The runtime library to load instead of `$RKNN_RUNTIME_PATH` / `librknnrt.so`.
     pub runtime_path: Option<PathBuf>,
-    /// The chip to assume on the NPU instead of reading the device tree.
+    /// The chip to assume on the NPU instead of reading the device tree (also skips the check
+    /// for an NPU device node: how the NPU code path runs on the emulator's drop-in library).
     pub npu_platform: Option<Platform>,
 }
 
@@ -76,40 +97,110 @@ impl Default for RuntimeOptions {
                 GuardPolicy::Always
             },
             handle_budget: None,
-            emulator: EmuConfig::default(),
+            strict_shape_rules: false,
+            int4_converter_input: None,
+            #[cfg(feature = "emulator")]
+            emulator: rknn_emu::EmuConfig::default(),
             runtime_path: None,
             npu_platform: None,
         }
     }
 }
 
-enum Inner {
-    Npu(RknnApi),
-    Emulator(Emulator),
+/// What fills the function table.
+enum Loaded {
+    Library(RknnApi),
+    #[cfg(feature = "emulator")]
+    Emulator(rknn_emu::Emulator),
 }
 
-/// An open runtime. Contexts are created from it and cannot outlive it; it is `Sync`, so one
-/// runtime can serve contexts on several threads (one context per thread).
-pub struct Runtime {
-    inner: Inner,
+impl Loaded {
+    fn api(&self) -> &RknnApi {
+        match self {
+            Loaded::Library(api) => api,
+            #[cfg(feature = "emulator")]
+            Loaded::Emulator(emu) => emu.api(),
+        }
+    }
+}
+
+/// Errors that `Drop` could not return, kept until the next call on the runtime reports them.
+#[derive(Default)]
+struct ReleaseErrors {
+    any: AtomicBool,
+    errors: Mutex<Vec<Error>>,
+}
+
+impl ReleaseErrors {
+    fn record(&self, e: Error) {
+        self.errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(e);
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn take(&self) -> Vec<Error> {
+        if !self.any.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut errors = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+        self.any.store(false, Ordering::Release);
+        std::mem::take(&mut *errors)
+    }
+}
+
+struct Shared {
+    // Dropped last among the fields that matter: nothing made from the runtime outlives it
+    // (they all hold the `Arc`), and the lock is released after the backend is gone.
+    loaded: Loaded,
     platform: Platform,
+    rules: ShapeRules,
+    int4_input: Int4ConverterInput,
     versions: Option<Versions>,
     reason: String,
     fd_limit: Option<FdLimit>,
-    pub(crate) budget: HandleBudget,
-    lock: Option<NpuLock>,
+    budget: HandleBudget,
+    released: ReleaseErrors,
     mallopt_applied: bool,
+    lock: Option<NpuLock>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last chance to report a failed release: nothing is left to return it from.
+        for e in self.released.take() {
+            eprintln!("rknn-matmul: {e}");
+        }
+    }
+}
+
+/// An open runtime: cheap to clone (clones share the backend), `Send` and `Sync`, so one
+/// runtime serves contexts on several threads (one context per thread at a time).
+#[derive(Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
             .field("backend", &self.backend_name())
-            .field("platform", &self.platform)
-            .field("versions", &self.versions)
-            .field("reason", &self.reason)
+            .field("platform", &self.shared.platform)
+            .field("versions", &self.shared.versions)
+            .field("reason", &self.shared.reason)
             .finish()
     }
+}
+
+/// The pieces a backend contributes before the runtime is assembled.
+struct Opened {
+    loaded: Loaded,
+    platform: Platform,
+    reason: String,
+    npu: bool,
+    /// The emulator's own handle limit, when it has one.
+    backend_budget: Option<usize>,
 }
 
 impl Runtime {
@@ -131,125 +222,96 @@ impl Runtime {
         Runtime::open(Backend::Npu, RuntimeOptions::default())
     }
 
-    /// The NPU if usable, else the emulator (RK3588, or `RKNN_EMU_PLATFORM`);
+    /// The NPU if usable, else the emulator (`RKNN_EMU_PLATFORM`, or the platform of
+    /// [`RuntimeOptions::emulator`], RK3588 by default);
     /// [`Runtime::selection_reason`] says which and why.
     pub fn auto() -> Result<Runtime> {
         Runtime::open(Backend::Auto, RuntimeOptions::default())
     }
 
     /// Opens a backend.
-    pub fn open(backend: Backend, opts: RuntimeOptions) -> Result<Runtime> {
-        match backend {
-            Backend::Npu => Runtime::open_npu(&opts),
+    pub fn open(backend: Backend, mut opts: RuntimeOptions) -> Result<Runtime> {
+        if opts.int4_converter_input.is_none() {
+            opts.int4_converter_input = Some(Int4ConverterInput::from_env()?);
+        }
+        let opened = match backend {
+            Backend::Npu => open_npu(&opts)?,
             Backend::Emulator(p) => {
-                Runtime::open_emulator(p, &opts, format!("emulator requested ({})", p.name()))
+                open_emulator(p, &opts, format!("emulator requested ({})", p.name()))?
             }
-            Backend::Auto => match Runtime::open_npu(&opts) {
-                Ok(rt) => Ok(rt),
-                Err(e @ Error::NpuBusy { .. }) => Err(e),
+            Backend::Auto => match open_npu(&opts) {
+                Ok(o) => o,
+                Err(e @ Error::NpuBusy { .. }) => return Err(e),
                 Err(e) => {
                     let p = std::env::var("RKNN_EMU_PLATFORM")
                         .ok()
                         .and_then(|v| v.parse().ok())
-                        .unwrap_or(Platform::Rk3588);
-                    Runtime::open_emulator(
-                        p,
-                        &opts,
-                        format!("{e}; using the emulator ({})", p.name()),
-                    )
+                        .unwrap_or_else(|| fallback_platform(&opts));
+                    open_emulator(p, &opts, format!("{e}; using the emulator ({})", p.name()))?
                 }
             },
-        }
+        };
+        Runtime::assemble(opened, &opts)
     }
 
-    fn open_emulator(platform: Platform, opts: &RuntimeOptions, reason: String) -> Result<Runtime> {
-        let cfg = EmuConfig {
-            platform,
-            ..opts.emulator.clone()
-        };
-        let emu_budget = cfg.handle_budget;
-        let emu = Emulator::new(cfg)?;
-        let mut rt = Runtime::finish(Inner::Emulator(emu), platform, reason, opts, false)?;
-        if opts.handle_budget.is_none() {
-            rt.budget = HandleBudget::new(rt.budget.budget().min(emu_budget));
-        }
-        rt.versions = rt.query_versions().ok();
-        Ok(rt)
-    }
-
-    fn open_npu(opts: &RuntimeOptions) -> Result<Runtime> {
-        let platform = match opts.npu_platform {
-            Some(p) => p,
-            None => detect_platform(Path::new("/")).map_err(Error::NoNpu)?,
-        };
-        if !platform_has_npu_device(Path::new("/")) && opts.npu_platform.is_none() {
-            return Err(Error::NoNpu(format!(
-                "{platform} detected but no NPU device node (/dev/dri/renderD* or /dev/rknpu)"
-            )));
-        }
-        // SAFETY: the file is Rockchip's runtime (or a drop-in for it), by the caller's choice of
-        // RKNN_RUNTIME_PATH / runtime_path; loading it is the documented way to use the NPU.
-        let api = unsafe {
-            match &opts.runtime_path {
-                Some(p) => RknnApi::load_from(p)?,
-                None => RknnApi::load()?,
-            }
-        };
-        let reason = format!("NPU found ({platform}); runtime {}", api.origin());
-        let mut rt = Runtime::finish(Inner::Npu(api), platform, reason, opts, true)?;
-        // Whether the runtime answers RKNN_QUERY_SDK_VERSION on a matmul context is [open]: a
-        // refusal leaves the versions unreported instead of failing the open. A failure to
-        // create the throw-away context, though, means the NPU is not usable.
-        rt.versions = match rt.query_versions() {
-            Ok(v) => Some(v),
-            Err(Error::Rknn {
-                call: "rknn_query(RKNN_QUERY_SDK_VERSION)",
-                ..
-            }) => None,
-            Err(e) => return Err(e),
-        };
-        Ok(rt)
-    }
-
-    fn finish(
-        inner: Inner,
-        platform: Platform,
-        reason: String,
-        opts: &RuntimeOptions,
-        npu: bool,
-    ) -> Result<Runtime> {
-        let lock = if opts.lock.applies(npu) {
+    fn assemble(o: Opened, opts: &RuntimeOptions) -> Result<Runtime> {
+        let lock = if opts.lock.applies(o.npu) {
             Some(NpuLock::acquire(&opts.lock_path)?)
         } else {
             None
         };
-        let fd_limit = if opts.raise_fd_limit.applies(npu) {
+        let fd_limit = if opts.raise_fd_limit.applies(o.npu) {
             Some(guard::raise_fd_limit()?)
         } else {
             None
         };
-        let budget = match (opts.handle_budget, fd_limit) {
-            (Some(b), _) => HandleBudget::new(b),
-            (None, Some(l)) => HandleBudget::for_fd_limit(l.soft),
-            (None, None) => HandleBudget::new(1020),
+        let mut budget = match (opts.handle_budget, fd_limit) {
+            (Some(b), _) => b,
+            (None, Some(l)) => HandleBudget::for_fd_limit(l.soft).budget(),
+            (None, None) => 1020,
         };
-        let mallopt_applied = opts.mallopt.applies(npu) && guard::disable_malloc_mmap();
-        Ok(Runtime {
-            inner,
-            platform,
-            versions: None,
-            reason,
-            fd_limit,
-            budget,
-            lock,
-            mallopt_applied,
-        })
+        if opts.handle_budget.is_none() {
+            if let Some(b) = o.backend_budget {
+                budget = budget.min(b);
+            }
+        }
+        let mallopt_applied = opts.mallopt.applies(o.npu) && guard::disable_malloc_mmap();
+        let rules = if opts.strict_shape_rules {
+            ShapeRules::strict(o.platform)
+        } else {
+            ShapeRules::accepted(o.platform)
+        };
+        let mut rt = Runtime {
+            shared: Arc::new(Shared {
+                loaded: o.loaded,
+                platform: o.platform,
+                rules,
+                int4_input: opts.int4_converter_input.unwrap_or_default(),
+                versions: None,
+                reason: o.reason,
+                fd_limit,
+                budget: HandleBudget::new(budget),
+                released: ReleaseErrors::default(),
+                mallopt_applied,
+                lock,
+            }),
+        };
+        // Whether the runtime answers RKNN_QUERY_SDK_VERSION on a matmul context is [open]: a
+        // refusal leaves the versions unreported instead of failing the open. A failure to
+        // create the throw-away context, though, means the backend is not usable.
+        let versions = match rt.query_versions() {
+            Ok(v) => Some(v),
+            Err(e) if e.call() == Some(crate::Call::QuerySdkVersion) => None,
+            Err(e) => return Err(e),
+        };
+        Arc::get_mut(&mut rt.shared)
+            .expect("the runtime is not shared before open returns")
+            .versions = versions;
+        Ok(rt)
     }
 
-    /// Asks the runtime for its versions (`RKNN_QUERY_SDK_VERSION` on a throw-away matmul
-    /// context; whether the real runtime answers this on a matmul context is \[open\]).
+    /// Asks the runtime for its versions on a throw-away matmul context.
     fn query_versions(&self) -> Result<Versions> {
-        let api = self.api();
         let mut info = sys::rknn_matmul_info {
             M: 1,
             K: 32,
@@ -257,86 +319,75 @@ impl Runtime {
             type_: sys::RKNN_INT8_MM_INT8_TO_INT32,
             ..Default::default()
         };
-        let mut io = sys::rknn_matmul_io_attr::default();
-        let mut ctx: sys::rknn_matmul_ctx = 0;
-        // SAFETY: valid pointers for the call.
-        self.check("rknn_matmul_create", unsafe {
-            (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io)
-        })?;
-        let mut v = sys::rknn_sdk_version::default();
-        let size = std::mem::size_of::<sys::rknn_sdk_version>() as u32;
-        // SAFETY: `v` is a valid rknn_sdk_version of `size` bytes.
-        let rc = unsafe {
-            (api.rknn_query)(
-                ctx,
-                sys::RKNN_QUERY_SDK_VERSION,
-                (&mut v as *mut sys::rknn_sdk_version).cast(),
-                size,
-            )
-        };
-        // SAFETY: the context was created above and owns no memories.
-        unsafe { (api.rknn_matmul_destroy)(ctx) };
-        self.check("rknn_query(RKNN_QUERY_SDK_VERSION)", rc)?;
-        let text = |s: &[std::ffi::c_char]| {
-            let b: Vec<u8> = s
-                .iter()
-                .take_while(|&&c| c != 0)
-                .map(|&c| c.to_ne_bytes()[0])
-                .collect();
-            String::from_utf8_lossy(&b).into_owned()
-        };
-        Ok(Versions {
-            runtime: text(&v.api_version),
-            driver: text(&v.drv_version),
-        })
+        let (ctx, _) = ContextHandle::create(self, &mut info)?;
+        ctx.call(result::query_sdk_version)
     }
 
-    /// The function table of the backend.
-    pub fn api(&self) -> &RknnApi {
-        match &self.inner {
-            Inner::Npu(api) => api,
-            Inner::Emulator(emu) => emu.api(),
+    /// Runs a result-layer call: first reports a release that failed earlier (a `Drop` could
+    /// not return it), then makes the call and attaches the versions to errors for which a
+    /// runtime/driver mismatch is the usual cause. Every FFI call of the safe layer goes
+    /// through here.
+    pub(crate) fn call<T>(&self, f: impl FnOnce(&RknnApi) -> Result<T>) -> Result<T> {
+        if let Some(e) = self.shared.released.take().into_iter().next() {
+            return Err(Error::ReleaseFailed(Box::new(e)));
         }
-    }
-
-    /// Maps a return code to a result, with the runtime's reason and, where version skew is
-    /// the usual cause, the versions.
-    pub fn check(&self, call: &'static str, rc: i32) -> Result<()> {
-        if rc >= 0 {
-            return Ok(());
-        }
-        let code = RknnCode::from_raw(rc);
-        Err(Error::Rknn {
-            call,
-            code,
-            detail: self.last_error(),
-            versions: if code.suggests_version_skew() {
-                self.versions.clone()
-            } else {
-                None
+        f(self.api()).map_err(|e| match e {
+            Error::Rknn {
+                call,
+                code,
+                detail,
+                versions: None,
+            } if code.suggests_version_skew() => Error::Rknn {
+                call,
+                code,
+                detail,
+                versions: self.shared.versions.clone(),
             },
+            e => e,
         })
     }
 
-    /// The backend's reason for the last failed call on this thread (the emulator keeps one;
-    /// the real runtime logs its reasons instead).
-    pub(crate) fn last_error(&self) -> Option<String> {
-        match self.inner {
-            Inner::Emulator(_) => Some(rknn_emu::last_error()),
-            Inner::Npu(_) => None,
+    /// Records the outcome of a release made in `Drop`, so that a failure is reported by the
+    /// next call on this runtime instead of being lost.
+    pub(crate) fn released(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.shared.released.record(e);
         }
     }
 
-    /// Whether this is the emulator.
-    pub fn is_emulator(&self) -> bool {
-        matches!(self.inner, Inner::Emulator(_))
+    /// Takes the errors of releases (context or memory destroys in `Drop`) that failed since
+    /// the last call reported them. The next fallible call would otherwise report the first.
+    pub fn take_release_errors(&self) -> Vec<Error> {
+        self.shared.released.take()
     }
 
-    /// The emulator, when this runtime is one (for its statistics and configuration).
-    pub fn emulator_instance(&self) -> Option<&Emulator> {
-        match &self.inner {
-            Inner::Emulator(e) => Some(e),
-            Inner::Npu(_) => None,
+    /// The function table of the backend, for calls the safe layer does not wrap (see
+    /// [`crate::Matmul::as_raw`]).
+    pub fn api(&self) -> &RknnApi {
+        self.shared.loaded.api()
+    }
+
+    /// Whether this is the built-in emulator.
+    pub fn is_emulator(&self) -> bool {
+        match &self.shared.loaded {
+            Loaded::Library(_) => false,
+            #[cfg(feature = "emulator")]
+            Loaded::Emulator(_) => true,
+        }
+    }
+
+    /// Whether the matmuls run on real NPU hardware: a loaded library that is not the
+    /// emulator's drop-in (which identifies itself by its `rknn_emu_last_error` extension).
+    pub fn is_hardware(&self) -> bool {
+        !self.is_emulator() && self.api().rknn_emu_last_error.is_none()
+    }
+
+    /// The emulator, when this runtime is one (for its statistics).
+    #[cfg(feature = "emulator")]
+    pub fn emulator_instance(&self) -> Option<&rknn_emu::Emulator> {
+        match &self.shared.loaded {
+            Loaded::Emulator(e) => Some(e),
+            Loaded::Library(_) => None,
         }
     }
 
@@ -351,43 +402,117 @@ impl Runtime {
 
     /// Why this backend was chosen.
     pub fn selection_reason(&self) -> &str {
-        &self.reason
+        &self.shared.reason
     }
 
     /// The chip.
     pub fn platform(&self) -> Platform {
-        self.platform
+        self.shared.platform
+    }
+
+    /// The shape rules requests are validated against (see
+    /// [`RuntimeOptions::strict_shape_rules`]).
+    pub fn shape_rules(&self) -> ShapeRules {
+        self.shared.rules
+    }
+
+    /// What the B converter expects for int4 (see [`RuntimeOptions::int4_converter_input`]).
+    pub fn int4_converter_input(&self) -> Int4ConverterInput {
+        self.shared.int4_input
     }
 
     /// NPU cores of the chip.
     pub fn npu_cores(&self) -> usize {
-        self.platform.npu_cores()
+        self.shared.platform.npu_cores()
     }
 
     /// Runtime and driver versions, when the runtime reports them.
     pub fn versions(&self) -> Option<&Versions> {
-        self.versions.as_ref()
+        self.shared.versions.as_ref()
     }
 
     /// The file-descriptor limit after raising it (when the guard ran).
     pub fn fd_limit(&self) -> Option<FdLimit> {
-        self.fd_limit
+        self.shared.fd_limit
     }
 
     /// The memory-handle budget.
     pub fn handle_budget(&self) -> &HandleBudget {
-        &self.budget
+        &self.shared.budget
     }
 
     /// The NPU lock, when held.
     pub fn npu_lock(&self) -> Option<&NpuLock> {
-        self.lock.as_ref()
+        self.shared.lock.as_ref()
     }
 
     /// Whether the `mallopt(M_MMAP_MAX, 0)` workaround was applied.
     pub fn mallopt_applied(&self) -> bool {
-        self.mallopt_applied
+        self.shared.mallopt_applied
     }
+}
+
+/// The chip `auto` falls back to when `RKNN_EMU_PLATFORM` is unset.
+fn fallback_platform(_opts: &RuntimeOptions) -> Platform {
+    #[cfg(feature = "emulator")]
+    return _opts.emulator.platform;
+    #[cfg(not(feature = "emulator"))]
+    Platform::Rk3588
+}
+
+#[cfg(feature = "emulator")]
+fn open_emulator(platform: Platform, opts: &RuntimeOptions, reason: String) -> Result<Opened> {
+    let cfg = rknn_emu::EmuConfig {
+        platform,
+        int4_converter_input: opts.int4_converter_input.unwrap_or_default(),
+        ..opts.emulator.clone()
+    };
+    let backend_budget = Some(cfg.handle_budget);
+    Ok(Opened {
+        loaded: Loaded::Emulator(rknn_emu::Emulator::new(cfg)?),
+        platform,
+        reason,
+        npu: false,
+        backend_budget,
+    })
+}
+
+#[cfg(not(feature = "emulator"))]
+fn open_emulator(platform: Platform, _opts: &RuntimeOptions, reason: String) -> Result<Opened> {
+    Err(Error::EmulatorNotCompiled(format!(
+        "{reason} (asked to play {platform})"
+    )))
+}
+
+fn open_npu(opts: &RuntimeOptions) -> Result<Opened> {
+    let platform = match opts.npu_platform {
+        Some(p) => p,
+        None => {
+            let p = detect_platform(Path::new("/")).map_err(Error::NoNpu)?;
+            if !platform_has_npu_device(Path::new("/")) {
+                return Err(Error::NoNpu(format!(
+                    "{p} detected but no NPU device node (/dev/dri/renderD* or /dev/rknpu)"
+                )));
+            }
+            p
+        }
+    };
+    // SAFETY: the file is Rockchip's runtime (or a drop-in for it), by the caller's choice of
+    // RKNN_RUNTIME_PATH / runtime_path; loading it is the documented way to use the NPU.
+    let api = unsafe {
+        match &opts.runtime_path {
+            Some(p) => RknnApi::load_from(p)?,
+            None => RknnApi::load()?,
+        }
+    };
+    let reason = format!("NPU found ({platform}); runtime {}", api.origin());
+    Ok(Opened {
+        loaded: Loaded::Library(api),
+        platform,
+        reason,
+        npu: true,
+        backend_budget: None,
+    })
 }
 
 /// Reads the chip from `<root>/proc/device-tree/compatible` (NUL-separated strings such as
@@ -429,4 +554,30 @@ fn platform_has_npu_device(root: &Path) -> bool {
                     .any(|e| e.file_name().to_string_lossy().starts_with("renderD"))
             })
             .unwrap_or(false)
+}
+
+#[cfg(all(test, feature = "emulator"))]
+mod tests {
+    use super::*;
+    use crate::Call;
+
+    #[test]
+    fn versions_are_attached_where_skew_is_the_likely_cause() {
+        let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+        let skew = rt
+            .call(|api| result::check(api, Call::MatmulRun, sys::RKNN_ERR_DEVICE_UNMATCH))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            skew.starts_with("rknn_matmul_run failed with RKNN_ERR_DEVICE_UNMATCH (-10)")
+                && skew.contains("runtime 2.3.2")
+                && skew.contains("version mismatch"),
+            "{skew}"
+        );
+        let plain = rt
+            .call(|api| result::check(api, Call::MatmulRun, sys::RKNN_ERR_PARAM_INVALID))
+            .unwrap_err()
+            .to_string();
+        assert!(!plain.contains("version"), "{plain}");
+    }
 }

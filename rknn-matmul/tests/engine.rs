@@ -1,20 +1,21 @@
-//! The GEMM engine on the emulator against naive references: W8A8 exactly equal to a
-//! reference that quantises the same way, F16 within tolerance, identical whatever the number
-//! of cores, for any M, K (above the 8192 segment too) and N.
+//! The GEMM engine against naive references: W8A8 exactly equal to a reference that
+//! quantises the same way, F16 within tolerance, identical whatever the number of cores, for
+//! any M, K (above the 8192 segment too) and N; safe for many threads at once. One body per
+//! test, on whichever backend `common::runtime()` selects.
 
-use std::sync::Arc;
+mod common;
 
-use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
-use rknn_matmul::{Platform, Runtime};
+use rknn_matmul::Error;
+use rknn_matmul::engine::{Engine, EngineConfig, MAX_EXACT_K_W8A8, WeightFormat};
 
 fn engine(cores: usize) -> Engine {
-    let rt = Arc::new(Runtime::emulator(Platform::Rk3588).unwrap());
+    let rt = common::runtime();
     let cfg = EngineConfig {
-        cores: Some(cores),
+        cores: Some(cores.min(rt.npu_cores())),
         pinning: rknn_matmul::engine::topology::Pinning::None,
         ..EngineConfig::default()
     };
-    Engine::new(rt, cfg).unwrap()
+    Engine::new(&rt, cfg).unwrap()
 }
 
 /// Symmetric per-row quantisation, written from the engine's documented formula:
@@ -160,69 +161,123 @@ fn m_buckets_are_multiples_of_128_not_powers_of_two() {
 #[test]
 fn stats_count_every_phase_and_weights_are_freed_on_drop() {
     let e = engine(3);
-    let emu = e.runtime().emulator_instance().unwrap();
-    let before = emu.stats().memories;
+    let cores = e.workers();
+    let budget = e.runtime().handle_budget();
+    let before = budget.live();
     let mut rng = fastrand::Rng::with_seed(3);
     let (k, n) = (8192 + 64, 96);
     let lin = e
         .linear(&random(&mut rng, n * k), n, k, WeightFormat::W8A8)
         .unwrap();
-    // 3 shards × 2 K segments × (A, B, C).
-    assert_eq!(emu.stats().memories - before, 18);
+    let segments = if e.runtime().platform().k_segment() == Some(8192) {
+        2
+    } else {
+        3
+    };
+    // shards × K segments × (A, B, C).
+    assert_eq!(budget.live() - before, cores * segments * 3);
     e.reset_stats();
     lin.forward_vec(&random(&mut rng, k), 1).unwrap();
     let s = e.stats();
     assert_eq!(
         (s.forwards, s.quantize.count, s.run.count, s.pack.count),
-        (1, 1, 6, 6)
+        (1, 1, (cores * segments) as u64, (cores * segments) as u64)
     );
-    assert!(s.collect.count >= 6);
+    assert!(s.collect.count >= (cores * segments) as u64);
     drop(lin);
-    assert_eq!(emu.stats().memories, before);
+    assert_eq!(budget.live(), before);
 }
 
 #[test]
-fn bad_sizes_are_errors() {
+fn bad_sizes_and_configs_are_typed_errors() {
     let e = engine(1);
-    assert!(e.linear(&[1.0; 10], 3, 4, WeightFormat::W8A8).is_err());
+    let err = e.linear(&[1.0; 10], 3, 4, WeightFormat::W8A8).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                expected: 12,
+                got: 10,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "weights (n × k) holds 10 elements where 12 are needed"
+    );
+    let err = e.linear(&[], 0, 4, WeightFormat::W8A8).unwrap_err();
+    assert_eq!(err.to_string(), "N=0 must be at least 1");
     let lin = e.linear(&[1.0; 12], 3, 4, WeightFormat::W8A8).unwrap();
-    assert!(lin.forward_vec(&[1.0; 5], 1).is_err());
+    assert!(matches!(
+        lin.forward_vec(&[1.0; 5], 1),
+        Err(Error::Length { .. })
+    ));
     let mut out = vec![0.0; 2];
-    assert!(lin.forward(&[1.0; 4], 1, &mut out).is_err());
-    assert!(
-        Engine::new(
-            Arc::new(Runtime::emulator(Platform::Rk3588).unwrap()),
+    assert!(matches!(
+        lin.forward(&[1.0; 4], 1, &mut out),
+        Err(Error::Length { .. })
+    ));
+    // m × K overflowing usize is an error, not a wrapped length that happens to match.
+    let err = lin
+        .forward(&[1.0; 4], usize::MAX / 2 + 1, &mut out)
+        .unwrap_err();
+    assert!(matches!(err, Error::SizeOverflow { .. }), "{err}");
+    // The exactness bound of the i32 K sum (W = x = 1 at K = 140 000 used to wrap negative).
+    let k = MAX_EXACT_K_W8A8 + 1;
+    let err = e
+        .linear(&vec![1.0; k], 1, k, WeightFormat::W8A8)
+        .unwrap_err();
+    assert!(matches!(err, Error::KTooLargeForExactSum { .. }), "{err}");
+    let rt = common::runtime();
+    for max_m in [100, 0, 1 << 40] {
+        let err = Engine::new(
+            &rt,
             EngineConfig {
-                max_m: 100,
+                max_m,
                 ..EngineConfig::default()
-            }
+            },
         )
-        .is_err()
-    );
-    assert!(
-        Engine::new(
-            Arc::new(Runtime::emulator(Platform::Rk3566).unwrap()),
-            EngineConfig {
-                cores: Some(2),
-                ..EngineConfig::default()
-            }
-        )
-        .is_err()
-    );
-}
-
-#[test]
-fn prequantised_weights_and_single_core_chips() {
-    let rt = Arc::new(Runtime::emulator(Platform::Rk3566).unwrap());
-    let e = Engine::new(
-        rt,
+        .unwrap_err();
+        assert!(
+            matches!(err, Error::EngineConfig { field: "max_m", .. }),
+            "{err}"
+        );
+    }
+    let err = Engine::new(
+        &rt,
         EngineConfig {
-            pinning: rknn_matmul::engine::topology::Pinning::None,
+            cores: Some(rt.npu_cores() + 1),
             ..EngineConfig::default()
         },
     )
-    .unwrap();
-    assert_eq!(e.workers(), 1);
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::EngineConfig { field: "cores", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_largest_exact_k_is_exact() {
+    // All-ones weights and input quantise to 127 × 127 per term: the sum at the bound is the
+    // largest exact i32 the engine promises.
+    let e = engine(1);
+    let k = MAX_EXACT_K_W8A8;
+    let lin = e.linear(&vec![1.0; k], 1, k, WeightFormat::W8A8).unwrap();
+    let y = lin.forward_vec(&vec![1.0; k], 1).unwrap();
+    let want = ((127 * 127 * k) as f64) * (1.0 / 127.0) * (1.0 / 127.0);
+    assert!(
+        (f64::from(y[0]) - want).abs() / want < 1e-6,
+        "{} vs {want}",
+        y[0]
+    );
+}
+
+#[test]
+fn prequantised_weights() {
+    let e = engine(3);
     let q: Vec<i8> = (0..5 * 40).map(|i| (i % 7) as i8 - 3).collect();
     let scales = [0.5f32, 1.0, 2.0, 0.25, 1.5];
     let lin = e.linear_quantized(&q, &scales, 5, 40).unwrap();
@@ -233,4 +288,65 @@ fn prequantised_weights_and_single_core_chips() {
         let acc: i32 = (0..40).map(|c| xq[c] * i32::from(q[j * 40 + c])).sum();
         assert_eq!(got[j], (acc as f32 * xs) * scales[j]);
     }
+    let mut bad = q.clone();
+    bad[3] = i8::MIN;
+    assert!(matches!(
+        e.linear_quantized(&bad, &scales, 5, 40),
+        Err(Error::OutOfRange { index: 3, .. })
+    ));
+    assert!(matches!(
+        e.linear_quantized(&q, &scales[..4], 5, 40),
+        Err(Error::Length {
+            expected: 5,
+            got: 4,
+            ..
+        })
+    ));
+}
+
+/// Several threads forward through, register on and drop linears of one engine at once; every
+/// result is checked. A lost or misrouted task would leave an output unwritten (checked by
+/// pre-filling it with NaN) or wrong.
+#[test]
+fn many_threads_share_one_engine() {
+    let e = engine(3);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let shared: Vec<(usize, usize, Vec<f32>)> = [(64, 96), (200, 40), (33, 300)]
+        .iter()
+        .map(|&(n, k)| (n, k, random(&mut rng, n * k)))
+        .collect();
+    let linears: Vec<_> = shared
+        .iter()
+        .map(|(n, k, w)| e.linear(w, *n, *k, WeightFormat::W8A8).unwrap())
+        .collect();
+    let rounds = if cfg!(miri) { 2 } else { 40 };
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (e, shared, linears) = (&e, &shared, &linears);
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(100 + t);
+                for i in 0..rounds {
+                    let which = rng.usize(..shared.len());
+                    let (n, k, w) = &shared[which];
+                    let m = [1, 2, 5, 130][rng.usize(..4)];
+                    let x = random(&mut rng, m * k);
+                    let want = reference_w8a8(&x, w, m, *k, *n);
+                    let mut out = vec![f32::NAN; m * n];
+                    if (i + t as usize) % 3 == 0 {
+                        // A linear of our own, registered and dropped while others forward.
+                        let own = e.linear(w, *n, *k, WeightFormat::W8A8).unwrap();
+                        own.forward(&x, m, &mut out).unwrap();
+                    } else {
+                        linears[which].forward(&x, m, &mut out).unwrap();
+                    }
+                    for (j, (g, r)) in out.iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), r.to_bits(), "thread {t} round {i} [{j}]");
+                    }
+                    if i % 7 == 0 {
+                        e.ping().unwrap();
+                    }
+                }
+            });
+        }
+    });
 }

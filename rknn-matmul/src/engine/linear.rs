@@ -4,8 +4,12 @@
 //! padded to the chip's alignment, split into N shards (one per NPU core) and K segments (the
 //! chip's segment size: one context with K above it ran 14x slower on RK3588), written in the
 //! native B layout and kept resident in NPU memory. `forward` quantises the activations once
-//! per row, each worker packs native A for its segments, runs them on its core, accumulates
-//! the segments exactly in i32 and scales into its columns of the output.
+//! per row into a buffer the workers share, each worker packs native A for its segments, runs
+//! them on its core, accumulates the segments and scales into its own output block, and the
+//! caller copies each block into its columns of the output.
+//!
+//! The two weight formats share one structure ([`EngineKind`]): they differ only in the input
+//! element, the accumulator, and the last step (per-row × per-channel scales, or a copy).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,14 +17,13 @@ use std::time::Instant;
 
 use half::f16;
 use rknn_chip::Layout;
-use self_cell::self_cell;
 
-use super::Inner;
 use super::glue;
 use super::scheduler::Work;
 use super::stats::{Counters, Phase};
+use super::{Inner, Scratch};
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
-use crate::error::{Error, Result};
+use crate::error::{Error, Matrix, Result};
 use crate::matmul::{Core, Matmul};
 use crate::mem::TensorMem;
 use crate::runtime::Runtime;
@@ -36,53 +39,141 @@ pub enum WeightFormat {
     F16,
 }
 
-/// The three memories of one context.
-pub(crate) struct Buffers<'a, K: MatmulKind> {
-    a: TensorMem<'a, K::A>,
-    b: TensorMem<'a, K::B>,
-    c: TensorMem<'a, K::C>,
+/// What the forward pass needs of a matmul type.
+pub(crate) trait EngineKind: MatmulKind {
+    /// The caller's prepared input element (quantised i8, or f32 converted while packing).
+    type In: Copy + Send + Sync + 'static;
+    /// The accumulator over K segments (exact i32, or f32).
+    type Acc: Copy + Default + Send + 'static;
+
+    /// Packs columns `k0..k0 + ks` of `x` ([m, ld] row-major) into native A.
+    fn pack_a(
+        x: &[Self::In],
+        m: usize,
+        ld: usize,
+        k0: usize,
+        ks: usize,
+        sk: usize,
+        dst: &mut [Self::A],
+    );
+
+    /// Adds native C ([width / sn, m, sn]) into `acc` ([m, width]), or sets it if `first`.
+    fn accumulate(
+        c: &[Self::C],
+        m: usize,
+        width: usize,
+        sn: usize,
+        acc: &mut [Self::Acc],
+        first: bool,
+    );
+
+    /// Writes the first `valid` columns of `acc` ([m, width]) into `out` ([m, valid]).
+    #[allow(clippy::too_many_arguments)] // The operands of the formula.
+    fn finish(
+        acc: &[Self::Acc],
+        m: usize,
+        width: usize,
+        valid: usize,
+        row_scales: &[f32],
+        ch_scales: &[f32],
+        out: &mut [f32],
+    );
 }
 
-type I8Buffers<'a> = Buffers<'a, I8xI8ToI32>;
-type F16Buffers<'a> = Buffers<'a, F16xF16ToF32>;
+impl EngineKind for I8xI8ToI32 {
+    type In = i8;
+    type Acc = i32;
 
-self_cell!(
-    /// A W8A8 context with its memories.
-    pub(crate) struct I8Segment<'rt> {
-        owner: Matmul<'rt, I8xI8ToI32>,
-        #[covariant]
-        dependent: I8Buffers,
+    fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
+        glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
     }
-);
 
-self_cell!(
-    /// An F16 context with its memories.
-    pub(crate) struct F16Segment<'rt> {
-        owner: Matmul<'rt, F16xF16ToF32>,
-        #[covariant]
-        dependent: F16Buffers,
+    fn accumulate(c: &[i32], m: usize, width: usize, sn: usize, acc: &mut [i32], first: bool) {
+        glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
     }
-);
 
-enum Segments<'rt> {
-    I8(Vec<I8Segment<'rt>>),
-    F16(Vec<F16Segment<'rt>>),
+    fn finish(
+        acc: &[i32],
+        m: usize,
+        width: usize,
+        valid: usize,
+        row_scales: &[f32],
+        ch_scales: &[f32],
+        out: &mut [f32],
+    ) {
+        for r in 0..m {
+            glue::scale_out(
+                &acc[r * width..r * width + valid],
+                1,
+                valid,
+                &row_scales[r..=r],
+                &ch_scales[..valid],
+                &mut out[r * valid..(r + 1) * valid],
+                valid,
+                0,
+            );
+        }
+    }
 }
 
-/// One worker's part of one linear.
-struct Shard<'rt> {
-    segments: Segments<'rt>,
-    /// First output column of the shard.
-    n0: usize,
-    /// Columns of the shard (aligned).
+impl EngineKind for F16xF16ToF32 {
+    type In = f32;
+    type Acc = f32;
+
+    fn pack_a(x: &[f32], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [f16]) {
+        glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
+    }
+
+    fn accumulate(c: &[f32], m: usize, width: usize, sn: usize, acc: &mut [f32], first: bool) {
+        glue::accumulate_c_native_f32(c, m, width, sn, acc, width, 0, first);
+    }
+
+    fn finish(
+        acc: &[f32],
+        m: usize,
+        width: usize,
+        valid: usize,
+        _row_scales: &[f32],
+        _ch_scales: &[f32],
+        out: &mut [f32],
+    ) {
+        for r in 0..m {
+            out[r * valid..(r + 1) * valid].copy_from_slice(&acc[r * width..r * width + valid]);
+        }
+    }
+}
+
+/// One K segment of a shard: its context and memories, B written once and kept.
+struct Segment<K: MatmulKind> {
+    mm: Matmul<K>,
+    a: TensorMem<K::A>,
+    b: TensorMem<K::B>,
+    c: TensorMem<K::C>,
+    /// First K row and rows of the segment.
+    k0: usize,
+    ks: usize,
+}
+
+/// One worker's part of one linear, with the tiles the runtime reported.
+struct Shard<K: MatmulKind> {
+    segments: Vec<Segment<K>>,
+    /// Columns of the shard (aligned), of which the first `valid` exist in the output.
     width: usize,
-    /// Columns that exist in the output (the rest is alignment padding).
     valid: usize,
-    /// Per-output-channel scales (W8A8).
+    /// Per-output-channel scales (W8A8; empty for F16).
     ch_scales: Vec<f32>,
+    /// Native tile sizes: A's sK and C's sN.
+    sk: usize,
+    sn: usize,
 }
 
-/// Weights of one shard, sent to its worker at registration.
+enum AnyShard {
+    I8(Shard<I8xI8ToI32>),
+    F16(Shard<F16xF16ToF32>),
+}
+
+/// Weights of one shard, sent to its worker at registration: rows = output channels, each
+/// `k_pad` long.
 pub(crate) enum ShardWeights {
     I8 { q: Vec<i8>, ch_scales: Vec<f32> },
     F16 { w: Vec<f16> },
@@ -90,58 +181,57 @@ pub(crate) enum ShardWeights {
 
 /// What a worker needs to build its part of a linear.
 pub(crate) struct ShardSpec {
-    weights: ShardWeights,
-    n0: usize,
-    width: usize,
-    valid: usize,
-    k_pad: usize,
+    pub(crate) weights: ShardWeights,
+    pub(crate) plan: ShardPlan,
+    pub(crate) k_pad: usize,
     /// (first K row, rows) per segment.
-    segments: Vec<(usize, usize)>,
-    buckets: Vec<usize>,
-    core: Core,
+    pub(crate) segments: Arc<[(usize, usize)]>,
+    pub(crate) buckets: Arc<[usize]>,
+    pub(crate) core: Core,
 }
 
-/// Raw views of the caller's buffers for one forward chunk. The caller blocks until every
-/// worker has finished with them (see `Pool::run_all`).
-pub(crate) struct ForwardIo {
-    /// Rows of this chunk.
+/// The caller's prepared input for one forward chunk, shared with the workers.
+pub(crate) enum Input {
+    /// Quantised activations [bucket, ld] and one scale per row.
+    I8 {
+        q: Arc<Vec<i8>>,
+        scales: Arc<Vec<f32>>,
+        ld: usize,
+    },
+    /// Activations [bucket, ld] in f32.
+    F16 { x: Arc<Vec<f32>>, ld: usize },
+}
+
+/// One forward chunk for one worker.
+pub(crate) struct Forward {
+    id: u64,
     m: usize,
-    /// The context M (bucket) the chunk runs at; rows m..bucket of the inputs are zero.
     bucket: usize,
-    /// W8A8: quantised activations [bucket, k_pad]; F16: activations [bucket, k] f32.
-    input: *const u8,
-    input_len: usize,
-    row_scales: *const f32,
-    k: usize,
-    out: *mut f32,
-    /// Output row stride (N).
-    ld: usize,
+    input: Input,
+    /// The worker's output block [m, valid], returned in the reply.
+    out: Vec<f32>,
 }
-
-// SAFETY: the pointers are only dereferenced while the posting thread waits for the task to
-// finish; inputs are read-only and each worker writes a disjoint set of output columns.
-unsafe impl Send for ForwardIo {}
 
 /// A task of the engine's workers.
 pub(crate) enum Task {
     Register { id: u64, spec: Box<ShardSpec> },
-    Forward { id: u64, io: ForwardIo },
+    Forward(Forward),
     Remove { id: u64 },
     Ping,
     Exit,
 }
 
-/// A worker's state: its runtime, core, contexts and scratch.
+/// A worker's state: its runtime, contexts and scratch.
 pub(crate) struct WorkerState {
-    rt: Arc<Runtime>,
-    shards: HashMap<u64, Shard<'static>>,
+    rt: Runtime,
+    shards: HashMap<u64, AnyShard>,
     acc: Vec<i32>,
     facc: Vec<f32>,
     stats: Arc<Counters>,
 }
 
 impl WorkerState {
-    pub(crate) fn new(rt: Arc<Runtime>, stats: Arc<Counters>) -> WorkerState {
+    pub(crate) fn new(rt: Runtime, stats: Arc<Counters>) -> WorkerState {
         WorkerState {
             rt,
             shards: HashMap::new(),
@@ -152,161 +242,122 @@ impl WorkerState {
     }
 }
 
-impl Drop for WorkerState {
-    fn drop(&mut self) {
-        // Contexts borrow the runtime: free them before the Arc is released.
-        self.shards.clear();
-    }
-}
-
 impl Work for Task {
     type State = WorkerState;
+    /// A forward's output block.
+    type Reply = Option<Vec<f32>>;
 
-    fn run(self, st: &mut WorkerState) -> Result<()> {
+    fn run(self, st: &mut WorkerState) -> Result<Option<Vec<f32>>> {
         match self {
             Task::Register { id, spec } => {
-                // SAFETY: the runtime is kept alive by `st.rt` (an Arc) for as long as `st.shards`
-                // exists, and `WorkerState::drop` clears the shards before the Arc field drops, so
-                // extending the borrow to 'static never lets a context outlive its runtime.
-                let rt: &'static Runtime = unsafe { &*Arc::as_ptr(&st.rt) };
-                let shard = build_shard(rt, *spec)?;
+                let shard = build_shard(&st.rt, *spec)?;
                 st.shards.insert(id, shard);
-                Ok(())
+                Ok(None)
             }
-            Task::Forward { id, io } => {
+            Task::Forward(f) => {
+                // A Linear removes its shards only when dropped, after its last forward.
                 let shard = st
                     .shards
-                    .get_mut(&id)
-                    .ok_or_else(|| Error::Invalid(format!("linear {id} is not registered")))?;
-                forward_shard(shard, &io, &mut st.acc, &mut st.facc, &st.stats)
+                    .get_mut(&f.id)
+                    .expect("a live Linear's shards are registered on its workers");
+                let stats = &st.stats;
+                let out = match (shard, f.input) {
+                    (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
+                        forward_shard(s, &q, ld, &scales, f.m, f.bucket, &mut st.acc, f.out, stats)?
+                    }
+                    (AnyShard::F16(s), Input::F16 { x, ld }) => {
+                        forward_shard(s, &x, ld, &[], f.m, f.bucket, &mut st.facc, f.out, stats)?
+                    }
+                    _ => unreachable!("a linear's input matches its weight format"),
+                };
+                Ok(Some(out))
             }
             Task::Remove { id } => {
                 st.shards.remove(&id);
-                Ok(())
+                Ok(None)
             }
-            Task::Ping | Task::Exit => Ok(()),
+            Task::Ping | Task::Exit => Ok(None),
         }
+    }
+
+    fn is_exit(&self) -> bool {
+        matches!(self, Task::Exit)
     }
 }
 
-fn build_shard(rt: &Runtime, spec: ShardSpec) -> Result<Shard<'_>> {
-    let ShardSpec {
-        weights,
-        n0,
-        width,
-        valid,
-        k_pad,
-        segments,
-        buckets,
-        core,
-    } = spec;
-    let ctx = |ks: usize| SegmentContext {
-        rt,
-        m: buckets[0],
-        ks,
-        width,
-        buckets: &buckets,
-        core,
-    };
-    let (segs, ch_scales) = match weights {
-        ShardWeights::I8 { q, ch_scales } => {
-            let segs = segments
-                .iter()
-                .map(|&(k0, ks)| {
-                    I8Segment::try_new(ctx(ks).build()?, |mm| resident_buffers(mm, &q, k_pad, k0))
-                })
-                .collect::<Result<_>>()?;
-            (Segments::I8(segs), ch_scales)
+fn build_shard(rt: &Runtime, spec: ShardSpec) -> Result<AnyShard> {
+    Ok(match spec.weights {
+        ShardWeights::I8 {
+            ref q,
+            ref ch_scales,
+        } => {
+            let mut s = build::<I8xI8ToI32>(rt, &spec, q)?;
+            s.ch_scales = ch_scales.clone();
+            AnyShard::I8(s)
         }
-        ShardWeights::F16 { w } => {
-            let segs = segments
-                .iter()
-                .map(|&(k0, ks)| {
-                    F16Segment::try_new(ctx(ks).build()?, |mm| resident_buffers(mm, &w, k_pad, k0))
-                })
-                .collect::<Result<_>>()?;
-            (Segments::F16(segs), Vec::new())
-        }
-    };
-    Ok(Shard {
-        segments: segs,
-        n0,
-        width,
-        valid,
-        ch_scales,
+        ShardWeights::F16 { ref w } => AnyShard::F16(build::<F16xF16ToF32>(rt, &spec, w)?),
     })
 }
 
-/// The context of one K segment of a shard: native A/B/C, dynamic M over the buckets.
-struct SegmentContext<'rt, 'b> {
-    rt: &'rt Runtime,
-    m: usize,
-    ks: usize,
-    width: usize,
-    buckets: &'b [usize],
-    core: Core,
-}
-
-impl<'rt> SegmentContext<'rt, '_> {
-    fn build<K: MatmulKind>(&self) -> Result<Matmul<'rt, K>> {
-        self.rt
-            .matmul::<K>(self.m, self.ks, self.width)
-            .dynamic_m(self.buckets)
+/// Builds a shard's contexts (native A/B/C, dynamic M over the buckets, on its core) and writes
+/// its weights (`w`: [width, k_pad], row = output channel) into their B memories.
+fn build<K: MatmulKind>(rt: &Runtime, spec: &ShardSpec, w: &[K::B]) -> Result<Shard<K>> {
+    let width = spec.plan.width;
+    let mut segments = Vec::with_capacity(spec.segments.len());
+    let mut tiles = None;
+    let mut seg_w = Vec::new();
+    for &(k0, ks) in spec.segments.iter() {
+        let mm = rt
+            .matmul::<K>(spec.buckets[0], ks, width)
+            .dynamic_m(&spec.buckets)
             .ac_layout(Layout::Native)
             .b_layout(Layout::Native)
-            .core(self.core)
-            .build()
-    }
-}
-
-/// Allocates a segment's memories and writes its weights (columns k0.. of `w`) into B, where
-/// they stay.
-fn resident_buffers<'a, K: MatmulKind>(
-    mm: &'a Matmul<'_, K>,
-    w: &[K::B],
-    k_pad: usize,
-    k0: usize,
-) -> Result<Buffers<'a, K>> {
-    let (_, ks, width) = mm.shape();
-    let mut b = mm.alloc_b()?;
-    write_native_b(mm.tiles().1, w, k_pad, k0, ks, width, b.as_mut_slice())?;
-    Ok(Buffers {
-        a: mm.alloc_a()?,
-        b,
-        c: mm.alloc_c()?,
-    })
-}
-
-/// Writes columns k0..k0+ks of the shard's weights ([width, k_pad], row = output channel) in
-/// the native B layout, with the tile the runtime reported.
-fn write_native_b<T: Copy + Default>(
-    tile: Option<(usize, usize)>,
-    w: &[T],
-    k_pad: usize,
-    k0: usize,
-    ks: usize,
-    width: usize,
-    dst: &mut [T],
-) -> Result<()> {
-    let (sn, sk) = tile.ok_or_else(|| Error::Invalid("native B without tile dims".into()))?;
-    let mut seg = Vec::with_capacity(width * ks);
-    for row in w.chunks_exact(k_pad) {
-        seg.extend_from_slice(&row[k0..k0 + ks]);
-    }
-    let geo = rknn_chip::layout::NativeB::new(ks, width, sn, sk, None).ok_or_else(|| {
-        Error::Invalid(format!(
-            "native B of K={ks} N={width} with tile {sn}x{sk} has no layout or overflows"
-        ))
-    })?;
-    if dst.len() < geo.len() {
-        return Err(Error::Size {
-            what: "native B memory",
-            expected: geo.len(),
-            got: dst.len(),
+            .core(spec.core)
+            .build()?;
+        let (sk, _) = mm.native_tile(Matrix::A)?;
+        let (sn, _) = mm.native_tile(Matrix::C)?;
+        let (bn, bk) = mm.native_tile(Matrix::B)?;
+        tiles = Some((sk, sn));
+        let mut b = mm.alloc_b()?;
+        seg_w.clear();
+        for row in w.chunks_exact(spec.k_pad) {
+            seg_w.extend_from_slice(&row[k0..k0 + ks]);
+        }
+        let geo = rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
+            Error::BadTensorDims {
+                matrix: Matrix::B,
+                layout: Layout::Native,
+                dims: mm.io_attr().B.dims.to_vec(),
+            }
+        })?;
+        let dst = b.as_mut_slice();
+        if dst.len() < geo.len() {
+            return Err(Error::MemoryTooSmall {
+                matrix: Matrix::B,
+                bytes: std::mem::size_of_val(dst) as u64,
+                needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
+            });
+        }
+        geo.pack_from_nk(&seg_w, dst);
+        segments.push(Segment {
+            a: mm.alloc_a()?,
+            b,
+            c: mm.alloc_c()?,
+            mm,
+            k0,
+            ks,
         });
     }
-    geo.pack_from_nk(&seg, dst);
-    Ok(())
+    // Every linear has at least one segment (K >= 1).
+    let (sk, sn) = tiles.expect("a linear has at least one K segment");
+    Ok(Shard {
+        segments,
+        width,
+        valid: spec.plan.valid,
+        ch_scales: Vec::new(),
+        sk,
+        sn,
+    })
 }
 
 fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
@@ -316,126 +367,54 @@ fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
     r
 }
 
-fn forward_shard(
-    shard: &mut Shard<'static>,
-    io: &ForwardIo,
-    acc: &mut Vec<i32>,
-    facc: &mut Vec<f32>,
+/// Runs one shard of one forward chunk: per K segment pack A, run, accumulate; then scale (or
+/// copy) the valid columns into `out` ([m, valid]), which is returned.
+#[allow(clippy::too_many_arguments)] // One call site per weight format.
+fn forward_shard<K: EngineKind>(
+    shard: &mut Shard<K>,
+    x: &[K::In],
+    ld: usize,
+    row_scales: &[f32],
+    m: usize,
+    bucket: usize,
+    acc: &mut Vec<K::Acc>,
+    mut out: Vec<f32>,
     stats: &Counters,
-) -> Result<()> {
-    let (bucket, width) = (io.bucket, shard.width);
-    match &mut shard.segments {
-        Segments::I8(segs) => {
-            // SAFETY: `input` holds `input_len` i8 values and stays alive and unchanged until the
-            // caller's wait returns (ForwardIo contract).
-            let q = unsafe { std::slice::from_raw_parts(io.input as *const i8, io.input_len) };
-            let k_pad = io.input_len / bucket;
-            acc.resize(bucket * width, 0);
-            let mut k0 = 0;
-            for (i, seg) in segs.iter_mut().enumerate() {
-                seg.with_dependent_mut(|mm, bufs| -> Result<()> {
-                    mm.set_m(bucket)?;
-                    let ks = mm.shape().1;
-                    let sk = mm.tiles().0.unwrap_or(16);
-                    timed(stats, Phase::Pack, || {
-                        glue::pack_a_native_i8(q, bucket, k_pad, k0, ks, sk, bufs.a.as_mut_slice())
-                    });
-                    timed(stats, Phase::Run, || mm.run(&bufs.a, &bufs.b, &mut bufs.c))?;
-                    let sn = mm.tiles().2.unwrap_or(4);
-                    timed(stats, Phase::Collect, || {
-                        glue::accumulate_c_native_i32(
-                            bufs.c.as_slice(),
-                            bucket,
-                            width,
-                            sn,
-                            acc,
-                            i == 0,
-                        )
-                    });
-                    k0 += ks;
-                    Ok(())
-                })?;
-            }
-            // SAFETY: `row_scales` holds `bucket` floats (ForwardIo contract).
-            let row_scales = unsafe { std::slice::from_raw_parts(io.row_scales, bucket) };
-            timed(stats, Phase::Collect, || {
-                for r in 0..io.m {
-                    // SAFETY: row r, columns n0..n0+valid of the [m, ld] output belong to this
-                    // shard alone; no other worker writes them, and the caller waits.
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            io.out.add(r * io.ld + shard.n0),
-                            shard.valid,
-                        )
-                    };
-                    glue::scale_out(
-                        &acc[r * width..r * width + shard.valid],
-                        1,
-                        shard.valid,
-                        &row_scales[r..=r],
-                        &shard.ch_scales[..shard.valid],
-                        out,
-                        shard.valid,
-                        0,
-                    );
-                }
-            });
-        }
-        Segments::F16(segs) => {
-            // SAFETY: `input` holds `input_len` f32 values, alive until the caller's wait returns.
-            let x = unsafe { std::slice::from_raw_parts(io.input as *const f32, io.input_len) };
-            facc.resize(bucket * width, 0.0);
-            let mut k0 = 0;
-            for (i, seg) in segs.iter_mut().enumerate() {
-                seg.with_dependent_mut(|mm, bufs| -> Result<()> {
-                    mm.set_m(bucket)?;
-                    let ks = mm.shape().1;
-                    let sk = mm.tiles().0.unwrap_or(8);
-                    timed(stats, Phase::Pack, || {
-                        glue::pack_a_native_f16(x, bucket, io.k, k0, ks, sk, bufs.a.as_mut_slice())
-                    });
-                    timed(stats, Phase::Run, || mm.run(&bufs.a, &bufs.b, &mut bufs.c))?;
-                    let sn = mm.tiles().2.unwrap_or(4);
-                    timed(stats, Phase::Collect, || {
-                        glue::accumulate_c_native_f32(
-                            bufs.c.as_slice(),
-                            bucket,
-                            width,
-                            sn,
-                            facc,
-                            width,
-                            0,
-                            i == 0,
-                        )
-                    });
-                    k0 += ks;
-                    Ok(())
-                })?;
-            }
-            timed(stats, Phase::Collect, || {
-                for r in 0..io.m {
-                    // SAFETY: as above: this shard's columns of row r are written by this worker only.
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            io.out.add(r * io.ld + shard.n0),
-                            shard.valid,
-                        )
-                    };
-                    out.copy_from_slice(&facc[r * width..r * width + shard.valid]);
-                }
-            });
-        }
+) -> Result<Vec<f32>> {
+    let (width, sk, sn) = (shard.width, shard.sk, shard.sn);
+    acc.resize(bucket * width, K::Acc::default());
+    for (i, seg) in shard.segments.iter_mut().enumerate() {
+        seg.mm.set_m(bucket)?;
+        timed(stats, Phase::Pack, || {
+            K::pack_a(x, bucket, ld, seg.k0, seg.ks, sk, seg.a.as_mut_slice())
+        });
+        timed(stats, Phase::Run, || seg.mm.run(&seg.a, &seg.b, &mut seg.c))?;
+        timed(stats, Phase::Collect, || {
+            K::accumulate(seg.c.as_slice(), bucket, width, sn, acc, i == 0)
+        });
     }
-    Ok(())
+    out.resize(m * shard.valid, 0.0);
+    timed(stats, Phase::Collect, || {
+        K::finish(
+            acc,
+            m,
+            width,
+            shard.valid,
+            row_scales,
+            &shard.ch_scales,
+            &mut out,
+        )
+    });
+    Ok(out)
 }
 
-/// A weight matrix resident on the NPU, shared over the engine's cores.
+/// A weight matrix resident on the NPU, shared over the engine's cores. `Send + Sync`: any
+/// number of threads may call [`Linear::forward`] at once (their rounds take turns).
 ///
 /// ```
-/// use std::sync::Arc;
 /// use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 /// use rknn_matmul::{Platform, Runtime};
-/// let engine = Engine::new(Arc::new(Runtime::emulator(Platform::Rk3588)?), EngineConfig::default())?;
+/// let engine = Engine::new(&Runtime::emulator(Platform::Rk3588)?, EngineConfig::default())?;
 /// // W: 3 outputs × 4 inputs (any N and K: the engine pads to the chip's alignment).
 /// let w = [1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0];
 /// let lin = engine.linear(&w, 3, 4, WeightFormat::F16)?;
@@ -450,8 +429,8 @@ pub struct Linear {
     pub(crate) k: usize,
     pub(crate) k_pad: usize,
     pub(crate) format: WeightFormat,
-    /// Which workers hold a shard.
-    pub(crate) present: Vec<bool>,
+    /// Each worker's shard, if it holds one.
+    pub(crate) shards: Vec<Option<ShardPlan>>,
 }
 
 impl std::fmt::Debug for Linear {
@@ -462,6 +441,12 @@ impl std::fmt::Debug for Linear {
             .field("format", &self.format)
             .finish()
     }
+}
+
+/// Recycles a shared buffer: the workers dropped their clones before replying, so the caller
+/// owns it again and no allocation happens in steady state.
+fn reuse<T: Clone>(buf: &mut Arc<Vec<T>>) -> &mut Vec<T> {
+    Arc::make_mut(buf)
 }
 
 impl Linear {
@@ -482,80 +467,93 @@ impl Linear {
 
     /// y [m, N] = x [m, K] × Wᵀ, for any m.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
-        if x.len() != m * self.k {
-            return Err(Error::Size {
+        let need = |what, dim: usize| {
+            m.checked_mul(dim).ok_or_else(|| Error::SizeOverflow {
+                what,
+                value: (m as u128 * dim as u128).to_string(),
+                limit: "usize",
+            })
+        };
+        let (nx, nout) = (
+            need("x elements (m × in_features)", self.k)?,
+            need("out elements (m × out_features)", self.n)?,
+        );
+        if x.len() != nx {
+            return Err(Error::Length {
                 what: "x (m × in_features)",
-                expected: m * self.k,
+                expected: nx,
                 got: x.len(),
             });
         }
-        if out.len() != m * self.n {
-            return Err(Error::Size {
+        if out.len() != nout {
+            return Err(Error::Length {
                 what: "out (m × out_features)",
-                expected: m * self.n,
+                expected: nout,
                 got: out.len(),
             });
         }
         let inner = &self.inner;
-        let mut scratch = inner
-            .scratch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut round = inner.pool.round();
         let max_m = inner.cfg.max_m;
         let mut r0 = 0;
         while r0 < m {
             let mc = (m - r0).min(max_m);
             let bucket = inner.cfg.bucket(mc);
             let x_chunk = &x[r0 * self.k..(r0 + mc) * self.k];
-            let out_chunk = &mut out[r0 * self.n..(r0 + mc) * self.n];
-            let (input, input_len, row_scales) = match self.format {
-                WeightFormat::W8A8 => {
-                    let s = &mut *scratch;
-                    s.q.resize(bucket * self.k_pad, 0);
-                    s.scales.resize(bucket, 0.0);
-                    timed(&inner.stats, Phase::Quantize, || {
-                        glue::quantize_rows(
-                            x_chunk,
-                            mc,
-                            self.k,
-                            self.k_pad,
-                            &mut s.q,
-                            &mut s.scales,
-                        );
-                        s.q[mc * self.k_pad..].fill(0);
-                        s.scales[mc..].fill(0.0);
-                    });
-                    (s.q.as_ptr().cast::<u8>(), s.q.len(), s.scales.as_ptr())
-                }
-                WeightFormat::F16 if mc == bucket => (
-                    x_chunk.as_ptr().cast::<u8>(),
-                    x_chunk.len(),
-                    std::ptr::null(),
-                ),
+            let s: &mut Scratch = &mut round.scratch;
+            match self.format {
+                WeightFormat::W8A8 => timed(&inner.stats, Phase::Quantize, || {
+                    let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
+                    q.resize(bucket * self.k_pad, 0);
+                    scales.resize(bucket, 0.0);
+                    glue::quantize_rows(x_chunk, mc, self.k, self.k_pad, q, scales);
+                    q[mc * self.k_pad..].fill(0);
+                    scales[mc..].fill(0.0);
+                }),
                 WeightFormat::F16 => {
-                    let s = &mut *scratch;
-                    s.x.clear();
-                    s.x.extend_from_slice(x_chunk);
-                    s.x.resize(bucket * self.k, 0.0);
-                    (s.x.as_ptr().cast::<u8>(), s.x.len(), std::ptr::null())
+                    let xs = reuse(&mut s.x);
+                    xs.clear();
+                    xs.extend_from_slice(x_chunk);
+                    xs.resize(bucket * self.k, 0.0);
                 }
-            };
-            let out_ptr = out_chunk.as_mut_ptr();
-            inner.pool.run_all(|i| {
-                self.present[i].then_some(Task::Forward {
-                    id: self.id,
-                    io: ForwardIo {
-                        m: mc,
-                        bucket,
-                        input,
-                        input_len,
-                        row_scales,
-                        k: self.k,
-                        out: out_ptr,
-                        ld: self.n,
+            }
+            let replies = round.run_all(|i, s| {
+                let plan = self.shards[i].as_ref()?;
+                let input = match self.format {
+                    WeightFormat::W8A8 => Input::I8 {
+                        q: s.q.clone(),
+                        scales: s.scales.clone(),
+                        ld: self.k_pad,
                     },
-                })
+                    WeightFormat::F16 => Input::F16 {
+                        x: s.x.clone(),
+                        ld: self.k,
+                    },
+                };
+                Some(Task::Forward(Forward {
+                    id: self.id,
+                    m: mc,
+                    bucket,
+                    input,
+                    out: std::mem::take(&mut s.outs[i]),
+                }))
+                .filter(|_| plan.valid > 0)
             })?;
+            let out_chunk = &mut out[r0 * self.n..(r0 + mc) * self.n];
+            for (i, reply) in replies.into_iter().enumerate() {
+                let (Some(Some(block)), Some(plan)) =
+                    (reply, &self.shards.get(i).and_then(Option::as_ref))
+                else {
+                    continue;
+                };
+                for (dst, src) in out_chunk
+                    .chunks_exact_mut(self.n)
+                    .zip(block.chunks_exact(plan.valid))
+                {
+                    dst[plan.n0..plan.n0 + plan.valid].copy_from_slice(src);
+                }
+                round.scratch.outs[i] = block;
+            }
             r0 += mc;
         }
         inner.stats.forward();
@@ -564,7 +562,12 @@ impl Linear {
 
     /// As [`Linear::forward`], allocating the output.
     pub fn forward_vec(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0.0; m * self.n];
+        let n = m.checked_mul(self.n).ok_or_else(|| Error::SizeOverflow {
+            what: "out elements (m × out_features)",
+            value: (m as u128 * self.n as u128).to_string(),
+            limit: "usize",
+        })?;
+        let mut out = vec![0.0; n];
         self.forward(x, m, &mut out)?;
         Ok(out)
     }
@@ -572,16 +575,22 @@ impl Linear {
 
 impl Drop for Linear {
     fn drop(&mut self) {
-        let _ = self
-            .inner
-            .pool
-            .run_all(|i| self.present[i].then_some(Task::Remove { id: self.id }));
+        let _ = self.inner.pool.round().run_all(|i, _| {
+            self.shards[i]
+                .as_ref()
+                .map(|_| Task::Remove { id: self.id })
+        });
     }
 }
 
+/// One worker's columns of a linear.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct ShardPlan {
+    /// First output column.
     pub(crate) n0: usize,
+    /// Columns (a multiple of the alignment).
     pub(crate) width: usize,
+    /// Columns that exist in the output.
     pub(crate) valid: usize,
 }
 
@@ -608,24 +617,4 @@ pub(crate) fn plan_shards(
             Some(p)
         })
         .collect()
-}
-
-pub(crate) fn make_spec(
-    weights: ShardWeights,
-    plan: &ShardPlan,
-    k_pad: usize,
-    segments: &[(usize, usize)],
-    buckets: &[usize],
-    core: Core,
-) -> Box<ShardSpec> {
-    Box::new(ShardSpec {
-        weights,
-        n0: plan.n0,
-        width: plan.width,
-        valid: plan.valid,
-        k_pad,
-        segments: segments.to_vec(),
-        buckets: buckets.to_vec(),
-        core,
-    })
 }

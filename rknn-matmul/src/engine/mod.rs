@@ -6,8 +6,12 @@
 //! thread pool is forked for it, which matters at M = 1), hands one task to each NPU-core
 //! worker, and waits. Each worker packs native A for each K segment of its shard, runs its
 //! contexts on its core, accumulates the segments exactly in i32, and scales into its own
-//! columns of the output. Results do not depend on the number of cores: every output element
-//! is the same exact integer sum times the same two scales.
+//! output block, which the caller copies into its columns of the output. Results do not depend
+//! on the number of cores: every output element is the same exact integer sum times the same
+//! two scales.
+//!
+//! Any number of threads may use one engine: a round (post to every worker, wait for every
+//! reply) holds the pool's lock, so forwards, registrations and drops take turns.
 //!
 //! M handling: contexts are dynamic-shape contexts whose M values are 1 and multiples of 128
 //! up to [`EngineConfig::max_m`] (rounding 300 up to 384, not to 512: the field measured +19 %
@@ -20,10 +24,12 @@ mod scheduler;
 mod stats;
 pub mod topology;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use half::f16;
+use rknn_chip::ElemKind;
 
 pub use linear::{Linear, WeightFormat};
 pub use stats::{Phase, PhaseStats, Stats};
@@ -31,17 +37,26 @@ pub use stats::{Phase, PhaseStats, Stats};
 use crate::error::{Error, Result};
 use crate::matmul::Core;
 use crate::runtime::Runtime;
-use linear::{ShardWeights, Task, WorkerState, make_spec, plan_shards};
-use scheduler::{Pool, Worker};
+use linear::{ShardSpec, ShardWeights, Task, WorkerState, plan_shards};
+use scheduler::{MAX_WORKERS, Pool, Worker};
 use stats::Counters;
 use topology::{CpuTopology, Pinning};
+
+/// The largest `max_m`: the runtime takes at most 512 shapes per dynamic-shape context
+/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1 and the multiples of 128.
+pub const MAX_M_LIMIT: usize = 511 * 128;
+
+/// The largest K of an exact W8A8 linear: |q| <= 127 on both sides, so the i32 sum over K
+/// stays exact while 127 × 127 × K < 2^31.
+pub const MAX_EXACT_K_W8A8: usize = i32::MAX as usize / (127 * 127);
 
 /// How to run the engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Workers (one per NPU core); default: the chip's core count.
     pub cores: Option<usize>,
-    /// Largest M per run; larger inputs are chunked. A multiple of 128 (default 512).
+    /// Largest M per run; larger inputs are chunked. A multiple of 128 up to
+    /// [`MAX_M_LIMIT`] (default 512).
     pub max_m: usize,
     /// Where the workers run (default: the big cores).
     pub pinning: Pinning,
@@ -72,25 +87,41 @@ impl EngineConfig {
             .chain((128..=self.max_m).step_by(128))
             .collect()
     }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_m == 0 || self.max_m % 128 != 0 || self.max_m > MAX_M_LIMIT {
+            return Err(Error::EngineConfig {
+                field: "max_m",
+                value: self.max_m,
+                rule: format!(
+                    "must be a positive multiple of 128 up to {MAX_M_LIMIT} (the runtime takes at most 512 shapes per context)"
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
+/// The caller side of a round: the prepared inputs the workers share, and each worker's
+/// output block, recycled from round to round.
 #[derive(Default)]
-struct CallerScratch {
-    q: Vec<i8>,
-    scales: Vec<f32>,
-    x: Vec<f32>,
+pub(crate) struct Scratch {
+    q: Arc<Vec<i8>>,
+    scales: Arc<Vec<f32>>,
+    x: Arc<Vec<f32>>,
+    outs: [Vec<f32>; MAX_WORKERS],
 }
 
 pub(crate) struct Inner {
-    rt: Arc<Runtime>,
+    rt: Runtime,
     cfg: EngineConfig,
-    pool: Pool<Task>,
+    pool: Pool<Task, Scratch>,
     stats: Arc<Counters>,
-    scratch: Mutex<CallerScratch>,
-    next_id: std::sync::atomic::AtomicU64,
+    next_id: AtomicU64,
 }
 
-/// The engine: one worker per NPU core and the linears registered on it. Cheap to clone.
+/// The engine: one worker per NPU core and the linears registered on it. Cheap to clone;
+/// `Send + Sync`, usable from any number of threads.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -105,22 +136,29 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// What a weight format needs of the chip: the element kind that sets the alignment.
+fn align_kind(format: WeightFormat) -> ElemKind {
+    match format {
+        WeightFormat::W8A8 => ElemKind::I8,
+        WeightFormat::F16 => ElemKind::F16,
+    }
+}
+
 impl Engine {
     /// Starts the workers on `rt`.
-    pub fn new(rt: Arc<Runtime>, cfg: EngineConfig) -> Result<Engine> {
-        if cfg.max_m == 0 || cfg.max_m % 128 != 0 {
-            return Err(Error::Invalid(format!(
-                "max_m={} must be a positive multiple of 128",
-                cfg.max_m
-            )));
-        }
+    pub fn new(rt: &Runtime, cfg: EngineConfig) -> Result<Engine> {
+        cfg.validate()?;
         let cores = cfg.cores.unwrap_or(rt.npu_cores());
         if cores == 0 || cores > rt.npu_cores() {
-            return Err(Error::Invalid(format!(
-                "{} has {} NPU core(s); {cores} workers asked",
-                rt.platform(),
-                rt.npu_cores()
-            )));
+            return Err(Error::EngineConfig {
+                field: "cores",
+                value: cores,
+                rule: format!(
+                    "must be between 1 and the {} NPU core(s) of {}",
+                    rt.npu_cores(),
+                    rt.platform()
+                ),
+            });
         }
         let stats = Arc::new(Counters::default());
         let pin = cfg.pinning.cpus(&CpuTopology::detect());
@@ -134,24 +172,17 @@ impl Engine {
                 }
                 WorkerState::new(rt, stats)
             };
-            workers.push(Worker::spawn(
-                format!("rknn-core{i}"),
-                cfg.spin,
-                init,
-                |t| matches!(t, Task::Exit),
-            )?);
+            workers.push(Worker::spawn(i, cfg.spin, init)?);
         }
-        let pool = Pool::new(workers, || Task::Exit);
-        let inner = Inner {
-            rt,
-            cfg,
-            pool,
-            stats,
-            scratch: Mutex::new(CallerScratch::default()),
-            next_id: 1.into(),
-        };
+        let pool = Pool::new(workers, Scratch::default(), || Task::Exit)?;
         Ok(Engine {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner {
+                rt: rt.clone(),
+                cfg,
+                pool,
+                stats,
+                next_id: AtomicU64::new(1),
+            }),
         })
     }
 
@@ -182,40 +213,91 @@ impl Engine {
 
     /// One empty task round trip to every worker: the scheduler's dispatch overhead.
     pub fn ping(&self) -> Result<()> {
-        self.inner.pool.run_all(|_| Some(Task::Ping))
+        self.inner
+            .pool
+            .round()
+            .run_all(|_, _| Some(Task::Ping))
+            .map(drop)
+    }
+
+    /// The chip's (K, N) alignment for `format`, from the chip rules and the runtime's shape
+    /// rules.
+    fn alignment(&self, format: WeightFormat) -> Result<(usize, usize)> {
+        let rt = &self.inner.rt;
+        let kind = align_kind(format);
+        let t = match format {
+            WeightFormat::W8A8 => rknn_chip::MatmulType::I8_I8_I32,
+            WeightFormat::F16 => rknn_chip::MatmulType::F16_F16_F32,
+        };
+        rknn_chip::check_type(rt.platform(), t)?;
+        let (ka, mut na) =
+            rt.platform()
+                .alignment(kind)
+                .ok_or(rknn_chip::RuleViolation::UnsupportedType {
+                    platform: rt.platform(),
+                    t,
+                })?;
+        if kind == ElemKind::F16 {
+            na = na.max(rt.shape_rules().f16_n_align);
+        }
+        Ok((ka, na))
+    }
+
+    /// Checks a linear's shape and returns (k_pad, n_pad, n_align).
+    fn padded(&self, n: usize, k: usize, format: WeightFormat) -> Result<(usize, usize, usize)> {
+        rknn_chip::check_dims(1, k, n)?;
+        if format == WeightFormat::W8A8 && k > MAX_EXACT_K_W8A8 {
+            return Err(Error::KTooLargeForExactSum {
+                k,
+                max: MAX_EXACT_K_W8A8,
+            });
+        }
+        let (ka, na) = self.alignment(format)?;
+        let round = |v: usize, a: usize| v.div_ceil(a) * a;
+        let (k_pad, n_pad) = (round(k, ka), round(n, na));
+        if k_pad.checked_mul(n_pad).is_none() {
+            return Err(Error::SizeOverflow {
+                what: "padded weight elements (N × K)",
+                value: (k_pad as u128 * n_pad as u128).to_string(),
+                limit: "usize",
+            });
+        }
+        Ok((k_pad, n_pad, na))
     }
 
     /// Makes W [n, k] (row-major, row = output channel) resident in `format`.
     pub fn linear(&self, w: &[f32], n: usize, k: usize, format: WeightFormat) -> Result<Linear> {
-        if w.len() != n * k || n == 0 || k == 0 {
-            return Err(Error::Size {
+        let (k_pad, n_pad, na) = self.padded(n, k, format)?;
+        if w.len() != n * k {
+            return Err(Error::Length {
                 what: "weights (n × k)",
                 expected: n * k,
                 got: w.len(),
             });
         }
-        let k_pad = k.div_ceil(32) * 32;
         match format {
             WeightFormat::W8A8 => {
-                let n_pad = n.div_ceil(32) * 32;
                 let mut q = vec![0i8; n_pad * k_pad];
                 let mut scales = vec![0f32; n_pad];
                 glue::quantize_rows(w, n, k, k_pad, &mut q, &mut scales);
-                self.register(n, k, k_pad, format, 32, |r0, rows| ShardWeights::I8 {
-                    q: q[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
-                    ch_scales: scales[r0..r0 + rows].to_vec(),
+                self.register(n, k, k_pad, n_pad, na, format, |r0, rows| {
+                    ShardWeights::I8 {
+                        q: q[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                        ch_scales: scales[r0..r0 + rows].to_vec(),
+                    }
                 })
             }
             WeightFormat::F16 => {
-                let n_pad = n.div_ceil(16) * 16;
                 let mut h = vec![f16::ZERO; n_pad * k_pad];
                 for (dst, src) in h.chunks_exact_mut(k_pad).zip(w.chunks_exact(k)) {
                     for (d, &s) in dst.iter_mut().zip(src) {
                         *d = f16::from_f32(s);
                     }
                 }
-                self.register(n, k, k_pad, format, 16, |r0, rows| ShardWeights::F16 {
-                    w: h[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                self.register(n, k, k_pad, n_pad, na, format, |r0, rows| {
+                    ShardWeights::F16 {
+                        w: h[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                    }
                 })
             }
         }
@@ -224,22 +306,36 @@ impl Engine {
     /// Makes already-quantised W8A8 weights resident: `q` [n, k] int8 (row = output channel,
     /// values in -127..=127) with one scale per row.
     pub fn linear_quantized(&self, q: &[i8], scales: &[f32], n: usize, k: usize) -> Result<Linear> {
-        if q.len() != n * k || scales.len() != n || n == 0 || k == 0 {
-            return Err(Error::Size {
-                what: "quantised weights (n × k) and n scales",
+        let (k_pad, n_pad, na) = self.padded(n, k, WeightFormat::W8A8)?;
+        if q.len() != n * k {
+            return Err(Error::Length {
+                what: "quantised weights (n × k)",
                 expected: n * k,
                 got: q.len(),
             });
         }
-        let k_pad = k.div_ceil(32) * 32;
-        let n_pad = n.div_ceil(32) * 32;
+        if scales.len() != n {
+            return Err(Error::Length {
+                what: "weight scales (one per output channel, n)",
+                expected: n,
+                got: scales.len(),
+            });
+        }
+        if let Some((index, &v)) = q.iter().enumerate().find(|(_, v)| **v == i8::MIN) {
+            return Err(Error::OutOfRange {
+                what: "quantised weights",
+                index,
+                value: v.into(),
+                range: "-127..=127 (the exactness bound of the K sum assumes |q| <= 127)",
+            });
+        }
         let mut qp = vec![0i8; n_pad * k_pad];
         for (dst, src) in qp.chunks_exact_mut(k_pad).zip(q.chunks_exact(k)) {
             dst[..k].copy_from_slice(src);
         }
         let mut sp = scales.to_vec();
         sp.resize(n_pad, 0.0);
-        self.register(n, k, k_pad, WeightFormat::W8A8, 32, |r0, rows| {
+        self.register(n, k, k_pad, n_pad, na, WeightFormat::W8A8, |r0, rows| {
             ShardWeights::I8 {
                 q: qp[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
                 ch_scales: sp[r0..r0 + rows].to_vec(),
@@ -247,31 +343,38 @@ impl Engine {
         })
     }
 
+    #[allow(clippy::too_many_arguments)] // The shape of the linear, resolved once.
     fn register(
         &self,
         n: usize,
         k: usize,
         k_pad: usize,
-        format: WeightFormat,
+        n_pad: usize,
         align: usize,
+        format: WeightFormat,
         shard: impl Fn(usize, usize) -> ShardWeights,
     ) -> Result<Linear> {
         let inner = &self.inner;
         let rt = &inner.rt;
-        let n_pad = n.div_ceil(align) * align;
-        // Chips without a documented segment still split below the header's K limit of 10240.
-        let seg = rt.platform().k_segment().unwrap_or(8192);
-        let segments: Vec<(usize, usize)> = (0..k_pad)
+        // Split K where the chip says (8192 on RK3588: one context above it ran 14x slower),
+        // else below its K limit; a chip with neither takes K in one context.
+        let seg = rt
+            .platform()
+            .k_segment()
+            .or(rt.shape_rules().max_k)
+            .map(|s| s - s % align_k(rt, format))
+            .filter(|&s| s > 0)
+            .unwrap_or(k_pad);
+        let segments: Arc<[(usize, usize)]> = (0..k_pad)
             .step_by(seg)
             .map(|k0| (k0, seg.min(k_pad - k0)))
             .collect();
+        let buckets: Arc<[usize]> = inner.cfg.buckets().into();
         let plans = plan_shards(n, n_pad, align, inner.pool.len());
         let multi = rt.platform().has_core_mask();
-        let buckets = inner.cfg.buckets();
         let id = inner
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let present: Vec<bool> = plans.iter().map(Option::is_some).collect();
         let linear = Linear {
             inner: inner.clone(),
             id,
@@ -279,18 +382,29 @@ impl Engine {
             k,
             k_pad,
             format,
-            present,
+            shards: plans.clone(),
         };
         // On failure, dropping `linear` removes the shards that were built.
-        inner.pool.run_all(|i| {
-            plans[i].as_ref().map(|p| {
-                let core = if multi { Core::Index(i) } else { Core::Auto };
-                Task::Register {
-                    id,
-                    spec: make_spec(shard(p.n0, p.width), p, k_pad, &segments, &buckets, core),
-                }
+        inner.pool.round().run_all(|i, _| {
+            plans[i].map(|plan| Task::Register {
+                id,
+                spec: Box::new(ShardSpec {
+                    weights: shard(plan.n0, plan.width),
+                    plan,
+                    k_pad,
+                    segments: segments.clone(),
+                    buckets: buckets.clone(),
+                    core: if multi { Core::Index(i) } else { Core::Auto },
+                }),
             })
         })?;
         Ok(linear)
     }
+}
+
+/// The K alignment of `format` on the runtime's chip (checked supported by the caller).
+fn align_k(rt: &Runtime, format: WeightFormat) -> usize {
+    rt.platform()
+        .alignment(align_kind(format))
+        .map_or(1, |(k, _)| k)
 }

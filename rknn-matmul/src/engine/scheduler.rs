@@ -1,171 +1,250 @@
 //! The per-core scheduler: one persistent worker thread per NPU core, each owning its
 //! contexts (one context is never touched by two threads) and its scratch, fed through a slot
-//! that the worker spins on briefly before parking. Spinning keeps the hand-off in the
-//! microseconds when linears come back to back (decode); parking keeps idle workers off the CPU.
+//! that the worker spins on briefly before sleeping. Spinning keeps the hand-off in the
+//! microseconds when linears come back to back (decode); sleeping keeps idle workers off the CPU.
+//!
+//! Submissions are safe for any number of callers: a slot holds one task and one reply, so
+//! tasks are posted only through a [`Round`], which holds the pool's lock from the first post to
+//! the last reply. Two threads forwarding, registering and dropping linears at once take turns
+//! round by round; none can overwrite another's task or take its reply.
+//!
+//! The hand-off: every change of a slot's state happens under its mutex, and a side that found
+//! nothing to do marks itself sleeping under that mutex before it waits on a condition
+//! variable, so the other side, which reads the mark under the same mutex after its change,
+//! never misses it (and skips the wake-up system call when nobody sleeps). The atomics mirror
+//! the tickets only so that the spin phase can poll without the lock.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::thread::{JoinHandle, Thread};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
+use sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, thread};
 
-/// What a worker runs. `T` is the engine's task type.
+/// std, or loom's model-checked replacements under `--cfg loom`.
+mod sync {
+    #[cfg(loom)]
+    pub(crate) use loom::{
+        sync::atomic::{AtomicU64, Ordering},
+        sync::{Arc, Condvar, Mutex, MutexGuard},
+        thread,
+    };
+    #[cfg(not(loom))]
+    pub(crate) use std::{
+        sync::atomic::{AtomicU64, Ordering},
+        sync::{Arc, Condvar, Mutex, MutexGuard},
+        thread,
+    };
+}
+
+/// What a worker runs.
 pub(crate) trait Work: Send + 'static {
     /// Worker-local state (contexts, scratch), created on the worker thread.
     type State;
+    /// What a task gives back to the caller.
+    type Reply: Send + 'static;
     /// Runs one task on the worker.
-    fn run(self, state: &mut Self::State) -> Result<()>;
+    fn run(self, state: &mut Self::State) -> Result<Self::Reply>;
+    /// Whether this task ends the worker's loop (sent when the pool is dropped).
+    fn is_exit(&self) -> bool;
 }
 
-struct Slot<T> {
-    task: Mutex<Option<T>>,
-    result: Mutex<Option<Result<()>>>,
+struct SlotState<T: Work> {
+    task: Option<T>,
+    reply: Option<Result<T::Reply>>,
+    /// Tickets posted and finished: the worker runs ticket `posted` once `posted > done`.
+    posted: u64,
+    done: u64,
+    worker_sleeping: bool,
+    caller_sleeping: bool,
+}
+
+struct Slot<T: Work> {
+    state: Mutex<SlotState<T>>,
+    wake_worker: Condvar,
+    wake_caller: Condvar,
+    /// Mirrors of `state.posted` / `state.done` for the lock-free spin.
     posted: AtomicU64,
     done: AtomicU64,
-    worker: OnceLock<Thread>,
-    waiter: Mutex<Option<Thread>>,
     spin: Duration,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Waits until `ready()`: first a short busy spin (with the CPU's pause hint), then yielding
-/// the CPU for up to `spin`, then parking until unparked. Yielding rather than spinning keeps
-/// the hand-off fast when there are more engine threads than CPUs, where a pure spin would
-/// hold the very CPU the other side needs.
-fn wait_until(spin: Duration, ready: impl Fn() -> bool) {
-    for _ in 0..256 {
-        if ready() {
-            return;
-        }
-        std::hint::spin_loop();
-    }
-    let start = Instant::now();
-    while !ready() {
-        if start.elapsed() > spin {
-            while !ready() {
-                std::thread::park();
+/// Polls `ready()` before the caller falls back to sleeping: first a short busy spin (with the
+/// CPU's pause hint), then yielding the CPU for up to `spin`. Yielding rather than spinning
+/// keeps the hand-off fast when there are more engine threads than CPUs, where a pure spin
+/// would hold the very CPU the other side needs. Under loom only the sleeping path is modelled:
+/// it is the one that can lose a wake-up.
+fn spin_until(spin: Duration, ready: impl Fn() -> bool) {
+    #[cfg(not(loom))]
+    {
+        for _ in 0..256 {
+            if ready() {
+                return;
             }
-            return;
+            std::hint::spin_loop();
         }
-        std::thread::yield_now();
+        let start = std::time::Instant::now();
+        while !ready() && start.elapsed() <= spin {
+            thread::yield_now();
+        }
     }
+    #[cfg(loom)]
+    let _ = (spin, ready);
 }
 
 /// A running worker.
 pub(crate) struct Worker<T: Work> {
     slot: Arc<Slot<T>>,
-    handle: Option<JoinHandle<()>>,
+    handle: Option<thread::JoinHandle<()>>,
 }
 
 impl<T: Work> Worker<T> {
-    /// Starts a worker; `init` runs on the new thread and makes its state (pin it, open its
-    /// contexts). `exit` is the task that makes the loop end when the worker is dropped.
+    /// Starts worker `index`; `init` runs on the new thread and makes its state (pin it, open
+    /// its contexts).
     pub(crate) fn spawn(
-        name: String,
+        index: usize,
         spin: Duration,
         init: impl FnOnce() -> T::State + Send + 'static,
-        is_exit: fn(&T) -> bool,
     ) -> Result<Worker<T>> {
-        let slot = Arc::new(Slot {
-            task: Mutex::new(None),
-            result: Mutex::new(None),
+        let slot = Arc::new(Slot::<T> {
+            state: Mutex::new(SlotState {
+                task: None,
+                reply: None,
+                posted: 0,
+                done: 0,
+                worker_sleeping: false,
+                caller_sleeping: false,
+            }),
+            wake_worker: Condvar::new(),
+            wake_caller: Condvar::new(),
             posted: AtomicU64::new(0),
             done: AtomicU64::new(0),
-            worker: OnceLock::new(),
-            waiter: Mutex::new(None),
             spin,
         });
         let s = slot.clone();
-        let handle = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                let _ = s.worker.set(std::thread::current());
-                let mut state = init();
-                let mut seen = 0u64;
-                loop {
-                    wait_until(s.spin, || s.posted.load(Ordering::Acquire) > seen);
-                    seen = s.posted.load(Ordering::Acquire);
-                    let Some(task) = lock(&s.task).take() else {
-                        continue;
-                    };
-                    let exit = is_exit(&task);
-                    // A panic in a task must not leave the caller waiting forever.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        task.run(&mut state)
-                    }))
-                    .unwrap_or_else(|_| Err(Error::Invalid("an engine worker panicked".into())));
-                    *lock(&s.result) = Some(r);
-                    s.done.store(seen, Ordering::Release);
-                    if let Some(t) = lock(&s.waiter).as_ref() {
-                        t.unpark();
-                    }
-                    if exit {
-                        break;
-                    }
+        let body = move || {
+            let mut state = init();
+            let mut seen = 0u64;
+            loop {
+                spin_until(s.spin, || s.posted.load(Ordering::Acquire) > seen);
+                let mut st = lock(&s.state);
+                while st.posted <= seen {
+                    st.worker_sleeping = true;
+                    st = s.wake_worker.wait(st).unwrap_or_else(|e| e.into_inner());
                 }
-            })
+                st.worker_sleeping = false;
+                seen = st.posted;
+                let task = st.task.take();
+                drop(st);
+                let Some(task) = task else {
+                    continue;
+                };
+                let exit = task.is_exit();
+                // A panic in a task must not leave the caller waiting forever.
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run(&mut state)))
+                        .unwrap_or(Err(Error::WorkerPanicked { worker: index }));
+                let mut st = lock(&s.state);
+                st.reply = Some(r);
+                st.done = seen;
+                s.done.store(seen, Ordering::Release);
+                let wake = st.caller_sleeping;
+                drop(st);
+                if wake {
+                    s.wake_caller.notify_one();
+                }
+                if exit {
+                    break;
+                }
+            }
+        };
+        #[cfg(not(loom))]
+        let handle = thread::Builder::new()
+            .name(format!("rknn-core{index}"))
+            .spawn(body)
             .map_err(|e| Error::Os {
                 what: "spawn an engine worker".into(),
                 source: e,
             })?;
-        // Wait until the worker can be unparked.
-        while slot.worker.get().is_none() {
-            std::thread::yield_now();
-        }
+        #[cfg(loom)]
+        let handle = thread::spawn(body);
         Ok(Worker {
             slot,
             handle: Some(handle),
         })
     }
 
-    /// Hands a task to the worker and returns the ticket to wait on.
+    /// Hands a task to the worker and returns the ticket to wait on. Only a [`Round`] calls
+    /// this, holding the pool's lock.
     fn post(&self, task: T) -> u64 {
-        *lock(&self.slot.waiter) = Some(std::thread::current());
-        *lock(&self.slot.task) = Some(task);
-        let seq = self.slot.posted.fetch_add(1, Ordering::AcqRel) + 1;
-        if let Some(t) = self.slot.worker.get() {
-            t.unpark();
+        let mut st = lock(&self.slot.state);
+        st.task = Some(task);
+        st.posted += 1;
+        let seq = st.posted;
+        self.slot.posted.store(seq, Ordering::Release);
+        let wake = st.worker_sleeping;
+        drop(st);
+        if wake {
+            self.slot.wake_worker.notify_one();
         }
         seq
     }
 
-    fn wait(&self, seq: u64) -> Result<()> {
-        wait_until(self.slot.spin, || {
+    fn wait(&self, seq: u64) -> Result<T::Reply> {
+        spin_until(self.slot.spin, || {
             self.slot.done.load(Ordering::Acquire) >= seq
         });
-        lock(&self.slot.result).take().unwrap_or(Ok(()))
-    }
-}
-
-impl<T: Work> Drop for Worker<T> {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            // The caller sent the exit task already (see `Pool::drop`); joining reaps the thread.
-            let _ = h.join();
+        let mut st = lock(&self.slot.state);
+        while st.done < seq {
+            st.caller_sleeping = true;
+            st = self
+                .slot
+                .wake_caller
+                .wait(st)
+                .unwrap_or_else(|e| e.into_inner());
         }
+        st.caller_sleeping = false;
+        st.reply
+            .take()
+            .unwrap_or(Err(Error::WorkerPanicked { worker: usize::MAX }))
     }
 }
 
 /// Workers one pool can hold (NPU cores: 3 on RK3588).
 pub(crate) const MAX_WORKERS: usize = 8;
 
-/// All workers of an engine.
-pub(crate) struct Pool<T: Work> {
+/// All workers of an engine, and the caller-side state that rounds share (`S`: the engine's
+/// input buffers), behind the one lock that makes a round exclusive.
+pub(crate) struct Pool<T: Work, S> {
     workers: Vec<Worker<T>>,
+    round: Mutex<S>,
     exit: fn() -> T,
 }
 
-impl<T: Work> Pool<T> {
-    pub(crate) fn new(workers: Vec<Worker<T>>, exit: fn() -> T) -> Pool<T> {
-        assert!(
-            workers.len() <= MAX_WORKERS,
-            "at most {MAX_WORKERS} workers"
-        );
-        Pool { workers, exit }
+/// Exclusive use of the pool's workers, from the first post to the last reply.
+pub(crate) struct Round<'p, T: Work, S> {
+    workers: &'p [Worker<T>],
+    /// The caller-side state, exclusive for the round.
+    pub(crate) scratch: MutexGuard<'p, S>,
+}
+
+impl<T: Work, S> Pool<T, S> {
+    /// A pool of at most [`MAX_WORKERS`] workers.
+    pub(crate) fn new(workers: Vec<Worker<T>>, scratch: S, exit: fn() -> T) -> Result<Pool<T, S>> {
+        if workers.len() > MAX_WORKERS {
+            return Err(Error::EngineConfig {
+                field: "cores",
+                value: workers.len(),
+                rule: format!("must be at most {MAX_WORKERS}"),
+            });
+        }
+        Ok(Pool {
+            workers,
+            round: Mutex::new(scratch),
+            exit,
+        })
     }
 
     /// Number of workers.
@@ -173,30 +252,105 @@ impl<T: Work> Pool<T> {
         self.workers.len()
     }
 
-    /// Runs `task(i)` on worker `i` (skipping `None`), all at once, and waits for all of them
-    /// even when one fails: the tasks may point into the caller's buffers, which must outlive
-    /// every use. Returns the first error. Allocates nothing.
-    pub(crate) fn run_all(&self, mut task: impl FnMut(usize) -> Option<T>) -> Result<()> {
-        let mut tickets = [None; MAX_WORKERS];
-        for (i, (w, t)) in self.workers.iter().zip(&mut tickets).enumerate() {
-            *t = task(i).map(|task| w.post(task));
+    /// Takes the pool for one round (waits for another caller's round to finish).
+    pub(crate) fn round(&self) -> Round<'_, T, S> {
+        Round {
+            workers: &self.workers,
+            scratch: lock(&self.round),
         }
-        let mut first = Ok(());
-        for (w, t) in self.workers.iter().zip(tickets) {
-            if let Some(seq) = t {
-                let r = w.wait(seq);
-                if first.is_ok() {
-                    first = r;
-                }
-            }
-        }
-        first
     }
 }
 
-impl<T: Work> Drop for Pool<T> {
+impl<T: Work, S> Round<'_, T, S> {
+    /// Runs `task(i)` on worker `i` (skipping `None`), all at once, and waits for all of them
+    /// even when one fails. Returns each worker's reply, or the first error. Allocates nothing.
+    pub(crate) fn run_all(
+        &mut self,
+        mut task: impl FnMut(usize, &mut S) -> Option<T>,
+    ) -> Result<[Option<T::Reply>; MAX_WORKERS]> {
+        let mut tickets = [None; MAX_WORKERS];
+        for (i, (w, t)) in self.workers.iter().zip(&mut tickets).enumerate() {
+            *t = task(i, &mut self.scratch).map(|task| w.post(task));
+        }
+        let mut replies = std::array::from_fn(|_| None);
+        let mut first = None;
+        for (i, (w, t)) in self.workers.iter().zip(tickets).enumerate() {
+            if let Some(seq) = t {
+                match w.wait(seq) {
+                    Ok(r) => replies[i] = Some(r),
+                    Err(Error::WorkerPanicked { .. }) if first.is_none() => {
+                        first = Some(Error::WorkerPanicked { worker: i })
+                    }
+                    Err(e) if first.is_none() => first = Some(e),
+                    Err(_) => {}
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(replies),
+        }
+    }
+}
+
+impl<T: Work, S> Drop for Pool<T, S> {
     fn drop(&mut self) {
         let exit = self.exit;
-        let _ = self.run_all(|_| Some(exit()));
+        let _ = self.round().run_all(|_, _| Some(exit()));
+        for w in &mut self.workers {
+            if let Some(h) = w.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! The hand-off, model-checked: every interleaving (up to a preemption bound) of two callers
+    //! and a worker delivers each task exactly once and each reply to the caller that posted
+    //! it. Run with `RUSTFLAGS="--cfg loom" cargo test -p rknn-matmul --lib --release loom`.
+    use super::*;
+
+    enum Job {
+        Add(u64),
+        Exit,
+    }
+
+    impl Work for Job {
+        type State = u64;
+        type Reply = u64;
+        fn run(self, state: &mut u64) -> Result<u64> {
+            if let Job::Add(x) = self {
+                *state += x;
+            }
+            Ok(*state)
+        }
+        fn is_exit(&self) -> bool {
+            matches!(self, Job::Exit)
+        }
+    }
+
+    #[test]
+    fn two_callers_one_worker_every_reply_reaches_its_caller() {
+        let mut model = loom::model::Builder::new();
+        // Bounded preemption keeps the search to seconds; the hand-off has few steps.
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let workers = vec![Worker::<Job>::spawn(0, Duration::ZERO, || 0).unwrap()];
+            let pool = Arc::new(Pool::new(workers, (), || Job::Exit).unwrap());
+            let p2 = pool.clone();
+            let other = thread::spawn(move || {
+                let r = p2.round().run_all(|_, _| Some(Job::Add(10))).unwrap();
+                r[0].unwrap()
+            });
+            let mine = pool.round().run_all(|_, _| Some(Job::Add(1))).unwrap()[0].unwrap();
+            let theirs = other.join().unwrap();
+            // The worker saw both tasks in some order; each caller got the state after its own.
+            assert!(
+                (mine == 1 && theirs == 11) || (mine == 11 && theirs == 10),
+                "{mine} {theirs}"
+            );
+        });
     }
 }

@@ -1,5 +1,4 @@
-//! The `rknn-info` binary: text and JSON reports on the emulator.
-#![cfg(feature = "cli")]
+//! The `rknn-info` binary: text and JSON reports on the emulator, flags as users expect them.
 
 use std::process::{Command, Output};
 
@@ -80,4 +79,61 @@ fn a_bad_platform_is_a_clear_error() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn platform_with_auto_plays_that_chip_on_a_machine_without_an_npu() {
+    let Some(out) = rknn_info(&["--platform", "rk3566", "--json"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    if v["backend"] == "emulator" {
+        assert_eq!(v["platform"], "rk3566");
+        assert_eq!(v["npu_cores"], 1);
+    }
+}
+
+#[test]
+fn version_reports_the_runtime_and_driver() {
+    let Some(out) = rknn_info(&["--backend", "emulator", "--version"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!("rknn-info {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert!(
+        text.contains("runtime 2.3.2") && text.contains("driver"),
+        "{text}"
+    );
+}
+
+#[test]
+#[cfg(unix)]
+fn a_closed_pipe_is_not_a_panic() {
+    use std::process::Stdio;
+    let child = Command::new(env!("CARGO_BIN_EXE_rknn-info"))
+        .args(["--backend", "emulator"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    // Close the reading end before the report is written, like `rknn-info | head -0`.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{stderr}");
 }

@@ -1,12 +1,14 @@
 //! `rknn-info`: what this machine's NPU (or the emulator) is and can do, like `clinfo`.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use rknn_matmul::guard::NpuLock;
 use rknn_matmul::{Backend, Platform, Runtime, RuntimeOptions};
+use rknn_tools::print_out;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum BackendArg {
     Auto,
     Npu,
@@ -16,35 +18,72 @@ enum BackendArg {
 /// Reports the backend, chip, NPU cores, runtime and driver versions, file-descriptor limits,
 /// NPU lock state and the matmul capability table.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(about, disable_version_flag = true)]
 struct Args {
     /// Which backend to open.
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
-    /// The chip the emulator plays (rk3588, rk3576, rk3562, rk3566, rk3568).
-    #[arg(long, default_value = "rk3588")]
-    platform: Platform,
+    /// The chip: the one the emulator plays (with `emulator`, or `auto` without an NPU;
+    /// default rk3588), or the one to assume on the NPU instead of reading the device tree
+    /// (with `npu`). One of rk3588, rk3576, rk3562, rk3566, rk3568.
+    #[arg(long)]
+    platform: Option<Platform>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Print this tool's version and the runtime's and driver's versions, then exit.
+    #[arg(short = 'V', long)]
+    version: bool,
+}
+
+fn open(args: &Args) -> Result<(Runtime, std::path::PathBuf), rknn_matmul::Error> {
+    let mut opts = RuntimeOptions::default();
+    let backend = match (args.backend, args.platform) {
+        (BackendArg::Auto, p) => {
+            if let Some(p) = p {
+                opts.emulator.platform = p;
+            }
+            Backend::Auto
+        }
+        (BackendArg::Npu, p) => {
+            opts.npu_platform = p;
+            Backend::Npu
+        }
+        (BackendArg::Emulator, p) => Backend::Emulator(p.unwrap_or(Platform::Rk3588)),
+    };
+    let lock_path = opts.lock_path.clone();
+    Ok((Runtime::open(backend, opts)?, lock_path))
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let backend = match args.backend {
-        BackendArg::Auto => Backend::Auto,
-        BackendArg::Npu => Backend::Npu,
-        BackendArg::Emulator => Backend::Emulator(args.platform),
-    };
-    let opts = RuntimeOptions::default();
-    let lock_path = opts.lock_path.clone();
-    let rt = match Runtime::open(backend, opts) {
-        Ok(rt) => rt,
+    let (rt, lock_path) = match open(&args) {
+        Ok(r) => r,
+        Err(e) if args.version => {
+            print_out(&format!(
+                "rknn-info {}\nruntime: unavailable ({e})\n",
+                env!("CARGO_PKG_VERSION")
+            ));
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("rknn-info: {e}");
             return ExitCode::FAILURE;
         }
     };
+    if args.version {
+        let versions = match rt.versions() {
+            Some(v) => format!("runtime {}\ndriver {}", v.runtime, v.driver),
+            None => "runtime and driver versions not reported".to_string(),
+        };
+        print_out(&format!(
+            "rknn-info {} ({} backend, {})\n{versions}\n",
+            env!("CARGO_PKG_VERSION"),
+            rt.backend_name(),
+            rt.platform()
+        ));
+        return ExitCode::SUCCESS;
+    }
     let caps = rt.capabilities();
     let fd = rt.fd_limit();
     let lock_holder = match rt.npu_lock() {
@@ -66,6 +105,7 @@ fn main() -> ExitCode {
             .collect();
         let v = serde_json::json!({
             "backend": rt.backend_name(),
+            "hardware": rt.is_hardware(),
             "selection_reason": rt.selection_reason(),
             "platform": rt.platform().name(),
             "runtime_version": rt.versions().map(|v| v.runtime.clone()),
@@ -76,45 +116,53 @@ fn main() -> ExitCode {
             "npu_lock": {"path": lock_path.display().to_string(), "holder_pid": lock_holder},
             "dtypes": dtypes,
         });
-        println!("{v}");
+        print_out(&format!("{v}\n"));
         return ExitCode::SUCCESS;
     }
-    println!(
+    let mut s = String::new();
+    // Writing into a String cannot fail.
+    let _ = writeln!(
+        s,
         "Backend           {} ({})",
         rt.backend_name(),
         rt.selection_reason()
     );
-    println!("Platform          {}", rt.platform());
-    println!("NPU cores         {}", rt.npu_cores());
-    match rt.versions() {
-        Some(v) => println!(
+    let _ = writeln!(s, "Platform          {}", rt.platform());
+    let _ = writeln!(s, "NPU cores         {}", rt.npu_cores());
+    let _ = match rt.versions() {
+        Some(v) => writeln!(
+            s,
             "Runtime version   {}\nDriver version    {}",
             v.runtime, v.driver
         ),
-        None => println!("Versions          not reported"),
-    }
-    match fd {
-        Some(l) => println!(
+        None => writeln!(s, "Versions          not reported"),
+    };
+    let _ = match fd {
+        Some(l) => writeln!(
+            s,
             "fd limit          soft {} (was {}), hard {}",
             l.soft, l.soft_before, l.hard
         ),
-        None => println!("fd limit          not checked"),
-    }
-    println!(
+        None => writeln!(s, "fd limit          not checked"),
+    };
+    let _ = writeln!(
+        s,
         "Handle budget     {} NPU memories",
         rt.handle_budget().budget()
     );
-    match lock_holder {
-        Some(pid) => println!(
+    let _ = match lock_holder {
+        Some(pid) => writeln!(
+            s,
             "NPU lock          {} held by pid {pid}",
             lock_path.display()
         ),
-        None => println!("NPU lock          {} free", lock_path.display()),
-    }
-    println!("\nMatmul types:");
+        None => writeln!(s, "NPU lock          {} free", lock_path.display()),
+    };
+    let _ = writeln!(s, "\nMatmul types:");
     for c in &caps {
         let mark = if c.supported { "yes" } else { "no " };
-        println!(
+        let _ = writeln!(
+            s,
             "  {:>2} {:<36} {:<6} {mark} {}",
             c.matmul_type.raw(),
             c.matmul_type.c_name(),
@@ -122,5 +170,6 @@ fn main() -> ExitCode {
             c.reason.as_deref().unwrap_or("")
         );
     }
+    print_out(&s);
     ExitCode::SUCCESS
 }
