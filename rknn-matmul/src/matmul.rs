@@ -800,7 +800,7 @@ impl<K: MatmulKind> Matmul<K> {
             B_layout: Layout::Native.raw() as i16,
             ..Default::default()
         };
-        let mut out = vec![0u8; dst.as_slice().len() * std::mem::size_of::<K::B>()];
+        let mut out = vec![0u8; std::mem::size_of_val(dst.as_slice())];
         self.runtime().call(|api| {
             result::b_normal_to_native(api, &input, &mut out, k as i32, n as i32, &mut info)
         })?;
