@@ -8,10 +8,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use rknn_chip::layout::{self, TensorDesc};
-use rknn_chip::{ElemKind, Platform};
+use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::context::{CallResult, Context};
+use crate::context::{CallResult, Context, try_vec};
 use crate::instance::{self, Instance, next_handle};
 use crate::memory::Source;
 
@@ -543,14 +543,9 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
     })
 }
 
-/// Element bytes of normal-layout B given to the converter (int4 is unpacked: one per byte).
-fn converter_input_bytes(kind: ElemKind) -> usize {
-    match kind {
-        ElemKind::I4 | ElemKind::I8 => 1,
-        _ => 2,
-    }
-}
-
+/// `rknn_B_normal_layout_to_native_layout`: row-major [K, N] B into the native layout of the
+/// configuration in `info` (its K and N replaced by the arguments), with K segmentation.
+/// int4 input is read as [`EmuConfig::int4_converter_input`](crate::EmuConfig) says (\[open\]).
 unsafe extern "C" fn b_normal_to_native<const S: usize>(
     b_in: *mut c_void,
     b_out: *mut c_void,
@@ -577,42 +572,55 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
         };
         let (cfg, descs) = describe(platform, &inst, &one)?;
         let kind = cfg.t.b;
-        let count = cfg.k * cfg.n;
-        let in_len = count * converter_input_bytes(kind);
+        let int4 = inst.cfg.int4_converter_input;
+        let too_big = || {
+            param(format!(
+                "B of K={} N={} does not fit in memory",
+                cfg.k, cfg.n
+            ))
+        };
+        let count = cfg.k.checked_mul(cfg.n).ok_or_else(too_big)?;
+        let in_len = layout::converter_input_len(kind, cfg.k, cfg.n, int4).ok_or_else(too_big)?;
         let out_len = descs[1].size_bytes();
         let (i0, o0) = (b_in.addr(), b_out.addr());
-        if i0 < o0 + out_len && o0 < i0 + in_len {
+        if i0 < o0.saturating_add(out_len) && o0 < i0.saturating_add(in_len) {
             return Err(param(
                 "B_input and B_output overlap: in-place conversion corrupts B on the real runtime",
             ));
         }
-        let geo = layout::native_b_geometry(platform, cfg.t, cfg.k, cfg.n)
-            .ok_or_else(|| param("no tiles"))?;
+        let geo = layout::native_b_geometry(platform, cfg.t, cfg.k, cfg.n).ok_or_else(too_big)?;
+        // SAFETY: non-null, `in_len` bytes by the C contract (the caller's buffer holds the whole
+        // input in the form the setting names), not overlapping the output (checked above).
+        let input = unsafe { std::slice::from_raw_parts(b_in as *const u8, in_len) };
+        // SAFETY: non-null, `out_len` bytes (the size io_attr reports for native B) by the C
+        // contract; distinct from `input`.
+        let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
         match kind {
             ElemKind::I8 | ElemKind::I4 => {
-                // SAFETY: non-null, `in_len` bytes by the C contract, not overlapping the output.
-                let src = unsafe { std::slice::from_raw_parts(b_in as *const i8, count) };
-                let mut native = vec![0i8; geo.len()];
-                geo.pack_from_kn(src, &mut native);
-                // SAFETY: non-null, `out_len` bytes by the C contract.
-                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
+                let mut src = try_vec(count, 0i8)?;
+                match (kind, int4) {
+                    (ElemKind::I4, Int4ConverterInput::Packed) => {
+                        layout::unpack_i4(input, &mut src)
+                    }
+                    _ => src.iter_mut().zip(input).for_each(|(d, &b)| *d = b as i8),
+                }
+                let mut native = try_vec(geo.len(), 0i8)?;
+                geo.pack_from_kn(&src, &mut native);
                 if kind == ElemKind::I4 {
+                    // Values outside -8..=7 (one per byte) keep their low nibble.
                     layout::pack_i4(&native, out);
                 } else {
                     out.iter_mut().zip(&native).for_each(|(d, &s)| *d = s as u8);
                 }
             }
             _ => {
-                // SAFETY: as above, for 16-bit elements (alignment is not guaranteed: read bytes).
-                let src_bytes = unsafe { std::slice::from_raw_parts(b_in as *const u8, in_len) };
-                let src: Vec<u16> = src_bytes
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect();
-                let mut native = vec![0u16; geo.len()];
+                // 16-bit elements; the caller's buffer need not be aligned: read bytes.
+                let mut src = try_vec(count, 0u16)?;
+                src.iter_mut()
+                    .zip(input.chunks_exact(2))
+                    .for_each(|(d, c)| *d = u16::from_le_bytes([c[0], c[1]]));
+                let mut native = try_vec(geo.len(), 0u16)?;
                 geo.pack_from_kn(&src, &mut native);
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
                 out.chunks_exact_mut(2)
                     .zip(&native)
                     .for_each(|(d, s)| d.copy_from_slice(&s.to_le_bytes()));

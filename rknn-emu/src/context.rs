@@ -62,6 +62,23 @@ fn param(msg: impl Into<String>) -> (i32, String) {
     (sys::RKNN_ERR_PARAM_INVALID, msg.into())
 }
 
+/// `len` copies of `value`, or `RKNN_ERR_MALLOC_FAIL` when the host is out of memory: sizes
+/// come from the caller, and an allocation abort would kill the C caller's process.
+pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> CallResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        (
+            sys::RKNN_ERR_MALLOC_FAIL,
+            format!(
+                "out of host memory for {len} elements of {} bytes",
+                std::mem::size_of::<T>()
+            ),
+        )
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
 impl Context {
     pub(crate) fn new(
         base: MatmulConfig,

@@ -344,15 +344,23 @@ fn dynamic_shapes_select_one_of_the_creation_shapes() {
 
 #[test]
 fn the_b_converter_matches_the_documented_layout_and_refuses_aliasing() {
+    use rknn_chip::Int4ConverterInput::{OnePerByte, Packed};
     let mut rng = fastrand::Rng::with_seed(9);
-    for (p, t) in [
-        (Platform::Rk3588, RKNN_INT8_MM_INT8_TO_INT32),
-        (Platform::Rk3588, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32),
-        (Platform::Rk3588, RKNN_INT4_MM_INT4_TO_INT16),
-        (Platform::Rk3576, RKNN_INT8_MM_INT8_TO_INT32),
-        (Platform::Rk3566, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32),
+    for (p, t, int4) in [
+        (Platform::Rk3588, RKNN_INT8_MM_INT8_TO_INT32, Packed),
+        (Platform::Rk3588, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32, Packed),
+        (Platform::Rk3588, RKNN_INT4_MM_INT4_TO_INT16, Packed),
+        (Platform::Rk3588, RKNN_INT4_MM_INT4_TO_INT16, OnePerByte),
+        (Platform::Rk3576, RKNN_INT8_MM_INT8_TO_INT32, Packed),
+        (Platform::Rk3576, RKNN_INT8_MM_INT4_TO_INT32, Packed),
+        (Platform::Rk3576, RKNN_INT8_MM_INT4_TO_INT32, OnePerByte),
+        (Platform::Rk3566, RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32, Packed),
     ] {
-        let emu = emulator(p);
+        let emu = Emulator::new(EmuConfig {
+            int4_converter_input: int4,
+            ..EmuConfig::new(p)
+        })
+        .unwrap();
         let conv = emu.api().rknn_B_normal_layout_to_native_layout.unwrap();
         let mt = rknn_chip::MatmulType::from_raw(t).unwrap();
         let tiles = p.tiles(mt).unwrap();
@@ -366,8 +374,13 @@ fn the_b_converter_matches_the_documented_layout_and_refuses_aliasing() {
             let (_, tb) = operand_types(t);
             let b = random_values(&mut rng, tb, k * n);
             let order = native_b_order(k, n, tiles.b_n, tiles.b_k, p.k_segment());
-            // The converter's input: int4 unpacked, one value per byte.
+            // The converter's input, row-major [K, N]: int4 packed two per byte (even element
+            // in the low nibble, as Rockchip's demos pack it) or one per byte, per the setting.
             let input: Vec<u8> = match &b {
+                Values::Int(v) if mt.b == rknn_chip::ElemKind::I4 && int4 == Packed => v
+                    .chunks(2)
+                    .map(|c| (c[0] as u8 & 0xf) | ((c[1] as u8 & 0xf) << 4))
+                    .collect(),
                 Values::Int(v) => v.iter().map(|&x| x as i8 as u8).collect(),
                 Values::Float(v) => v
                     .iter()
@@ -411,8 +424,8 @@ fn the_b_converter_matches_the_documented_layout_and_refuses_aliasing() {
                     &mut info,
                 )
             };
-            assert_eq!(rc, 0, "{p} {t} K={k}: {}", last_error());
-            assert!(out == want, "{p} type {t} K={k} N={n}");
+            assert_eq!(rc, 0, "{p} {t} {int4} K={k}: {}", last_error());
+            assert!(out == want, "{p} type {t} {int4} K={k} N={n}");
             // In place: refused, not corrupted.
             let mut same = vec![0u8; want.len().max(input.len())];
             same[..input.len()].copy_from_slice(&input);
