@@ -11,7 +11,7 @@ use rknn_chip::layout::{self, TensorDesc};
 use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::context::{CallResult, Context, try_vec};
+use crate::context::{CallResult, Context, MemRef, try_vec};
 use crate::instance::{self, Instance, next_handle};
 use crate::memory::Source;
 
@@ -273,6 +273,16 @@ unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
                     cfg.m, cfg.k, cfg.n
                 )));
             }
+            if let Some(first) = cfgs.first() {
+                if cfg.b_layout != rknn_chip::Layout::TpNorm && (cfg.k, cfg.n) != (first.k, first.n)
+                {
+                    // [doc] vendor demo: with B NORM or NATIVE, B is bound once for all shapes.
+                    return Err(param(format!(
+                        "with B_layout NORM or NATIVE every shape must have the same K and N (B is bound once): shape M={} K={} N={} differs from K={} N={}",
+                        cfg.m, cfg.k, cfg.n, first.k, first.n
+                    )));
+                }
+            }
             cfgs.push(cfg);
             all_descs.push(descs);
         }
@@ -360,14 +370,26 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                     desc.size_bytes()
                 )));
             }
+            if m.domain != c.domain {
+                // Each IOMMU domain is its own device address space: on a board the NPU would
+                // read or write through a mapping that does not exist in this context's domain.
+                return Err(param(format!(
+                    "{name}'s memory was allocated in IOMMU domain {} but this context is in domain {}: allocate it on a context of domain {}",
+                    m.domain, c.domain, c.domain
+                )));
+            }
+            let bound = MemRef {
+                key: crate::memory::key(mem),
+                id: m.id,
+            };
             if which == 2 {
-                c.c_mem = Some(crate::memory::key(mem));
+                c.bound[2] = Some(bound);
                 return Ok(());
             }
             // SAFETY: the memory is live (checked above, and the state lock keeps it so) and at
             // least `desc.size_bytes()` long.
             let bytes = unsafe { std::slice::from_raw_parts(m.device_ptr(), desc.size_bytes()) };
-            c.bind_input(platform, which, bytes)
+            c.bind_input(platform, which, bytes, bound)
         })
     })
 }
@@ -504,25 +526,57 @@ unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
         with_context(&inst, handle(ctx), |c| {
-            let bytes = c.run(&inst.cfg)?;
-            let key = c.c_mem.ok_or_else(|| {
+            c.require_inputs()?;
+            let c_mem = c.bound[2].ok_or_else(|| {
                 err(
                     sys::RKNN_ERR_OUTPUT_INVALID,
                     "C must be bound with set_io_mem before run",
                 )
             })?;
+            // The emulator read A and B at bind time, but the board reads them now: a memory
+            // destroyed since is a DMA from freed pages (an IOMMU fault), so the run fails.
+            {
+                let st = inst.state();
+                for (i, name) in [(0, "A"), (1, "B")] {
+                    if let Some(r) = c.bound[i] {
+                        if !is_live(&st, r) {
+                            return Err(err(
+                                sys::RKNN_ERR_INPUT_INVALID,
+                                format!(
+                                    "{name}'s memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if !is_live(&st, c_mem) {
+                    return Err(destroyed_c());
+                }
+            }
+            let bytes = c.run(&inst.cfg)?;
             let st = inst.state();
-            let m = st.memories.get_key(key).ok_or_else(|| {
-                err(
-                    sys::RKNN_ERR_OUTPUT_INVALID,
-                    "C's memory was destroyed after it was bound",
-                )
-            })?;
+            // Checked again: another thread may have destroyed C during the run.
+            let m = st
+                .memories
+                .get_key(c_mem.key)
+                .filter(|m| m.id == c_mem.id)
+                .ok_or_else(destroyed_c)?;
             // SAFETY: live memory (the state lock keeps it so) of at least C's size, checked at bind.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.device_ptr(), bytes.len()) };
             Ok(())
         })
     })
+}
+
+fn is_live(st: &instance::State, r: MemRef) -> bool {
+    st.memories.get_key(r.key).is_some_and(|m| m.id == r.id)
+}
+
+fn destroyed_c() -> (c_int, String) {
+    err(
+        sys::RKNN_ERR_OUTPUT_INVALID,
+        "C's memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)",
+    )
 }
 
 unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {

@@ -40,6 +40,14 @@ enum Operand {
     Float(Vec<f32>),
 }
 
+/// Which memory a matrix is bound to: its registry key and its unique id, so that a memory
+/// destroyed after binding is noticed even when a new one reuses its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemRef {
+    pub(crate) key: usize,
+    pub(crate) id: u64,
+}
+
 /// The state of one context.
 pub(crate) struct Context {
     pub(crate) base: MatmulConfig,
@@ -48,11 +56,18 @@ pub(crate) struct Context {
     pub(crate) descs: Vec<[TensorDesc; 3]>,
     pub(crate) domain: i32,
     pub(crate) core_mask: u32,
+    /// N and K that the quantisation parameters describe: the context's (every shape's when B
+    /// is NORM or NATIVE, which fixes them; the largest for TP_NORM B, as the vendor's
+    /// dynamic-shape demo sizes its arrays).
+    quant_n: usize,
+    quant_k: usize,
     quant: [Option<QuantParams>; 3],
     a: Option<Operand>,
-    b: Option<Operand>,
-    /// The memory C is bound to (key into the instance's memories).
-    pub(crate) c_mem: Option<usize>,
+    /// B as read at bind time, and the (K, N) of the shape it was bound for: B stays bound
+    /// across `set_dynamic_shape` ("B can not be dynamic, only call set_io_mem once").
+    b: Option<(Operand, (usize, usize))>,
+    /// The memories A, B and C are bound to.
+    pub(crate) bound: [Option<MemRef>; 3],
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.
@@ -86,6 +101,8 @@ impl Context {
         descs: Vec<[TensorDesc; 3]>,
         domain: i32,
     ) -> Context {
+        let quant_n = shapes.iter().map(|s| s.2).max().unwrap_or(base.n);
+        let quant_k = shapes.iter().map(|s| s.1).max().unwrap_or(base.k);
         Context {
             base,
             shapes,
@@ -93,10 +110,12 @@ impl Context {
             descs,
             domain,
             core_mask: 0,
+            quant_n,
+            quant_k,
             quant: [None, None, None],
             a: None,
             b: None,
-            c_mem: None,
+            bound: [None; 3],
         }
     }
 
@@ -120,8 +139,10 @@ impl Context {
         &self.descs[self.current]
     }
 
-    /// Selects a creation shape; the bindings are cleared, since the sizes change and the
-    /// documented order is set_dynamic_shape, then set_io_mem.
+    /// Selects a creation shape. A and C are unbound, since their sizes change and the
+    /// documented order is set_dynamic_shape, then set_io_mem; B stays bound, as the vendor's
+    /// dynamic-shape usage binds it once (a TP_NORM B whose K or N changes must be bound again:
+    /// `run` says so).
     pub(crate) fn set_shape(&mut self, m: usize, k: usize, n: usize) -> CallResult {
         let i = self
             .shapes
@@ -135,8 +156,8 @@ impl Context {
             })?;
         self.current = i;
         self.a = None;
-        self.b = None;
-        self.c_mem = None;
+        self.bound[0] = None;
+        self.bound[2] = None;
         Ok(())
     }
 
@@ -149,14 +170,14 @@ impl Context {
                 1,
                 match cfg.b_quant.granularity {
                     QuantGranularity::PerLayer => 1,
-                    QuantGranularity::PerChannel => cfg.n,
-                    QuantGranularity::PerGroup => cfg.n * cfg.k / cfg.group_size,
+                    QuantGranularity::PerChannel => self.quant_n,
+                    QuantGranularity::PerGroup => self.quant_n * (self.quant_k / cfg.group_size),
                 },
             ),
             "C" => (
                 2,
                 if cfg.ac_quant.granularity == QuantGranularity::PerChannel {
-                    cfg.n
+                    self.quant_n
                 } else {
                     1
                 },
@@ -211,6 +232,7 @@ impl Context {
         platform: Platform,
         which: usize,
         bytes: &[u8],
+        mem: MemRef,
     ) -> CallResult {
         let cfg = self.cfg();
         let desc = self.current_descs()[which];
@@ -247,22 +269,23 @@ impl Context {
         if which == 0 {
             self.a = Some(operand);
         } else {
-            self.b = Some(self.dequantise_b(operand));
+            self.b = Some((self.dequantise_b(operand)?, (cfg.k, cfg.n)));
         }
+        self.bound[which] = Some(mem);
         Ok(())
     }
 
     /// For the float-A types with integer B, turns B into floats with B's quant params.
-    fn dequantise_b(&self, bt: Operand) -> Operand {
+    fn dequantise_b(&self, bt: Operand) -> CallResult<Operand> {
         let cfg = self.cfg();
-        match bt {
+        Ok(match bt {
             Operand::Int(v) if cfg.t.a == ElemKind::F16 => {
                 let q = self.quant_or_default(1);
                 let (n, k) = (cfg.n, cfg.k);
-                let mut out = vec![0f32; n * k];
+                let mut out = try_vec(v.len(), 0f32)?;
                 for col in 0..n {
                     for kk in 0..k {
-                        let i = b_param_index(&cfg, kk, col);
+                        let i = b_param_index(&cfg, self.quant_n, kk, col);
                         out[col * k + kk] =
                             (i32::from(v[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
                     }
@@ -270,27 +293,48 @@ impl Context {
                 Operand::Float(out)
             }
             other => other,
-        }
+        })
     }
 
     pub(crate) fn unbind_all(&mut self) {
         self.a = None;
         self.b = None;
-        self.c_mem = None;
+        self.bound = [None; 3];
+    }
+
+    /// Checks that A and B are bound, for the current shape.
+    pub(crate) fn require_inputs(&self) -> CallResult {
+        self.inputs().map(|_| ())
+    }
+
+    fn inputs(&self) -> CallResult<(&Operand, &Operand)> {
+        let cfg = self.cfg();
+        Ok(match (&self.a, &self.b) {
+            (Some(a), Some((b, (bk, bn)))) => {
+                if (*bk, *bn) != (cfg.k, cfg.n) {
+                    return Err((
+                        sys::RKNN_ERR_INPUT_INVALID,
+                        format!(
+                            "B was bound for K={bk} N={bn} but the current shape has K={} N={}: bind B again after set_dynamic_shape",
+                            cfg.k, cfg.n
+                        ),
+                    ));
+                }
+                (a, b)
+            }
+            _ => {
+                return Err((
+                    sys::RKNN_ERR_INPUT_INVALID,
+                    "A and B must be bound with set_io_mem before run (after set_dynamic_shape, bind A and C again; B stays bound)".into(),
+                ));
+            }
+        })
     }
 
     /// Computes C for the bound inputs and returns it as bytes in C's layout.
     pub(crate) fn run(&self, emu: &EmuConfig) -> CallResult<Vec<u8>> {
         let cfg = self.cfg();
-        let (a, b) = match (&self.a, &self.b) {
-            (Some(a), Some(b)) => (a, b),
-            _ => {
-                return Err((
-                    sys::RKNN_ERR_INPUT_INVALID,
-                    "A and B must be bound with set_io_mem before run".into(),
-                ));
-            }
-        };
+        let (a, b) = self.inputs()?;
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
         let out = match (a, b) {
             (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt),
@@ -345,7 +389,8 @@ impl Context {
                         .enumerate()
                         .map(|(i, &r)| {
                             let col = i % n;
-                            let ci = if qc.scale.len() == n { col } else { 0 };
+                            // Per-channel C has one entry per column (checked at set_quant_params).
+                            let ci = if qc.scale.len() > 1 { col } else { 0 };
                             let q = round(r / f64::from(qc.scale(ci)), emu.rounding)
                                 + f64::from(qc.zp(ci));
                             q.clamp(-128.0, 127.0) as i8
@@ -408,7 +453,7 @@ impl Context {
                 .collect();
             for r in 0..m {
                 for c in 0..n {
-                    let pi = b_param_index(cfg, g0, c);
+                    let pi = b_param_index(cfg, self.quant_n, g0, c);
                     let zb = i64::from(qb.zp(pi));
                     let exact = i64::from(acc[r * n + c]) - zb * row_sums[r] - za * col_sums[c]
                         + group as i64 * za * zb;
@@ -422,12 +467,13 @@ impl Context {
 }
 
 /// Index into B's quant arrays for element (k, n): per-layer 0, per-channel n, per-group
-/// `(k / G) * N + n` (order `[K/G][N]`, inferred: \[open\]).
-fn b_param_index(cfg: &MatmulConfig, k: usize, n: usize) -> usize {
+/// `(k / G) * stride_n + n` (order `[K/G][N]`, inferred: \[open\]; `stride_n` is the context's
+/// N, which the arrays were sized for).
+fn b_param_index(cfg: &MatmulConfig, stride_n: usize, k: usize, n: usize) -> usize {
     match cfg.b_quant.granularity {
         QuantGranularity::PerLayer => 0,
         QuantGranularity::PerChannel => n,
-        QuantGranularity::PerGroup => (k / cfg.group_size) * cfg.n + n,
+        QuantGranularity::PerGroup => (k / cfg.group_size) * stride_n + n,
     }
 }
 

@@ -48,6 +48,8 @@ pub(crate) struct Memory {
     cpu: Option<Buffer>,
     /// The device view under strict cache emulation.
     device: Option<Buffer>,
+    /// Unique over the process's life (a new memory may reuse a destroyed one's address).
+    pub(crate) id: u64,
     /// The context the memory was created on (0 for `ALLOC_NO_CONTEXT`).
     pub(crate) ctx: u64,
     /// The IOMMU domain charged.
@@ -222,6 +224,7 @@ impl Memories {
                 desc,
                 cpu,
                 device,
+                id: crate::instance::next_handle(),
                 ctx,
                 domain,
                 size,
