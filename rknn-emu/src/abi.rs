@@ -707,7 +707,7 @@ fn create(
     let st = &mut *st;
     st.memories
         .create(&inst.cfg, ctx, domain, size, source, &mut st.next_fd)
-        .map_err(|e| err(sys::RKNN_ERR_MALLOC_FAIL, format!("rknn_create_mem: {e}")))
+        .map_err(|e| err(sys::RKNN_ERR_MALLOC_FAIL, e.to_string()))
 }
 
 unsafe extern "C" fn create_mem<const S: usize>(

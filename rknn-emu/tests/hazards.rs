@@ -808,3 +808,132 @@ fn a_run_after_a_bound_memory_was_destroyed_fails() {
         }
     }
 }
+
+/// Runs test `name` of this binary again in a child process with `CHILD_ENV` set, and returns
+/// its exit status and output; `None` (after saying why) where no child can run, as under
+/// qemu-user without binfmt.
+fn in_child(name: &str) -> Option<std::process::Output> {
+    let out = match std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.raw_os_error() == Some(8) => {
+            eprintln!("skipped: cannot start a child process here ({e})");
+            return None;
+        }
+        Err(e) => panic!("spawn the child: {e}"),
+    };
+    if !String::from_utf8_lossy(&out.stdout).contains("running 1 test") {
+        eprintln!(
+            "skipped: the child process did not start ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(out)
+}
+
+const CHILD_ENV: &str = "RKNN_EMU_TEST_CHILD";
+
+fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
+#[cfg(unix)]
+#[test]
+#[cfg_attr(miri, ignore = "mmap guard pages and child processes")]
+fn memories_are_page_aligned_mappings_whose_overrun_faults() {
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, _) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: writes stay within the page-rounded mapping until the child's deliberate overrun.
+    unsafe {
+        let mem = (api.rknn_create_mem)(ctx, 100);
+        let base = (*mem).virt_addr.cast::<u8>();
+        assert_eq!(
+            base.addr() % page,
+            0,
+            "page aligned, like a dma-buf mapping"
+        );
+        // The rounding up to the page is mapped (a board maps whole pages too).
+        base.add(page - 1).write_volatile(1);
+        if is_child() {
+            // The first byte after the rounded size is the guard page: this write faults.
+            base.add(page).write_volatile(1);
+            // Not reached when the guard works; exit cleanly so the parent sees the difference.
+            std::process::exit(0);
+        }
+        assert_eq!((api.rknn_destroy_mem)(ctx, mem), 0);
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+    }
+    let Some(out) = in_child("memories_are_page_aligned_mappings_whose_overrun_faults") else {
+        return;
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "an overrun into the guard page must fault: {:?}",
+        out.status
+    );
+}
+
+#[cfg(unix)]
+#[test]
+#[cfg_attr(miri, ignore = "setrlimit and child processes")]
+fn huge_allocations_under_a_small_address_space_return_null() {
+    if !is_child() {
+        let Some(out) = in_child("huge_allocations_under_a_small_address_space_return_null") else {
+            return;
+        };
+        assert!(
+            out.status.success(),
+            "the child must finish, not abort: {:?}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    // A small board: 2 GiB of address space for the whole process (this child only).
+    let limit = libc::rlimit {
+        rlim_cur: 2 << 30,
+        rlim_max: 2 << 30,
+    };
+    // SAFETY: a valid rlimit for this process.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, _) = ctx_i8(&emu, 1, 32, 32);
+    let api = emu.api();
+    let create2 = api.rknn_create_mem2.unwrap();
+    // SAFETY: allocation calls on a live context; only non-NULL results are freed.
+    unsafe {
+        assert!((api.rknn_create_mem)(ctx, 0xFFFF_FFFF).is_null());
+        let msg = last_error();
+        assert!(msg.contains("could not map 4294967295 bytes"), "{msg}");
+        assert!(create2(ctx, 0xFFFF_FFFF, 0).is_null());
+        assert!(create2(ctx, 3 << 30, 0).is_null());
+        assert!(create2(ctx, 1 << 40, 0).is_null());
+        assert!(last_error().contains("uint32_t"), "{}", last_error());
+        assert!(create2(ctx, u64::MAX, 0).is_null());
+        // Strict cache emulation maps twice: 2 x 1 GiB does not fit, and the first mapping is
+        // released when the second fails...
+        let mut cfg = EmuConfig::new(Platform::Rk3588);
+        cfg.strict_cache = true;
+        let strict = Emulator::new(cfg).unwrap();
+        let (c2, _) = ctx_i8(&strict, 1, 32, 32);
+        assert!((strict.api().rknn_create_mem)(c2, 1 << 30).is_null());
+        // ...so 1 GiB still fits (it would not beside a leaked 1 GiB).
+        let ok = (api.rknn_create_mem)(ctx, 1 << 30);
+        assert!(!ok.is_null(), "{}", last_error());
+        assert_eq!((api.rknn_destroy_mem)(ctx, ok), 0);
+        assert_eq!(emu.stats().memories, 0);
+        assert_eq!(emu.domain_used(0), 0, "failed allocations are not charged");
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
+        assert_eq!((strict.api().rknn_matmul_destroy)(c2), 0);
+    }
+}
