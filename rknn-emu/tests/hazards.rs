@@ -735,10 +735,8 @@ fn a_memory_of_another_iommu_domain_cannot_be_bound() {
         let mut io = rknn_matmul_io_attr::default();
         let mut ctx = 0;
         // SAFETY: valid pointers.
-        assert_eq!(
-            unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) },
-            0
-        );
+        let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
+        assert_eq!(rc, 0);
         (ctx, io)
     };
     let (c0, mut io0) = make(0);
