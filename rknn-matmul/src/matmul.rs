@@ -632,7 +632,8 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
 
     /// Converts B from normal [K, N] into the native layout in `dst`, with the chip's K
     /// segmentation (`rknn_B_normal_layout_to_native_layout`). For int4 B, `src` holds one value
-    /// per element (-8..=7). Source and destination cannot alias: `dst` is borrowed mutably, so
+    /// per element (-8..=7); they are passed packed two per byte or one per byte as
+    /// `rknn_chip::Int4ConverterInput` says for this runtime (\[open\]). Source and destination cannot alias: `dst` is borrowed mutably, so
     /// the in-place conversion that corrupts B on the hardware cannot be written:
     ///
     /// ```compile_fail,E0502
@@ -689,12 +690,38 @@ impl<'rt, K: MatmulKind> Matmul<'rt, K> {
             B_layout: 1,
             ..Default::default()
         };
+        // int4 B: the converter's input form is [open] (rknn_chip::Int4ConverterInput); pass the
+        // one the runtime is set to read (packed two per byte by default, as Rockchip's demos).
+        let int4 = match self.core.rt.emulator_instance() {
+            Some(e) => e.config().int4_converter_input,
+            None => rknn_chip::Int4ConverterInput::from_env()
+                .map_err(|e| Error::Invalid(e.to_string()))?,
+        };
+        let packed: Option<Vec<u8>> = if K::B::KIND == rknn_chip::ElemKind::I4
+            && int4 == rknn_chip::Int4ConverterInput::Packed
+        {
+            let vals = src
+                .iter()
+                .map(|x| (x as &dyn std::any::Any).downcast_ref::<i8>().copied())
+                .collect::<Option<Vec<i8>>>()
+                .ok_or_else(|| Error::Invalid("int4 B source must be i8 values".into()))?;
+            let mut bytes = vec![0u8; vals.len().div_ceil(2)];
+            rknn_chip::layout::pack_i4(&vals, &mut bytes);
+            Some(bytes)
+        } else {
+            None
+        };
+        let input: *const std::ffi::c_void = match &packed {
+            Some(p) => p.as_ptr().cast(),
+            None => src.as_ptr().cast(),
+        };
         let out = dst.as_mut_slice();
-        // SAFETY: `src` holds K*N elements and `out` the native size (checked); they cannot alias
-        // (shared vs unique borrow); the converter only reads and writes within those sizes.
+        // SAFETY: the input holds K*N elements (checked; packed int4: K*N/2 bytes, the form the
+        // runtime reads) and `out` the native size (checked); they cannot alias (shared vs unique
+        // borrow, or a fresh vector); the converter only reads and writes within those sizes.
         let rc = unsafe {
             conv(
-                src.as_ptr() as *mut _,
+                input as *mut _,
                 out.as_mut_ptr().cast(),
                 k as i32,
                 n as i32,
