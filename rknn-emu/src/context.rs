@@ -242,7 +242,7 @@ impl Context {
         let count = desc.elements();
         let operand = match desc.kind {
             ElemKind::I8 | ElemKind::I4 => {
-                let mut v = vec![0i8; count];
+                let mut v = try_vec(count, 0i8)?;
                 if desc.kind == ElemKind::I4 {
                     layout::unpack_i4(bytes, &mut v);
                 } else {
@@ -251,11 +251,11 @@ impl Context {
                 Operand::Int(v)
             }
             ElemKind::F16 => {
-                let h: Vec<f16> = bytes[..count * 2]
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                    .collect();
-                let mut v = vec![0f32; count];
+                let mut h = try_vec(count, f16::ZERO)?;
+                h.iter_mut()
+                    .zip(bytes.chunks_exact(2))
+                    .for_each(|(d, c)| *d = f16::from_le_bytes([c[0], c[1]]));
+                let mut v = try_vec(count, 0f32)?;
                 h.convert_to_f32_slice(&mut v);
                 Operand::Float(v)
             }
@@ -263,8 +263,8 @@ impl Context {
         };
         let seg = platform.k_segment();
         let operand = match operand {
-            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)),
-            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)),
+            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)?),
+            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)?),
         };
         if which == 0 {
             self.a = Some(operand);
@@ -337,9 +337,9 @@ impl Context {
         let (a, b) = self.inputs()?;
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
         let out = match (a, b) {
-            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt),
+            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt)?,
             (Operand::Float(a), Operand::Float(bt)) => {
-                let mut c = vec![0f32; m * n];
+                let mut c = try_vec(m * n, 0f32)?;
                 kernels::gemm_f32(a, bt, &mut c, m, n, k);
                 match cfg.t.c {
                     ElemKind::F16 => Out::F16(c.iter().map(|&x| f16::from_f32(x)).collect()),
@@ -358,10 +358,10 @@ impl Context {
         Ok(out.into_bytes(desc.layout == Layout::Native, m, n, c_n))
     }
 
-    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Out {
+    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Out> {
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
-        let mut acc = vec![0i32; m * n];
-        match cfg.t.c {
+        let mut acc = try_vec(m * n, 0i32)?;
+        Ok(match cfg.t.c {
             ElemKind::I32 => {
                 kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
                 Out::I32(acc)
@@ -379,9 +379,9 @@ impl Context {
             }
             // i8 → f32 and i8 → i8: dequantised sums, per K group when B is per-group.
             ElemKind::F32 | ElemKind::I8 => {
-                let real = self.dequantised_sums(cfg, a, bt);
+                let real = self.dequantised_sums(cfg, a, bt)?;
                 if cfg.t.c == ElemKind::F32 {
-                    return Out::F32(real.iter().map(|&r| r as f32).collect());
+                    return Ok(Out::F32(real.iter().map(|&r| r as f32).collect()));
                 }
                 let qc = self.quant_or_default(2);
                 Out::I8(
@@ -399,7 +399,7 @@ impl Context {
                 )
             }
             _ => Out::I32(acc),
-        }
+        })
     }
 
     /// sA * sum over K groups of sB(g, n) * sum_{k in g} (a - zA)(b - zB(g, n)), exactly in the
@@ -407,7 +407,7 @@ impl Context {
     /// (sum (a-za)(b-zb) = sum ab - zb sum a - za sum b + K za zb) so the i8 kernel stays exact.
     /// Computed in f64, so that the i8 → i8 requantisation rounds the exact product of the
     /// integer sum and the scales (up to one f64 rounding), not an f32 approximation of it.
-    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Vec<f64> {
+    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Vec<f64>> {
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
         let qa = self.quant_or_default(0);
         let qb = self.quant_or_default(1);
@@ -417,8 +417,8 @@ impl Context {
             k
         };
         let za = i64::from(qa.zp(0));
-        let mut real = vec![0f64; m * n];
-        let mut acc = vec![0i32; m * n];
+        let mut real = try_vec(m * n, 0f64)?;
+        let mut acc = try_vec(m * n, 0i32)?;
         let (mut ag, mut bg) = (vec![0i8; m * group], vec![0i8; n * group]);
         for g0 in (0..k).step_by(group) {
             let (asub, bsub): (&[i8], &[i8]) = if group == k {
@@ -462,7 +462,7 @@ impl Context {
                 }
             }
         }
-        real
+        Ok(real)
     }
 }
 
@@ -507,25 +507,26 @@ fn canonical<T: Copy + Default>(
     cfg: &MatmulConfig,
     tiles: Tiles,
     segment: Option<usize>,
-) -> Vec<T> {
+) -> CallResult<Vec<T>> {
     let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+    // The descriptor's element count was checked at creation; these products are below it.
     if which == 0 {
-        let mut d = vec![T::default(); m * k];
+        let mut d = try_vec(m * k, T::default())?;
         match desc.layout {
             Layout::Native => layout::unpack_a_native(src, m, k, tiles.a_k, &mut d),
             _ => d.copy_from_slice(&src[..m * k]),
         }
-        d
+        Ok(d)
     } else {
-        let mut d = vec![T::default(); k * n];
+        let mut d = try_vec(k * n, T::default())?;
         match desc.layout {
             Layout::Native => NativeB::new(k, n, tiles.b_n, tiles.b_k, segment)
-                .expect("native B of a validated configuration fits in memory")
+                .ok_or_else(|| param(format!("native B of K={k} N={n} has no layout")))?
                 .unpack_to_nk(src, &mut d),
             Layout::TpNorm => d.copy_from_slice(&src[..k * n]),
             Layout::Norm => transpose(src, k, n, &mut d),
         }
-        d
+        Ok(d)
     }
 }
 
@@ -550,8 +551,8 @@ impl Out {
             if !native {
                 return v;
             }
-            let len = layout::native_c_len(m, n, c_n)
-                .expect("native C of a validated configuration fits in memory");
+            // C's descriptor (checked at creation) has exactly this many elements.
+            let len = layout::native_c_len(m, n, c_n).unwrap_or(0);
             let mut d = vec![T::default(); len];
             layout::pack_c_native(&v, m, n, c_n, &mut d);
             d

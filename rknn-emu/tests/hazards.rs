@@ -933,5 +933,32 @@ fn huge_allocations_under_a_small_address_space_return_null() {
         assert_eq!(emu.domain_used(0), 0, "failed allocations are not charged");
         assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
         assert_eq!((strict.api().rknn_matmul_destroy)(c2), 0);
+
+        // Binding reads A into host buffers: a 1 GiB f16 A needs 3 GiB more here, which this
+        // address space does not have. The bind fails with an error instead of aborting.
+        let mut info = rknn_matmul_info {
+            M: 16384,
+            K: 32768,
+            N: 16,
+            type_: RKNN_FLOAT16_MM_FLOAT16_TO_FLOAT32,
+            ..Default::default()
+        };
+        let mut io = rknn_matmul_io_attr::default();
+        let mut big = 0;
+        assert_eq!((api.rknn_matmul_create)(&mut big, &mut info, &mut io), 0);
+        assert_eq!(io.A.size, 1 << 30);
+        let a = (api.rknn_create_mem)(big, io.A.size);
+        assert!(!a.is_null(), "{}", last_error());
+        assert_eq!(
+            (api.rknn_matmul_set_io_mem)(big, a, &mut io.A),
+            RKNN_ERR_MALLOC_FAIL
+        );
+        assert!(
+            last_error().contains("out of host memory"),
+            "{}",
+            last_error()
+        );
+        assert_eq!((api.rknn_destroy_mem)(big, a), 0);
+        assert_eq!((api.rknn_matmul_destroy)(big), 0);
     }
 }
