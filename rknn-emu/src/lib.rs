@@ -41,6 +41,7 @@
 //! let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
 //! assert_eq!(rc, RKNN_ERR_PARAM_INVALID); // RK3588 has no weight-only int4
 //! // The emulator's extension of the table says why (Rockchip's runtime leaves it `None`).
+//! // SAFETY: a NUL-terminated string, valid until this thread's next call into the emulator.
 //! let why = unsafe { std::ffi::CStr::from_ptr((api.rknn_emu_last_error.unwrap())()) };
 //! assert!(why.to_str().unwrap().contains("no weight-only"));
 //! ```
