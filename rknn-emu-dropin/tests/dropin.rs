@@ -119,47 +119,131 @@ fn rknn_runtime_path_selects_the_library() {
     assert!(status.status.success(), "{stdout}");
 }
 
-/// Compiles `tests/c/matmul_check.c` against our clean-room header, links it to the drop-in
-/// library and runs it. Needs a native C compiler, so it runs only on x86_64 hosts (under qemu
-/// the test binary cannot run the host's compiler's output).
-#[test]
-#[cfg_attr(not(target_arch = "x86_64"), ignore = "needs a native C toolchain")]
-fn an_unmodified_c_program_runs_against_the_dropin_library() {
+/// Compiles the C file `src` (relative to this crate) against our clean-room header and links
+/// it to the drop-in library; returns the executable and the library's directory.
+fn compile_c(src: &str) -> (PathBuf, PathBuf) {
     let so = dropin_path();
-    let lib_dir = so.parent().unwrap();
+    let lib_dir = so.parent().unwrap().to_path_buf();
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("rknn_matmul_check_{}", std::process::id()));
+    let stem = std::path::Path::new(src)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy();
+    let out = std::env::temp_dir().join(format!("rknn_{stem}_{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let build = Command::new(&cc)
-        .arg("-O1")
-        .arg("-Wall")
-        .arg("-Werror")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg("-I")
         .arg(manifest.join("../rknn-sys/include"))
-        .arg(manifest.join("tests/c/matmul_check.c"))
+        .arg(manifest.join(src))
         .arg("-L")
-        .arg(lib_dir)
+        .arg(&lib_dir)
         .arg("-lrknnrt")
+        .arg("-lm")
         .arg("-o")
         .arg(&out)
         .output()
         .expect("run the C compiler");
     assert!(
         build.status.success(),
-        "cc failed: {}",
+        "cc {src} failed: {}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let run = Command::new(&out)
-        .env("LD_LIBRARY_PATH", lib_dir)
+    (out, lib_dir)
+}
+
+/// Runs a compiled C program against the drop-in library with `env`, then deletes it.
+fn run_c(exe: &PathBuf, lib_dir: &PathBuf, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", lib_dir)
         .env("RKNN_EMU_PLATFORM", "rk3588")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&out);
+        .env_remove("RKNN_EMU_LOG")
+        .env_remove("RKNN_EMU_STRICT_CACHE")
+        .env_remove("RKNN_INT4_B_CONVERTER_INPUT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Compiles `tests/c/matmul_check.c` against our clean-room header, links it to the drop-in
+/// library and runs it. Needs a native C compiler, so it runs only on x86_64 hosts (under qemu
+/// the test binary cannot run the host's compiler's output).
+#[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "needs a native C toolchain")]
+fn an_unmodified_c_program_runs_against_the_dropin_library() {
+    let (exe, lib_dir) = compile_c("tests/c/matmul_check.c");
+    let run = run_c(&exe, &lib_dir, &[]);
+    // The program provokes errors on purpose: the library explains each on stderr, in the
+    // runtime's log format, by default...
+    let quiet = run_c(&exe, &lib_dir, &[("RKNN_EMU_LOG", "0")]);
+    let _ = std::fs::remove_file(&exe);
     assert!(
         run.status.success(),
         "C program failed: {}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
+        text(&run.stdout),
+        text(&run.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "ok");
+    assert_eq!(text(&run.stdout).trim(), "ok");
+    let log = text(&run.stderr);
+    assert!(
+        log.contains("E RKNN: rknn_matmul_create: RKNN_FLOAT16_MM_INT4_TO_FLOAT32")
+            && log.contains("no weight-only")
+            && log.contains("(RKNN_ERR_PARAM_INVALID -5)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("E RKNN: rknn_matmul_run: context 0xdead is not a live matmul context"),
+        "{log}"
+    );
+    // ...and RKNN_EMU_LOG=0 silences it without changing the results.
+    assert!(quiet.status.success());
+    assert_eq!(text(&quiet.stdout).trim(), "ok");
+    assert_eq!(text(&quiet.stderr), "", "RKNN_EMU_LOG=0 prints nothing");
+}
+
+/// The C example of the repository (`examples/c/matmul_demo.c`: int8, f16 with a converted
+/// native B, a dynamic-shape context binding B once, int4 on RK3588), run with strict cache
+/// emulation so that a missing sync would change its results. It checks itself against naive
+/// loops and prints "ok".
+#[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "needs a native C toolchain")]
+fn the_c_example_runs_with_strict_cache_emulation() {
+    let (exe, lib_dir) = compile_c("examples/c/matmul_demo.c");
+    let strict = run_c(&exe, &lib_dir, &[("RKNN_EMU_STRICT_CACHE", "1")]);
+    // The other int4 reading of the converter makes the int4 check fail: the setting is live.
+    let other = run_c(
+        &exe,
+        &lib_dir,
+        &[
+            ("RKNN_EMU_STRICT_CACHE", "1"),
+            ("RKNN_INT4_B_CONVERTER_INPUT", "one-per-byte"),
+        ],
+    );
+    let _ = std::fs::remove_file(&exe);
+    let out = text(&strict.stdout);
+    assert!(
+        strict.status.success(),
+        "the C example failed:\n{out}{}",
+        text(&strict.stderr)
+    );
+    for line in [
+        "int8  5x96x64: exact",
+        "f16   3x64x48 native B: matches",
+        "int8  dynamic M = 1, 4, 16 with B bound once: exact",
+        "int4  2x64x64 native B: exact",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    assert_eq!(out.lines().last(), Some("ok"));
+    assert!(!other.status.success());
+    assert!(
+        text(&other.stderr).contains("FAIL: int4"),
+        "{}",
+        text(&other.stderr)
+    );
 }

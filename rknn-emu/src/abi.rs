@@ -8,10 +8,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use rknn_chip::layout::{self, TensorDesc};
-use rknn_chip::{ElemKind, Platform};
+use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::context::{CallResult, Context};
+use crate::context::{CallResult, Context, MemRef, try_vec};
 use crate::instance::{self, Instance, next_handle};
 use crate::memory::Source;
 
@@ -273,6 +273,16 @@ unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
                     cfg.m, cfg.k, cfg.n
                 )));
             }
+            if let Some(first) = cfgs.first() {
+                if cfg.b_layout != rknn_chip::Layout::TpNorm && (cfg.k, cfg.n) != (first.k, first.n)
+                {
+                    // [doc] vendor demo: with B NORM or NATIVE, B is bound once for all shapes.
+                    return Err(param(format!(
+                        "with B_layout NORM or NATIVE every shape must have the same K and N (B is bound once): shape M={} K={} N={} differs from K={} N={}",
+                        cfg.m, cfg.k, cfg.n, first.k, first.n
+                    )));
+                }
+            }
             cfgs.push(cfg);
             all_descs.push(descs);
         }
@@ -360,14 +370,26 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                     desc.size_bytes()
                 )));
             }
+            if m.domain != c.domain {
+                // Each IOMMU domain is its own device address space: on a board the NPU would
+                // read or write through a mapping that does not exist in this context's domain.
+                return Err(param(format!(
+                    "{name}'s memory was allocated in IOMMU domain {} but this context is in domain {}: allocate it on a context of domain {}",
+                    m.domain, c.domain, c.domain
+                )));
+            }
+            let bound = MemRef {
+                key: crate::memory::key(mem),
+                id: m.id,
+            };
             if which == 2 {
-                c.c_mem = Some(crate::memory::key(mem));
+                c.bound[2] = Some(bound);
                 return Ok(());
             }
             // SAFETY: the memory is live (checked above, and the state lock keeps it so) and at
             // least `desc.size_bytes()` long.
             let bytes = unsafe { std::slice::from_raw_parts(m.device_ptr(), desc.size_bytes()) };
-            c.bind_input(platform, which, bytes)
+            c.bind_input(platform, which, bytes, bound)
         })
     })
 }
@@ -504,25 +526,57 @@ unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
         with_context(&inst, handle(ctx), |c| {
-            let bytes = c.run(&inst.cfg)?;
-            let key = c.c_mem.ok_or_else(|| {
+            c.require_inputs()?;
+            let c_mem = c.bound[2].ok_or_else(|| {
                 err(
                     sys::RKNN_ERR_OUTPUT_INVALID,
                     "C must be bound with set_io_mem before run",
                 )
             })?;
+            // The emulator read A and B at bind time, but the board reads them now: a memory
+            // destroyed since is a DMA from freed pages (an IOMMU fault), so the run fails.
+            {
+                let st = inst.state();
+                for (i, name) in [(0, "A"), (1, "B")] {
+                    if let Some(r) = c.bound[i] {
+                        if !is_live(&st, r) {
+                            return Err(err(
+                                sys::RKNN_ERR_INPUT_INVALID,
+                                format!(
+                                    "{name}'s memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if !is_live(&st, c_mem) {
+                    return Err(destroyed_c());
+                }
+            }
+            let bytes = c.run(&inst.cfg)?;
             let st = inst.state();
-            let m = st.memories.get_key(key).ok_or_else(|| {
-                err(
-                    sys::RKNN_ERR_OUTPUT_INVALID,
-                    "C's memory was destroyed after it was bound",
-                )
-            })?;
+            // Checked again: another thread may have destroyed C during the run.
+            let m = st
+                .memories
+                .get_key(c_mem.key)
+                .filter(|m| m.id == c_mem.id)
+                .ok_or_else(destroyed_c)?;
             // SAFETY: live memory (the state lock keeps it so) of at least C's size, checked at bind.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.device_ptr(), bytes.len()) };
             Ok(())
         })
     })
+}
+
+fn is_live(st: &instance::State, r: MemRef) -> bool {
+    st.memories.get_key(r.key).is_some_and(|m| m.id == r.id)
+}
+
+fn destroyed_c() -> (c_int, String) {
+    err(
+        sys::RKNN_ERR_OUTPUT_INVALID,
+        "C's memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)",
+    )
 }
 
 unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
@@ -543,14 +597,9 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
     })
 }
 
-/// Element bytes of normal-layout B given to the converter (int4 is unpacked: one per byte).
-fn converter_input_bytes(kind: ElemKind) -> usize {
-    match kind {
-        ElemKind::I4 | ElemKind::I8 => 1,
-        _ => 2,
-    }
-}
-
+/// `rknn_B_normal_layout_to_native_layout`: row-major [K, N] B into the native layout of the
+/// configuration in `info` (its K and N replaced by the arguments), with K segmentation.
+/// int4 input is read as [`EmuConfig::int4_converter_input`](crate::EmuConfig) says (\[open\]).
 unsafe extern "C" fn b_normal_to_native<const S: usize>(
     b_in: *mut c_void,
     b_out: *mut c_void,
@@ -577,42 +626,55 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
         };
         let (cfg, descs) = describe(platform, &inst, &one)?;
         let kind = cfg.t.b;
-        let count = cfg.k * cfg.n;
-        let in_len = count * converter_input_bytes(kind);
+        let int4 = inst.cfg.int4_converter_input;
+        let too_big = || {
+            param(format!(
+                "B of K={} N={} does not fit in memory",
+                cfg.k, cfg.n
+            ))
+        };
+        let count = cfg.k.checked_mul(cfg.n).ok_or_else(too_big)?;
+        let in_len = layout::converter_input_len(kind, cfg.k, cfg.n, int4).ok_or_else(too_big)?;
         let out_len = descs[1].size_bytes();
         let (i0, o0) = (b_in.addr(), b_out.addr());
-        if i0 < o0 + out_len && o0 < i0 + in_len {
+        if i0 < o0.saturating_add(out_len) && o0 < i0.saturating_add(in_len) {
             return Err(param(
                 "B_input and B_output overlap: in-place conversion corrupts B on the real runtime",
             ));
         }
-        let geo = layout::native_b_geometry(platform, cfg.t, cfg.k, cfg.n)
-            .ok_or_else(|| param("no tiles"))?;
+        let geo = layout::native_b_geometry(platform, cfg.t, cfg.k, cfg.n).ok_or_else(too_big)?;
+        // SAFETY: non-null, `in_len` bytes by the C contract (the caller's buffer holds the whole
+        // input in the form the setting names), not overlapping the output (checked above).
+        let input = unsafe { std::slice::from_raw_parts(b_in as *const u8, in_len) };
+        // SAFETY: non-null, `out_len` bytes (the size io_attr reports for native B) by the C
+        // contract; distinct from `input`.
+        let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
         match kind {
             ElemKind::I8 | ElemKind::I4 => {
-                // SAFETY: non-null, `in_len` bytes by the C contract, not overlapping the output.
-                let src = unsafe { std::slice::from_raw_parts(b_in as *const i8, count) };
-                let mut native = vec![0i8; geo.len()];
-                geo.pack_from_kn(src, &mut native);
-                // SAFETY: non-null, `out_len` bytes by the C contract.
-                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
+                let mut src = try_vec(count, 0i8)?;
+                match (kind, int4) {
+                    (ElemKind::I4, Int4ConverterInput::Packed) => {
+                        layout::unpack_i4(input, &mut src)
+                    }
+                    _ => src.iter_mut().zip(input).for_each(|(d, &b)| *d = b as i8),
+                }
+                let mut native = try_vec(geo.len(), 0i8)?;
+                geo.pack_from_kn(&src, &mut native);
                 if kind == ElemKind::I4 {
+                    // Values outside -8..=7 (one per byte) keep their low nibble.
                     layout::pack_i4(&native, out);
                 } else {
                     out.iter_mut().zip(&native).for_each(|(d, &s)| *d = s as u8);
                 }
             }
             _ => {
-                // SAFETY: as above, for 16-bit elements (alignment is not guaranteed: read bytes).
-                let src_bytes = unsafe { std::slice::from_raw_parts(b_in as *const u8, in_len) };
-                let src: Vec<u16> = src_bytes
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect();
-                let mut native = vec![0u16; geo.len()];
+                // 16-bit elements; the caller's buffer need not be aligned: read bytes.
+                let mut src = try_vec(count, 0u16)?;
+                src.iter_mut()
+                    .zip(input.chunks_exact(2))
+                    .for_each(|(d, c)| *d = u16::from_le_bytes([c[0], c[1]]));
+                let mut native = try_vec(geo.len(), 0u16)?;
                 geo.pack_from_kn(&src, &mut native);
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut(b_out as *mut u8, out_len) };
                 out.chunks_exact_mut(2)
                     .zip(&native)
                     .for_each(|(d, s)| d.copy_from_slice(&s.to_le_bytes()));
@@ -645,7 +707,7 @@ fn create(
     let st = &mut *st;
     st.memories
         .create(&inst.cfg, ctx, domain, size, source, &mut st.next_fd)
-        .map_err(|e| err(sys::RKNN_ERR_MALLOC_FAIL, format!("rknn_create_mem: {e}")))
+        .map_err(|e| err(sys::RKNN_ERR_MALLOC_FAIL, e.to_string()))
 }
 
 unsafe extern "C" fn create_mem<const S: usize>(

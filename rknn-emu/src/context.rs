@@ -40,6 +40,14 @@ enum Operand {
     Float(Vec<f32>),
 }
 
+/// Which memory a matrix is bound to: its registry key and its unique id, so that a memory
+/// destroyed after binding is noticed even when a new one reuses its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemRef {
+    pub(crate) key: usize,
+    pub(crate) id: u64,
+}
+
 /// The state of one context.
 pub(crate) struct Context {
     pub(crate) base: MatmulConfig,
@@ -48,11 +56,18 @@ pub(crate) struct Context {
     pub(crate) descs: Vec<[TensorDesc; 3]>,
     pub(crate) domain: i32,
     pub(crate) core_mask: u32,
+    /// N and K that the quantisation parameters describe: the context's (every shape's when B
+    /// is NORM or NATIVE, which fixes them; the largest for TP_NORM B, as the vendor's
+    /// dynamic-shape demo sizes its arrays).
+    quant_n: usize,
+    quant_k: usize,
     quant: [Option<QuantParams>; 3],
     a: Option<Operand>,
-    b: Option<Operand>,
-    /// The memory C is bound to (key into the instance's memories).
-    pub(crate) c_mem: Option<usize>,
+    /// B as read at bind time, and the (K, N) of the shape it was bound for: B stays bound
+    /// across `set_dynamic_shape` ("B can not be dynamic, only call set_io_mem once").
+    b: Option<(Operand, (usize, usize))>,
+    /// The memories A, B and C are bound to.
+    pub(crate) bound: [Option<MemRef>; 3],
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.
@@ -62,6 +77,23 @@ fn param(msg: impl Into<String>) -> (i32, String) {
     (sys::RKNN_ERR_PARAM_INVALID, msg.into())
 }
 
+/// `len` copies of `value`, or `RKNN_ERR_MALLOC_FAIL` when the host is out of memory: sizes
+/// come from the caller, and an allocation abort would kill the C caller's process.
+pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> CallResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        (
+            sys::RKNN_ERR_MALLOC_FAIL,
+            format!(
+                "out of host memory for {len} elements of {} bytes",
+                std::mem::size_of::<T>()
+            ),
+        )
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
 impl Context {
     pub(crate) fn new(
         base: MatmulConfig,
@@ -69,6 +101,8 @@ impl Context {
         descs: Vec<[TensorDesc; 3]>,
         domain: i32,
     ) -> Context {
+        let quant_n = shapes.iter().map(|s| s.2).max().unwrap_or(base.n);
+        let quant_k = shapes.iter().map(|s| s.1).max().unwrap_or(base.k);
         Context {
             base,
             shapes,
@@ -76,10 +110,12 @@ impl Context {
             descs,
             domain,
             core_mask: 0,
+            quant_n,
+            quant_k,
             quant: [None, None, None],
             a: None,
             b: None,
-            c_mem: None,
+            bound: [None; 3],
         }
     }
 
@@ -103,8 +139,10 @@ impl Context {
         &self.descs[self.current]
     }
 
-    /// Selects a creation shape; the bindings are cleared, since the sizes change and the
-    /// documented order is set_dynamic_shape, then set_io_mem.
+    /// Selects a creation shape. A and C are unbound, since their sizes change and the
+    /// documented order is set_dynamic_shape, then set_io_mem; B stays bound, as the vendor's
+    /// dynamic-shape usage binds it once (a TP_NORM B whose K or N changes must be bound again:
+    /// `run` says so).
     pub(crate) fn set_shape(&mut self, m: usize, k: usize, n: usize) -> CallResult {
         let i = self
             .shapes
@@ -118,8 +156,8 @@ impl Context {
             })?;
         self.current = i;
         self.a = None;
-        self.b = None;
-        self.c_mem = None;
+        self.bound[0] = None;
+        self.bound[2] = None;
         Ok(())
     }
 
@@ -132,14 +170,14 @@ impl Context {
                 1,
                 match cfg.b_quant.granularity {
                     QuantGranularity::PerLayer => 1,
-                    QuantGranularity::PerChannel => cfg.n,
-                    QuantGranularity::PerGroup => cfg.n * cfg.k / cfg.group_size,
+                    QuantGranularity::PerChannel => self.quant_n,
+                    QuantGranularity::PerGroup => self.quant_n * (self.quant_k / cfg.group_size),
                 },
             ),
             "C" => (
                 2,
                 if cfg.ac_quant.granularity == QuantGranularity::PerChannel {
-                    cfg.n
+                    self.quant_n
                 } else {
                     1
                 },
@@ -194,6 +232,7 @@ impl Context {
         platform: Platform,
         which: usize,
         bytes: &[u8],
+        mem: MemRef,
     ) -> CallResult {
         let cfg = self.cfg();
         let desc = self.current_descs()[which];
@@ -203,7 +242,7 @@ impl Context {
         let count = desc.elements();
         let operand = match desc.kind {
             ElemKind::I8 | ElemKind::I4 => {
-                let mut v = vec![0i8; count];
+                let mut v = try_vec(count, 0i8)?;
                 if desc.kind == ElemKind::I4 {
                     layout::unpack_i4(bytes, &mut v);
                 } else {
@@ -212,11 +251,11 @@ impl Context {
                 Operand::Int(v)
             }
             ElemKind::F16 => {
-                let h: Vec<f16> = bytes[..count * 2]
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                    .collect();
-                let mut v = vec![0f32; count];
+                let mut h = try_vec(count, f16::ZERO)?;
+                h.iter_mut()
+                    .zip(bytes.chunks_exact(2))
+                    .for_each(|(d, c)| *d = f16::from_le_bytes([c[0], c[1]]));
+                let mut v = try_vec(count, 0f32)?;
                 h.convert_to_f32_slice(&mut v);
                 Operand::Float(v)
             }
@@ -224,28 +263,29 @@ impl Context {
         };
         let seg = platform.k_segment();
         let operand = match operand {
-            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)),
-            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)),
+            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)?),
+            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)?),
         };
         if which == 0 {
             self.a = Some(operand);
         } else {
-            self.b = Some(self.dequantise_b(operand));
+            self.b = Some((self.dequantise_b(operand)?, (cfg.k, cfg.n)));
         }
+        self.bound[which] = Some(mem);
         Ok(())
     }
 
     /// For the float-A types with integer B, turns B into floats with B's quant params.
-    fn dequantise_b(&self, bt: Operand) -> Operand {
+    fn dequantise_b(&self, bt: Operand) -> CallResult<Operand> {
         let cfg = self.cfg();
-        match bt {
+        Ok(match bt {
             Operand::Int(v) if cfg.t.a == ElemKind::F16 => {
                 let q = self.quant_or_default(1);
                 let (n, k) = (cfg.n, cfg.k);
-                let mut out = vec![0f32; n * k];
+                let mut out = try_vec(v.len(), 0f32)?;
                 for col in 0..n {
                     for kk in 0..k {
-                        let i = b_param_index(&cfg, kk, col);
+                        let i = b_param_index(&cfg, self.quant_n, kk, col);
                         out[col * k + kk] =
                             (i32::from(v[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
                     }
@@ -253,32 +293,53 @@ impl Context {
                 Operand::Float(out)
             }
             other => other,
-        }
+        })
     }
 
     pub(crate) fn unbind_all(&mut self) {
         self.a = None;
         self.b = None;
-        self.c_mem = None;
+        self.bound = [None; 3];
+    }
+
+    /// Checks that A and B are bound, for the current shape.
+    pub(crate) fn require_inputs(&self) -> CallResult {
+        self.inputs().map(|_| ())
+    }
+
+    fn inputs(&self) -> CallResult<(&Operand, &Operand)> {
+        let cfg = self.cfg();
+        Ok(match (&self.a, &self.b) {
+            (Some(a), Some((b, (bk, bn)))) => {
+                if (*bk, *bn) != (cfg.k, cfg.n) {
+                    return Err((
+                        sys::RKNN_ERR_INPUT_INVALID,
+                        format!(
+                            "B was bound for K={bk} N={bn} but the current shape has K={} N={}: bind B again after set_dynamic_shape",
+                            cfg.k, cfg.n
+                        ),
+                    ));
+                }
+                (a, b)
+            }
+            _ => {
+                return Err((
+                    sys::RKNN_ERR_INPUT_INVALID,
+                    "A and B must be bound with set_io_mem before run (after set_dynamic_shape, bind A and C again; B stays bound)".into(),
+                ));
+            }
+        })
     }
 
     /// Computes C for the bound inputs and returns it as bytes in C's layout.
     pub(crate) fn run(&self, emu: &EmuConfig) -> CallResult<Vec<u8>> {
         let cfg = self.cfg();
-        let (a, b) = match (&self.a, &self.b) {
-            (Some(a), Some(b)) => (a, b),
-            _ => {
-                return Err((
-                    sys::RKNN_ERR_INPUT_INVALID,
-                    "A and B must be bound with set_io_mem before run".into(),
-                ));
-            }
-        };
+        let (a, b) = self.inputs()?;
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
         let out = match (a, b) {
-            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt),
+            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt)?,
             (Operand::Float(a), Operand::Float(bt)) => {
-                let mut c = vec![0f32; m * n];
+                let mut c = try_vec(m * n, 0f32)?;
                 kernels::gemm_f32(a, bt, &mut c, m, n, k);
                 match cfg.t.c {
                     ElemKind::F16 => Out::F16(c.iter().map(|&x| f16::from_f32(x)).collect()),
@@ -297,10 +358,10 @@ impl Context {
         Ok(out.into_bytes(desc.layout == Layout::Native, m, n, c_n))
     }
 
-    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Out {
+    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Out> {
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
-        let mut acc = vec![0i32; m * n];
-        match cfg.t.c {
+        let mut acc = try_vec(m * n, 0i32)?;
+        Ok(match cfg.t.c {
             ElemKind::I32 => {
                 kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
                 Out::I32(acc)
@@ -318,9 +379,9 @@ impl Context {
             }
             // i8 → f32 and i8 → i8: dequantised sums, per K group when B is per-group.
             ElemKind::F32 | ElemKind::I8 => {
-                let real = self.dequantised_sums(cfg, a, bt);
+                let real = self.dequantised_sums(cfg, a, bt)?;
                 if cfg.t.c == ElemKind::F32 {
-                    return Out::F32(real.iter().map(|&r| r as f32).collect());
+                    return Ok(Out::F32(real.iter().map(|&r| r as f32).collect()));
                 }
                 let qc = self.quant_or_default(2);
                 Out::I8(
@@ -328,7 +389,8 @@ impl Context {
                         .enumerate()
                         .map(|(i, &r)| {
                             let col = i % n;
-                            let ci = if qc.scale.len() == n { col } else { 0 };
+                            // Per-channel C has one entry per column (checked at set_quant_params).
+                            let ci = if qc.scale.len() > 1 { col } else { 0 };
                             let q = round(r / f64::from(qc.scale(ci)), emu.rounding)
                                 + f64::from(qc.zp(ci));
                             q.clamp(-128.0, 127.0) as i8
@@ -337,7 +399,7 @@ impl Context {
                 )
             }
             _ => Out::I32(acc),
-        }
+        })
     }
 
     /// sA * sum over K groups of sB(g, n) * sum_{k in g} (a - zA)(b - zB(g, n)), exactly in the
@@ -345,7 +407,7 @@ impl Context {
     /// (sum (a-za)(b-zb) = sum ab - zb sum a - za sum b + K za zb) so the i8 kernel stays exact.
     /// Computed in f64, so that the i8 → i8 requantisation rounds the exact product of the
     /// integer sum and the scales (up to one f64 rounding), not an f32 approximation of it.
-    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> Vec<f64> {
+    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Vec<f64>> {
         let (m, k, n) = (cfg.m, cfg.k, cfg.n);
         let qa = self.quant_or_default(0);
         let qb = self.quant_or_default(1);
@@ -355,8 +417,8 @@ impl Context {
             k
         };
         let za = i64::from(qa.zp(0));
-        let mut real = vec![0f64; m * n];
-        let mut acc = vec![0i32; m * n];
+        let mut real = try_vec(m * n, 0f64)?;
+        let mut acc = try_vec(m * n, 0i32)?;
         let (mut ag, mut bg) = (vec![0i8; m * group], vec![0i8; n * group]);
         for g0 in (0..k).step_by(group) {
             let (asub, bsub): (&[i8], &[i8]) = if group == k {
@@ -391,7 +453,7 @@ impl Context {
                 .collect();
             for r in 0..m {
                 for c in 0..n {
-                    let pi = b_param_index(cfg, g0, c);
+                    let pi = b_param_index(cfg, self.quant_n, g0, c);
                     let zb = i64::from(qb.zp(pi));
                     let exact = i64::from(acc[r * n + c]) - zb * row_sums[r] - za * col_sums[c]
                         + group as i64 * za * zb;
@@ -400,17 +462,18 @@ impl Context {
                 }
             }
         }
-        real
+        Ok(real)
     }
 }
 
 /// Index into B's quant arrays for element (k, n): per-layer 0, per-channel n, per-group
-/// `(k / G) * N + n` (order `[K/G][N]`, inferred: \[open\]).
-fn b_param_index(cfg: &MatmulConfig, k: usize, n: usize) -> usize {
+/// `(k / G) * stride_n + n` (order `[K/G][N]`, inferred: \[open\]; `stride_n` is the context's
+/// N, which the arrays were sized for).
+fn b_param_index(cfg: &MatmulConfig, stride_n: usize, k: usize, n: usize) -> usize {
     match cfg.b_quant.granularity {
         QuantGranularity::PerLayer => 0,
         QuantGranularity::PerChannel => n,
-        QuantGranularity::PerGroup => (k / cfg.group_size) * cfg.n + n,
+        QuantGranularity::PerGroup => (k / cfg.group_size) * stride_n + n,
     }
 }
 
@@ -444,25 +507,26 @@ fn canonical<T: Copy + Default>(
     cfg: &MatmulConfig,
     tiles: Tiles,
     segment: Option<usize>,
-) -> Vec<T> {
+) -> CallResult<Vec<T>> {
     let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+    // The descriptor's element count was checked at creation; these products are below it.
     if which == 0 {
-        let mut d = vec![T::default(); m * k];
+        let mut d = try_vec(m * k, T::default())?;
         match desc.layout {
             Layout::Native => layout::unpack_a_native(src, m, k, tiles.a_k, &mut d),
             _ => d.copy_from_slice(&src[..m * k]),
         }
-        d
+        Ok(d)
     } else {
-        let mut d = vec![T::default(); k * n];
+        let mut d = try_vec(k * n, T::default())?;
         match desc.layout {
             Layout::Native => NativeB::new(k, n, tiles.b_n, tiles.b_k, segment)
-                .expect("native B of a validated configuration fits in memory")
+                .ok_or_else(|| param(format!("native B of K={k} N={n} has no layout")))?
                 .unpack_to_nk(src, &mut d),
             Layout::TpNorm => d.copy_from_slice(&src[..k * n]),
             Layout::Norm => transpose(src, k, n, &mut d),
         }
-        d
+        Ok(d)
     }
 }
 
@@ -487,8 +551,8 @@ impl Out {
             if !native {
                 return v;
             }
-            let len = layout::native_c_len(m, n, c_n)
-                .expect("native C of a validated configuration fits in memory");
+            // C's descriptor (checked at creation) has exactly this many elements.
+            let len = layout::native_c_len(m, n, c_n).unwrap_or(0);
             let mut d = vec![T::default(); len];
             layout::pack_c_native(&v, m, n, c_n, &mut d);
             d

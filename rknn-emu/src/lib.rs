@@ -14,10 +14,15 @@
 //!   `rknn_B_normal_layout_to_native_layout` with K segmentation (aliasing refused);
 //! * arithmetic: i8 × i8 → i32 bit-exact, i4 × i4 → i16 exact with a configurable overflow
 //!   policy, f16 with f32 accumulation, quantised types with per-layer/channel/group params;
-//! * `set_io_mem` takes A and B at bind time, as the docs say the runtime may;
-//! * field hazards: the handle budget (~1020), 4 GiB per IOMMU domain, concurrent use of one
-//!   context (refused with an error; the real device has panicked the kernel), and optionally
-//!   non-coherent caches ([`EmuConfig::strict_cache`]).
+//! * `set_io_mem` takes A and B at bind time, as the docs say the runtime may, yet a run after a
+//!   bound memory was destroyed fails, as the board would fault;
+//! * dynamic shapes as the vendor uses them: B bound once, A and C per shape;
+//! * field hazards: the handle budget (~1020), 4 GiB per IOMMU domain and no binding across
+//!   domains, concurrent use of one context (refused with an error; the real device has panicked
+//!   the kernel), optionally non-coherent caches ([`EmuConfig::strict_cache`]), and memories that
+//!   are their own page mappings with a guard page, so a C overrun faults;
+//! * errors: the runtime's codes, an `E RKNN: ...` line on stderr ([`EmuConfig::log_errors`]),
+//!   and the reason through the table's `rknn_emu_last_error` extension entry.
 //!
 //! Behaviour the public sources leave open (\[open\] in the docs) is configurable in
 //! [`EmuConfig`] and never presented as the hardware's.
@@ -36,6 +41,7 @@
 //! let rc = unsafe { (api.rknn_matmul_create)(&mut ctx, &mut info, &mut io) };
 //! assert_eq!(rc, RKNN_ERR_PARAM_INVALID); // RK3588 has no weight-only int4
 //! // The emulator's extension of the table says why (Rockchip's runtime leaves it `None`).
+//! // SAFETY: a NUL-terminated string, valid until this thread's next call into the emulator.
 //! let why = unsafe { std::ffi::CStr::from_ptr((api.rknn_emu_last_error.unwrap())()) };
 //! assert!(why.to_str().unwrap().contains("no weight-only"));
 //! ```

@@ -5,38 +5,106 @@ use std::collections::HashMap;
 
 use rknn_sys as sys;
 
-/// A 64-byte aligned, zeroed chunk: buffers are made of these so that SIMD code and DMA-style
-/// alignment assumptions hold, as they do for the runtime's page-aligned dma-bufs.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Chunk([u8; 64]);
-
-/// An owned byte buffer at a stable address, freed on drop.
+/// An owned, zeroed byte buffer at a stable address, freed on drop: the CPU (or device) view
+/// of one emulated DMA memory.
+///
+/// On a board every NPU memory is a dma-buf with its own page-aligned mapping, so a C program
+/// that runs past the end of one faults instead of scribbling over the runtime's heap. The
+/// emulator gives each buffer the same: its own anonymous mapping, rounded up to whole pages,
+/// followed by one `PROT_NONE` guard page. An overrun within the last page's rounding goes
+/// unnoticed, as on a board; one that reaches the next page is a SIGSEGV at the faulting write.
+///
+/// Under Miri (no `mmap`/`mprotect`) and on non-Unix targets it is a 64-byte aligned heap
+/// allocation instead, with no guard.
 struct Buffer {
-    ptr: *mut Chunk,
-    chunks: usize,
+    ptr: std::ptr::NonNull<u8>,
+    /// Bytes of the whole mapping (data pages and guard page), or of the heap allocation.
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; it has no thread affinity.
+unsafe impl Send for Buffer {}
+
+#[cfg(all(unix, not(miri)))]
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
 impl Buffer {
-    fn zeroed(bytes: usize) -> Buffer {
-        let chunks = bytes.div_ceil(64).max(1);
-        let boxed: Box<[Chunk]> = vec![Chunk([0; 64]); chunks].into_boxed_slice();
-        Buffer {
-            ptr: Box::into_raw(boxed).cast::<Chunk>(),
-            chunks,
+    /// A zeroed buffer of at least `bytes` bytes, or the reason the host could not provide it.
+    #[cfg(all(unix, not(miri)))]
+    fn zeroed(bytes: usize) -> Result<Buffer, AllocError> {
+        let page = page_size();
+        let oom = |errno: Option<i32>| AllocError::OutOfMemory { bytes, errno };
+        let data = bytes
+            .max(1)
+            .div_ceil(page)
+            .checked_mul(page)
+            .ok_or(oom(Some(libc::ENOMEM)))?;
+        let len = data.checked_add(page).ok_or(oom(Some(libc::ENOMEM)))?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(oom(std::io::Error::last_os_error().raw_os_error()));
         }
+        // From here the mapping is owned by `buf`, unmapped on every path.
+        let buf = Buffer {
+            ptr: std::ptr::NonNull::new(p.cast::<u8>()).ok_or(oom(Some(libc::ENOMEM)))?,
+            len,
+        };
+        // SAFETY: the last page lies inside the mapping just created; nothing else uses it.
+        let rc = unsafe { libc::mprotect(p.cast::<u8>().add(data).cast(), page, libc::PROT_NONE) };
+        if rc != 0 {
+            return Err(oom(std::io::Error::last_os_error().raw_os_error()));
+        }
+        Ok(buf)
+    }
+
+    #[cfg(any(not(unix), miri))]
+    fn zeroed(bytes: usize) -> Result<Buffer, AllocError> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 64)
+            .map_err(|_| AllocError::OutOfMemory { bytes, errno: None })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or(AllocError::OutOfMemory { bytes, errno: None })?;
+        Ok(Buffer {
+            ptr,
+            len: layout.size(),
+        })
     }
 
     fn as_mut_ptr(&self) -> *mut u8 {
-        self.ptr.cast::<u8>()
+        self.ptr.as_ptr()
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: `ptr` and `chunks` came from `Box::into_raw` of a `Box<[Chunk]>` of exactly that
-        // length in `zeroed`, and are dropped once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.chunks)) });
+        #[cfg(all(unix, not(miri)))]
+        {
+            // SAFETY: `ptr` and `len` are exactly the mapping made in `zeroed`, unmapped once.
+            // A failure cannot be handled here; it would only leak the mapping.
+            let _ = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+        #[cfg(any(not(unix), miri))]
+        {
+            let layout = std::alloc::Layout::from_size_align(self.len, 64)
+                .expect("the layout was valid when the buffer was allocated");
+            // SAFETY: allocated in `zeroed` with this layout, freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -48,6 +116,8 @@ pub(crate) struct Memory {
     cpu: Option<Buffer>,
     /// The device view under strict cache emulation.
     device: Option<Buffer>,
+    /// Unique over the process's life (a new memory may reuse a destroyed one's address).
+    pub(crate) id: u64,
     /// The context the memory was created on (0 for `ALLOC_NO_CONTEXT`).
     pub(crate) ctx: u64,
     /// The IOMMU domain charged.
@@ -90,7 +160,8 @@ impl Memory {
 pub(crate) enum AllocError {
     Budget { live: usize },
     Domain { domain: i32, used: u64, limit: u64 },
-    Size,
+    Size { size: u64 },
+    OutOfMemory { bytes: usize, errno: Option<i32> },
 }
 
 impl std::fmt::Display for AllocError {
@@ -111,7 +182,18 @@ impl std::fmt::Display for AllocError {
                     "IOMMU domain {domain} is full ({used} of {limit} bytes in use)"
                 )
             }
-            AllocError::Size => f.write_str("size 0 or beyond the address space"),
+            AllocError::Size { size } => write!(
+                f,
+                "size {size} is 0 or above {} (rknn_tensor_mem.size is a uint32_t)",
+                u32::MAX
+            ),
+            AllocError::OutOfMemory { bytes, errno } => {
+                write!(f, "the host could not map {bytes} bytes")?;
+                if let Some(e) = errno {
+                    write!(f, " ({})", std::io::Error::from_raw_os_error(*e))?;
+                }
+                f.write_str(": out of memory, as a board runs out of DMA memory")
+            }
         }
     }
 }
@@ -161,7 +243,7 @@ impl Memories {
         let size32 = u32::try_from(size)
             .ok()
             .filter(|&s| s > 0)
-            .ok_or(AllocError::Size)?;
+            .ok_or(AllocError::Size { size })?;
         let size = size32 as usize;
         if self.live.len() >= cfg.handle_budget {
             return Err(AllocError::Budget {
@@ -182,8 +264,11 @@ impl Memories {
                         limit: cfg.iommu_domain_bytes,
                     });
                 }
-                let cpu = Buffer::zeroed(size);
-                let device = cfg.strict_cache.then(|| Buffer::zeroed(size));
+                let cpu = Buffer::zeroed(size)?;
+                let device = match cfg.strict_cache {
+                    true => Some(Buffer::zeroed(size)?),
+                    false => None,
+                };
                 *next_fd += 1;
                 desc.fd = *next_fd;
                 desc.flags = sys::RKNN_TENSOR_MEMORY_FLAGS_ALLOC_INSIDE;
@@ -222,6 +307,7 @@ impl Memories {
                 desc,
                 cpu,
                 device,
+                id: crate::instance::next_handle(),
                 ctx,
                 domain,
                 size,
