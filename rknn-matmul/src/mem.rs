@@ -37,6 +37,7 @@ bitflags::bitflags! {
 /// destroyed after its last memory (the documented order), whatever the drop order:
 ///
 /// ```
+/// # if !cfg!(feature = "emulator") { return Ok(()); } // the emulator is not compiled in
 /// use rknn_matmul::{Runtime, Platform, I8xI8ToI32};
 /// let rt = Runtime::emulator(Platform::Rk3588)?;
 /// let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build()?;

@@ -91,6 +91,13 @@ fn the_emulators_own_handle_limit_surfaces_as_an_allocation_error_with_its_reaso
 }
 
 #[test]
+fn the_default_budget_is_no_larger_than_the_emulated_devices() {
+    // The emulator models a board under `ulimit -n 1024`: ~1020 dma-buf handles.
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    assert!(rt.handle_budget().budget() <= 1020);
+}
+
+#[test]
 fn memories_are_freed_before_their_context_exactly_once() {
     let rt = Runtime::emulator(Platform::Rk3588).unwrap();
     let emu = rt.emulator_instance().unwrap();

@@ -9,13 +9,18 @@ use rknn_matmul::Error;
 use rknn_matmul::engine::{Engine, EngineConfig, MAX_EXACT_K_W8A8, WeightFormat};
 
 fn engine(cores: usize) -> Engine {
-    let rt = common::runtime();
+    engine_on(&common::runtime(), cores)
+}
+
+/// An engine on its own runtime, for tests that count the runtime's live memories while other
+/// tests run.
+fn engine_on(rt: &rknn_matmul::Runtime, cores: usize) -> Engine {
     let cfg = EngineConfig {
         cores: Some(cores.min(rt.npu_cores())),
         pinning: rknn_matmul::engine::topology::Pinning::None,
         ..EngineConfig::default()
     };
-    Engine::new(&rt, cfg).unwrap()
+    Engine::new(rt, cfg).unwrap()
 }
 
 /// Symmetric per-row quantisation, written from the engine's documented formula:
@@ -160,7 +165,7 @@ fn m_buckets_are_multiples_of_128_not_powers_of_two() {
 
 #[test]
 fn stats_count_every_phase_and_weights_are_freed_on_drop() {
-    let e = engine(3);
+    let e = engine_on(&common::runtime_with(|_| {}), 3);
     let cores = e.workers();
     let budget = e.runtime().handle_budget();
     let before = budget.live();

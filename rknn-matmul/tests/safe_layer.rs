@@ -350,7 +350,8 @@ fn memories_of_another_context_or_matrix_are_refused() {
 
 #[test]
 fn any_drop_order_is_safe_and_everything_is_freed_once() {
-    let rt = runtime();
+    // A runtime of its own: its live-memory count is not shared with other tests.
+    let rt = common::runtime_with(|_| {});
     let live = rt.handle_budget().live();
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let (mut a, b, mut c) = (
@@ -424,10 +425,11 @@ fn contexts_and_memories_move_to_other_threads() {
 
 #[test]
 fn the_handle_budget_is_a_typed_error_before_the_runtime_fails() {
-    assert!(
-        runtime().handle_budget().budget() <= 1020,
-        "no larger than the device's ~1020 handles"
-    );
+    let rt = runtime();
+    if let Some(l) = rt.fd_limit() {
+        // Sized from the (raised) fd limit, keeping room for the process's other files.
+        assert!(rt.handle_budget().budget() < l.soft as usize, "{l:?}");
+    }
     let rt = common::runtime_with(|o| o.handle_budget = Some(5));
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let held: Vec<_> = (0..5).map(|_| mm.alloc_a().unwrap()).collect();

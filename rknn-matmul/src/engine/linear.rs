@@ -412,6 +412,7 @@ fn forward_shard<K: EngineKind>(
 /// number of threads may call [`Linear::forward`] at once (their rounds take turns).
 ///
 /// ```
+/// # if !cfg!(feature = "emulator") { return Ok(()); } // the emulator is not compiled in
 /// use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 /// use rknn_matmul::{Platform, Runtime};
 /// let engine = Engine::new(&Runtime::emulator(Platform::Rk3588)?, EngineConfig::default())?;
