@@ -361,6 +361,18 @@ pub enum Error {
         /// Which operand.
         matrix: Matrix,
     },
+    /// A shared memory of another IOMMU domain than the context's.
+    #[error(
+        "{matrix} lives in IOMMU domain {memory} but the context is in domain {context} (each domain is its own device address space)"
+    )]
+    DomainMismatch {
+        /// Which operand.
+        matrix: Matrix,
+        /// The memory's domain.
+        memory: i32,
+        /// The context's domain.
+        context: i32,
+    },
     /// A memory allocated for one matrix was passed as another.
     #[error("a memory allocated for {allocated_for} was passed as {passed_as}")]
     WrongMatrix {

@@ -381,7 +381,7 @@ impl<K: MatmulKind> MatmulBuilder<K> {
                 .collect();
             let ctx =
                 rt.call(|api| result::matmul_create_dynamic_shape(api, &mut info, &mut shapes))?;
-            (ContextHandle::own(rt, ctx.0), ctx.1)
+            (ContextHandle::own(rt, ctx.0, self.iommu_domain), ctx.1)
         } else {
             let (handle, io) = ContextHandle::create(&rt, &mut info)?;
             (handle, vec![io])
@@ -424,15 +424,18 @@ impl<K: MatmulKind> MatmulBuilder<K> {
 pub(crate) struct ContextHandle {
     pub(crate) rt: Runtime,
     ctx: sys::rknn_matmul_ctx,
+    /// The IOMMU domain of the context and of every memory allocated on it.
+    pub(crate) domain: i32,
     calls: Mutex<()>,
 }
 
 impl ContextHandle {
     /// Takes ownership of a context the runtime created: it is destroyed when the handle drops.
-    fn own(rt: Runtime, ctx: sys::rknn_matmul_ctx) -> ContextHandle {
+    fn own(rt: Runtime, ctx: sys::rknn_matmul_ctx, domain: i32) -> ContextHandle {
         ContextHandle {
             rt,
             ctx,
+            domain,
             calls: Mutex::new(()),
         }
     }
@@ -444,7 +447,10 @@ impl ContextHandle {
         info: &mut sys::rknn_matmul_info,
     ) -> Result<(ContextHandle, sys::rknn_matmul_io_attr)> {
         let (ctx, io) = rt.call(|api| result::matmul_create(api, info))?;
-        Ok((ContextHandle::own(rt.clone(), ctx), io))
+        Ok((
+            ContextHandle::own(rt.clone(), ctx, info.iommu_domain_id),
+            io,
+        ))
     }
 
     /// Makes a result-layer call on this context, alone.
@@ -582,7 +588,8 @@ impl<K: MatmulKind> Matmul<K> {
         Ok((a as usize, b as usize))
     }
 
-    fn max_bytes(&self, matrix: Matrix) -> u64 {
+    /// The bytes of `matrix` for the largest shape (what its memory must hold).
+    pub fn max_bytes(&self, matrix: Matrix) -> u64 {
         self.ios
             .iter()
             .map(|io| {
@@ -597,7 +604,56 @@ impl<K: MatmulKind> Matmul<K> {
     }
 
     fn alloc<T: Element>(&self, matrix: Matrix, flags: Option<MemFlags>) -> Result<TensorMem<T>> {
-        TensorMem::new(self.handle.clone(), matrix, self.max_bytes(matrix), flags)
+        TensorMem::new(
+            self.handle.clone(),
+            matrix,
+            self.max_bytes(matrix),
+            flags,
+            false,
+        )
+    }
+
+    /// A memory of `len` elements (at least this context's largest) that other contexts of the
+    /// same runtime and IOMMU domain may bind as well, so that contexts used one after another
+    /// (the engine's contexts of one NPU core) share one A and one C instead of a pair each:
+    /// every memory holds a dma-buf file descriptor, and a process runs out near 1020.
+    ///
+    /// Whether Rockchip's runtime accepts a memory allocated on one context in another
+    /// context's `set_io_mem` is not documented (\[open\]; the emulator accepts it within an
+    /// IOMMU domain).
+    fn alloc_shared<T: Element>(&self, matrix: Matrix, len: usize) -> Result<TensorMem<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| Error::SizeOverflow {
+                what: "shared memory bytes",
+                value: (len as u128 * std::mem::size_of::<T>() as u128).to_string(),
+                limit: "u64",
+            })?;
+        TensorMem::new(
+            self.handle.clone(),
+            matrix,
+            bytes.max(self.max_bytes(matrix)),
+            None,
+            true,
+        )
+    }
+
+    /// Allocates an A that other contexts of the same runtime and IOMMU domain may bind too
+    /// (see the note on sharing); `len` elements, at least this context's largest A.
+    pub fn alloc_shared_a(&self, len: usize) -> Result<TensorMem<K::A>> {
+        self.alloc_shared(Matrix::A, len)
+    }
+
+    /// Allocates a C that other contexts of the same runtime and IOMMU domain may bind too
+    /// (\[open\] on the hardware, see [`Matmul::alloc_shared_a`]).
+    pub fn alloc_shared_c(&self, len: usize) -> Result<TensorMem<K::C>> {
+        self.alloc_shared(Matrix::C, len)
+    }
+
+    /// The IOMMU domain of the context.
+    pub fn iommu_domain(&self) -> i32 {
+        self.handle.domain
     }
 
     /// Allocates A, sized for the largest shape.
@@ -663,7 +719,16 @@ impl<K: MatmulKind> Matmul<K> {
     /// to the device first.
     fn bind<T: Element>(&self, matrix: Matrix, mem: &TensorMem<T>) -> Result<()> {
         if !mem.belongs_to(&self.handle) {
-            return Err(Error::ForeignMemory { matrix });
+            if !mem.is_shared() || !mem.runtime().same(&self.handle.rt) {
+                return Err(Error::ForeignMemory { matrix });
+            }
+            if mem.domain() != self.handle.domain {
+                return Err(Error::DomainMismatch {
+                    matrix,
+                    memory: mem.domain(),
+                    context: self.handle.domain,
+                });
+            }
         }
         if mem.matrix() != matrix {
             return Err(Error::WrongMatrix {

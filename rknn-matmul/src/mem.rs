@@ -62,6 +62,8 @@ pub struct TensorMem<T: Element> {
     len: usize,
     bytes: u64,
     matrix: Matrix,
+    /// Whether other contexts of its runtime and IOMMU domain may bind it.
+    shared: bool,
     id: u64,
     generation: Cell<u64>,
     _t: PhantomData<T>,
@@ -91,6 +93,7 @@ impl<T: Element> TensorMem<T> {
         matrix: Matrix,
         bytes: u64,
         flags: Option<MemFlags>,
+        shared: bool,
     ) -> Result<TensorMem<T>> {
         let elem = std::mem::size_of::<T>() as u64;
         let len = usize::try_from(bytes.div_ceil(elem)).map_err(|_| Error::SizeOverflow {
@@ -135,6 +138,7 @@ impl<T: Element> TensorMem<T> {
             len,
             bytes,
             matrix,
+            shared,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             generation: Cell::new(1),
             _t: PhantomData,
@@ -218,6 +222,20 @@ impl<T: Element> TensorMem<T> {
 
     pub(crate) fn stamp(&self) -> (u64, u64) {
         (self.id, self.generation.get())
+    }
+
+    /// Whether other contexts of the same runtime and IOMMU domain may bind it.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The IOMMU domain it lives in.
+    pub fn domain(&self) -> i32 {
+        self.handle.domain
+    }
+
+    pub(crate) fn runtime(&self) -> &crate::Runtime {
+        &self.handle.rt
     }
 
     pub(crate) fn belongs_to(&self, handle: &Arc<ContextHandle>) -> bool {

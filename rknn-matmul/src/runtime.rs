@@ -447,6 +447,11 @@ impl Runtime {
         self.shared.lock.as_ref()
     }
 
+    /// Whether two handles are the same runtime.
+    pub(crate) fn same(&self, other: &Runtime) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Whether the `mallopt(M_MMAP_MAX, 0)` workaround was applied.
     pub fn mallopt_applied(&self) -> bool {
         self.shared.mallopt_applied

@@ -16,7 +16,10 @@ fn board_runtime(what: &str) -> Option<Runtime> {
     if rt.is_hardware() || std::env::var_os("RKNN_BOARD_TESTS_ON_EMULATOR").is_some() {
         return Some(rt);
     }
-    eprintln!("skipped: {what} needs a real NPU (the runtime is {})", rt.selection_reason());
+    eprintln!(
+        "skipped: {what} needs a real NPU (the runtime is {})",
+        rt.selection_reason()
+    );
     None
 }
 
@@ -45,10 +48,17 @@ fn host_packed_native_b_equals_the_runtimes_converter() {
         mm.b_to_native(&b, &mut by_runtime).unwrap();
         let (sn, sk) = mm.native_tile(Matrix::B).unwrap();
         let geo = NativeB::new(k, n, sn, sk, seg).expect("geometry");
-        let bt: Vec<i8> = (0..n).flat_map(|j| (0..k).map(move |x| (j, x))).map(|(j, x)| b[x * n + j]).collect();
+        let bt: Vec<i8> = (0..n)
+            .flat_map(|j| (0..k).map(move |x| (j, x)))
+            .map(|(j, x)| b[x * n + j])
+            .collect();
         let mut by_host = vec![0i8; geo.len()];
         geo.pack_from_nk(&bt, &mut by_host);
-        assert_eq!(&by_runtime.as_slice()[..geo.len()], &by_host[..], "K={k} N={n}");
+        assert_eq!(
+            &by_runtime.as_slice()[..geo.len()],
+            &by_host[..],
+            "K={k} N={n}"
+        );
     }
 }
 

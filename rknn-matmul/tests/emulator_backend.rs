@@ -191,3 +191,93 @@ fn the_int4_converter_input_setting_reaches_the_emulator() {
         }
     }
 }
+
+#[test]
+fn weights_beyond_one_iommu_domain_spread_over_the_next_ones() {
+    use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
+    const DOMAIN: u64 = 1 << 20;
+    let mut opts = RuntimeOptions::default();
+    opts.emulator.iommu_domain_bytes = DOMAIN;
+    let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
+    let cfg = EngineConfig {
+        cores: Some(2),
+        max_m: 128,
+        iommu_domain_bytes: DOMAIN,
+        pinning: rknn_matmul::engine::topology::Pinning::None,
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(&rt, cfg.clone()).unwrap();
+    let (n, k) = (512, 512);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7919) % 255) as f32 / 127.0 - 1.0)
+        .collect();
+    let x: Vec<f32> = (0..2 * k)
+        .map(|i| ((i * 31) % 97) as f32 / 48.0 - 1.0)
+        .collect();
+    let want = e
+        .linear(&w, n, k, WeightFormat::W8A8)
+        .unwrap()
+        .forward_vec(&x, 2)
+        .unwrap();
+    let linears: Vec<_> = (0..6)
+        .map(|_| e.linear(&w, n, k, WeightFormat::W8A8).unwrap())
+        .collect();
+    let domains: Vec<i32> = linears.iter().map(|l| l.iommu_domain()).collect();
+    assert!(domains.windows(2).all(|d| d[0] <= d[1]), "{domains:?}");
+    assert!(
+        *domains.last().unwrap() >= 2,
+        "six linears of 256 KiB spread: {domains:?}"
+    );
+    for l in &linears {
+        assert_eq!(
+            l.forward_vec(&x, 2).unwrap(),
+            want,
+            "domain {}",
+            l.iommu_domain()
+        );
+    }
+    let emu = rt.emulator_instance().unwrap();
+    for d in 0..=*domains.last().unwrap() {
+        assert!(
+            emu.domain_used(d) <= DOMAIN,
+            "domain {d}: {}",
+            emu.domain_used(d)
+        );
+    }
+    // An engine that believes a domain holds 4 GiB overfills the first one: a typed error.
+    let naive = Engine::new(
+        &rt,
+        EngineConfig {
+            iommu_domain_bytes: 4 << 30,
+            ..cfg
+        },
+    )
+    .unwrap();
+    let overfull: Result<Vec<_>, _> = (0..6)
+        .map(|_| naive.linear(&w, n, k, WeightFormat::W8A8))
+        .collect();
+    assert!(
+        matches!(overfull, Err(Error::AllocFailed { .. })),
+        "{overfull:?}"
+    );
+}
+
+#[test]
+fn a_single_core_chip_runs_the_engine_on_one_lane() {
+    use rknn_matmul::engine::{Engine, EngineConfig};
+    let rt = Runtime::emulator(Platform::Rk3566).unwrap();
+    let e = Engine::new(&rt, EngineConfig::default()).unwrap();
+    assert_eq!(e.workers(), 1);
+    let w: Vec<f32> = (0..5 * 40).map(|i| (i % 7) as f32 - 3.0).collect();
+    let lin = e
+        .linear(&w, 5, 40, rknn_matmul::engine::WeightFormat::W8A8)
+        .unwrap();
+    let y = lin.forward_vec(&[1.0; 40], 1).unwrap();
+    for (j, &v) in y.iter().enumerate() {
+        let want: f32 = w[j * 40..(j + 1) * 40].iter().sum();
+        assert!(
+            (v - want).abs() < 0.05 * want.abs().max(1.0),
+            "{j}: {v} vs {want}"
+        );
+    }
+}

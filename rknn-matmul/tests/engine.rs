@@ -133,23 +133,41 @@ fn results_are_identical_whatever_the_number_of_cores() {
     let (m, k, n) = (70, 9000, 130);
     let w = random(&mut rng, n * k);
     let x = random(&mut rng, m * k);
-    let outs: Vec<Vec<u32>> = (1..=3)
-        .flat_map(|c| {
-            let e = engine(c);
-            [WeightFormat::W8A8, WeightFormat::F16].map(|f| {
+    let rt = common::runtime();
+    let mut outs: Vec<(String, Vec<u32>, Vec<u32>)> = Vec::new();
+    for cores in 1..=rt.npu_cores() {
+        // The caller running core 0's share, or worker threads only.
+        for caller_runs_core0 in [true, false] {
+            let e = Engine::new(
+                &rt,
+                EngineConfig {
+                    cores: Some(cores),
+                    caller_runs_core0,
+                    pinning: rknn_matmul::engine::topology::Pinning::None,
+                    ..EngineConfig::default()
+                },
+            )
+            .unwrap();
+            assert_eq!(e.workers(), cores);
+            let [w8, f16] = [WeightFormat::W8A8, WeightFormat::F16].map(|f| {
                 e.linear(&w, n, k, f)
                     .unwrap()
                     .forward_vec(&x, m)
                     .unwrap()
                     .iter()
                     .map(|v| v.to_bits())
-                    .collect()
-            })
-        })
-        .collect();
-    for c in 1..3 {
-        assert_eq!(outs[0], outs[2 * c], "W8A8 with {} cores", c + 1);
-        assert_eq!(outs[1], outs[2 * c + 1], "F16 with {} cores", c + 1);
+                    .collect::<Vec<u32>>()
+            });
+            outs.push((
+                format!("{cores} cores, caller {caller_runs_core0}"),
+                w8,
+                f16,
+            ));
+        }
+    }
+    for (what, w8, f16) in &outs[1..] {
+        assert_eq!(&outs[0].1, w8, "W8A8 with {what}");
+        assert_eq!(&outs[0].2, f16, "F16 with {what}");
     }
 }
 
@@ -165,10 +183,11 @@ fn m_buckets_are_multiples_of_128_not_powers_of_two() {
 
 #[test]
 fn stats_count_every_phase_and_weights_are_freed_on_drop() {
-    let e = engine_on(&common::runtime_with(|_| {}), 3);
-    let cores = e.workers();
-    let budget = e.runtime().handle_budget();
+    let rt = common::runtime_with(|_| {});
+    let budget = rt.handle_budget();
     let before = budget.live();
+    let e = engine_on(&rt, 3);
+    let cores = e.workers();
     let mut rng = fastrand::Rng::with_seed(3);
     let (k, n) = (8192 + 64, 96);
     let lin = e
@@ -179,8 +198,8 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop() {
     } else {
         3
     };
-    // shards × K segments × (A, B, C).
-    assert_eq!(budget.live() - before, cores * segments * 3);
+    // A B per shard and K segment, and one shared A and C per core.
+    assert_eq!(budget.live() - before, cores * segments + 2 * cores);
     e.reset_stats();
     lin.forward_vec(&random(&mut rng, k), 1).unwrap();
     let s = e.stats();
@@ -190,7 +209,35 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop() {
     );
     assert!(s.collect.count >= (cores * segments) as u64);
     drop(lin);
+    assert_eq!(
+        budget.live() - before,
+        2 * cores,
+        "the shared pairs stay with the engine"
+    );
+    drop(e);
     assert_eq!(budget.live(), before);
+}
+
+#[test]
+fn without_sharing_every_segment_has_its_own_a_and_c() {
+    let rt = common::runtime_with(|_| {});
+    let e = Engine::new(
+        &rt,
+        EngineConfig {
+            share_io_memories: false,
+            pinning: rknn_matmul::engine::topology::Pinning::None,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let mut rng = fastrand::Rng::with_seed(31);
+    let (k, n) = (96, 200);
+    let w = random(&mut rng, n * k);
+    let lin = e.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    assert_eq!(rt.handle_budget().live(), 3 * e.workers());
+    let x = random(&mut rng, 3 * k);
+    let got = lin.forward_vec(&x, 3).unwrap();
+    assert_eq!(got, reference_w8a8(&x, &w, 3, k, n));
 }
 
 #[test]
@@ -354,4 +401,64 @@ fn many_threads_share_one_engine() {
             });
         }
     });
+}
+
+#[test]
+fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f32() {
+    use rknn_matmul::engine::Rotation;
+    let e = engine(3);
+    let mut rng = fastrand::Rng::with_seed(21);
+    let (m, k, n) = (4, 576, 96);
+    let w = random(&mut rng, n * k);
+    // Activations with a few outlier channels, as transformer inputs have.
+    let mut x = random(&mut rng, m * k);
+    for r in 0..m {
+        x[r * k + 7] = 60.0;
+        x[r * k + 300] = -45.0;
+    }
+    let rot = Rotation::hadamard(k, 7);
+    let lin = e
+        .linear_with(&w, n, k, WeightFormat::W8A8, Some(rot.clone()))
+        .unwrap();
+    assert_eq!(lin.rotation(), Some(&rot));
+    let got = lin.forward_vec(&x, m).unwrap();
+    let (mut rx, mut rw) = (x.clone(), w.clone());
+    rot.apply_rows(&mut rx);
+    rot.apply_rows(&mut rw);
+    assert_eq!(got, reference_w8a8(&rx, &rw, m, k, n));
+    // Closer to the exact product than without the rotation.
+    let plain = e
+        .linear(&w, n, k, WeightFormat::W8A8)
+        .unwrap()
+        .forward_vec(&x, m)
+        .unwrap();
+    let exact: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (r, j) = (i / n, i % n);
+            (0..k)
+                .map(|c| f64::from(x[r * k + c]) * f64::from(w[j * k + c]))
+                .sum()
+        })
+        .collect();
+    let err = |y: &[f32]| -> f64 {
+        y.iter()
+            .zip(&exact)
+            .map(|(&a, &b)| (f64::from(a) - b).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    assert!(
+        err(&got) < 0.5 * err(&plain),
+        "rotated {} vs plain {}",
+        err(&got),
+        err(&plain)
+    );
+    let e2 = e.linear_with(
+        &w,
+        n,
+        k,
+        WeightFormat::W8A8,
+        Some(Rotation::hadamard(k + 64, 7)),
+    );
+    assert!(matches!(e2, Err(Error::Length { .. })));
 }

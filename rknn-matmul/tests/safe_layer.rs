@@ -590,3 +590,75 @@ fn error_codes_map() {
     assert!(RknnCode::from_raw(-10).suggests_version_skew());
     assert!(!RknnCode::from_raw(-5).suggests_version_skew());
 }
+
+#[test]
+fn shared_memories_serve_several_contexts_of_one_domain() {
+    let rt = runtime();
+    let mut rng = fastrand::Rng::with_seed(12);
+    // Contexts of different K and N, one shared A and one shared C for all of them.
+    let shapes = [(64, 32), (128, 96), (32, 64)];
+    let ctxs: Vec<_> = shapes
+        .iter()
+        .map(|&(k, n)| rt.matmul::<I8xI8ToI32>(2, k, n).build().unwrap())
+        .collect();
+    let mut a = ctxs[0].alloc_shared_a(2 * 128).unwrap();
+    let mut c = ctxs[0].alloc_shared_c(2 * 96).unwrap();
+    assert!(a.is_shared() && c.is_shared());
+    for round in 0..2 {
+        for (mm, &(k, n)) in ctxs.iter().zip(&shapes) {
+            let av: Vec<i8> = (0..2 * k).map(|_| rng.i8(..)).collect();
+            let bv: Vec<i8> = (0..k * n).map(|_| rng.i8(..)).collect();
+            let mut b = mm.alloc_b().unwrap();
+            b.write(&bv).unwrap();
+            a.write(&av).unwrap();
+            mm.run(&a, &b, &mut c).unwrap();
+            assert_eq!(
+                as_i64(&c.as_slice()[..2 * n]),
+                naive_i8(&av, &bv, 2, k, n),
+                "round {round} K={k} N={n}"
+            );
+        }
+    }
+    // A shared memory too small for a context is refused, not bound.
+    let small = ctxs[0].alloc_shared_a(1).unwrap();
+    let (b1, mut c1) = (ctxs[1].alloc_b().unwrap(), ctxs[1].alloc_c().unwrap());
+    let e = ctxs[1].run(&small, &b1, &mut c1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::MemoryTooSmall {
+                matrix: Matrix::A,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Another IOMMU domain is another address space.
+    let other = rt
+        .matmul::<I8xI8ToI32>(2, 64, 32)
+        .iommu_domain(1)
+        .build()
+        .unwrap();
+    let (b2, mut c2) = (other.alloc_b().unwrap(), other.alloc_c().unwrap());
+    let e = other.run(&a, &b2, &mut c2).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DomainMismatch {
+                matrix: Matrix::A,
+                memory: 0,
+                context: 1
+            }
+        ),
+        "{e}"
+    );
+    // A memory of another runtime is foreign even when shared.
+    let rt2 = common::runtime_with(|_| {});
+    let mm2 = rt2.matmul::<I8xI8ToI32>(2, 64, 32).build().unwrap();
+    let (b3, mut c3) = (mm2.alloc_b().unwrap(), mm2.alloc_c().unwrap());
+    let e = mm2.run(&a, &b3, &mut c3).unwrap_err();
+    assert!(
+        matches!(e, Error::ForeignMemory { matrix: Matrix::A }),
+        "{e}"
+    );
+}

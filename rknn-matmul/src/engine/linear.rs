@@ -21,7 +21,7 @@ use rknn_chip::Layout;
 use super::glue;
 use super::scheduler::Work;
 use super::stats::{Counters, Phase};
-use super::{Inner, Scratch};
+use super::{Inner, Rotation, Scratch};
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
 use crate::error::{Error, Matrix, Result};
 use crate::matmul::{Core, Matmul};
@@ -29,7 +29,7 @@ use crate::mem::TensorMem;
 use crate::runtime::Runtime;
 
 /// The precision of a [`Linear`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     /// int8 weights with one f32 scale per output channel, int8 activations with one scale per
     /// row; i8 × i8 → i32 on the NPU, scales applied on the host (per-channel scales on the NPU
@@ -40,7 +40,7 @@ pub enum WeightFormat {
 }
 
 /// What the forward pass needs of a matmul type.
-pub(crate) trait EngineKind: MatmulKind {
+pub(crate) trait EngineKind: MatmulKind + Sized {
     /// The caller's prepared input element (quantised i8, or f32 converted while packing).
     type In: Copy + Send + Sync + 'static;
     /// The accumulator over K segments (exact i32, or f32).
@@ -67,6 +67,9 @@ pub(crate) trait EngineKind: MatmulKind {
         first: bool,
     );
 
+    /// The lane's shared A/C of this type, per IOMMU domain.
+    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>>;
+
     /// Writes the first `valid` columns of `acc` ([m, width]) into `out` ([m, valid]).
     #[allow(clippy::too_many_arguments)] // The operands of the formula.
     fn finish(
@@ -83,6 +86,10 @@ pub(crate) trait EngineKind: MatmulKind {
 impl EngineKind for I8xI8ToI32 {
     type In = i8;
     type Acc = i32;
+
+    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>> {
+        &mut io.i8
+    }
 
     fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
         glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
@@ -120,6 +127,10 @@ impl EngineKind for F16xF16ToF32 {
     type In = f32;
     type Acc = f32;
 
+    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>> {
+        &mut io.f16
+    }
+
     fn pack_a(x: &[f32], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [f16]) {
         glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
     }
@@ -143,12 +154,49 @@ impl EngineKind for F16xF16ToF32 {
     }
 }
 
-/// One K segment of a shard: its context and memories, B written once and kept.
+/// The A and C memories a context runs with.
+pub(crate) struct IoMems<K: MatmulKind> {
+    a: TensorMem<K::A>,
+    c: TensorMem<K::C>,
+}
+
+impl<K: MatmulKind> IoMems<K> {
+    /// Memories for `mm` alone.
+    fn own(mm: &Matmul<K>) -> Result<IoMems<K>> {
+        Ok(IoMems {
+            a: mm.alloc_a()?,
+            c: mm.alloc_c()?,
+        })
+    }
+
+    /// Makes `shared` (the lane's memories of one IOMMU domain) large enough for `mm`,
+    /// allocating them on `mm` the first time or when they are too small.
+    fn ensure_shared(shared: &mut Option<IoMems<K>>, mm: &Matmul<K>) -> Result<()> {
+        let (need_a, need_c) = (mm.max_bytes(Matrix::A), mm.max_bytes(Matrix::C));
+        let fits = shared
+            .as_ref()
+            .is_some_and(|io| io.a.bytes() >= need_a && io.c.bytes() >= need_c);
+        if !fits {
+            let (len_a, len_c) = shared
+                .as_ref()
+                .map_or((0, 0), |io| (io.a.len(), io.c.len()));
+            // The old pair stays bound to earlier contexts only until their next run, which
+            // binds the new pair (a different memory) first.
+            *shared = Some(IoMems {
+                a: mm.alloc_shared_a(len_a)?,
+                c: mm.alloc_shared_c(len_c)?,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One K segment of a shard: its context and its B, written once and kept; A and C are the
+/// lane's shared pair, or the segment's own when sharing is off.
 struct Segment<K: MatmulKind> {
     mm: Matmul<K>,
-    a: TensorMem<K::A>,
     b: TensorMem<K::B>,
-    c: TensorMem<K::C>,
+    own: Option<IoMems<K>>,
     /// First K row and rows of the segment.
     k0: usize,
     ks: usize,
@@ -157,6 +205,8 @@ struct Segment<K: MatmulKind> {
 /// One worker's part of one linear, with the tiles the runtime reported.
 struct Shard<K: MatmulKind> {
     segments: Vec<Segment<K>>,
+    /// The IOMMU domain of its memories.
+    domain: i32,
     /// Columns of the shard (aligned), of which the first `valid` exist in the output.
     width: usize,
     valid: usize,
@@ -188,6 +238,9 @@ pub(crate) struct ShardSpec {
     pub(crate) segments: Arc<[(usize, usize)]>,
     pub(crate) buckets: Arc<[usize]>,
     pub(crate) core: Core,
+    pub(crate) domain: i32,
+    /// Whether the lane's contexts share one A and one C per IOMMU domain.
+    pub(crate) share_io: bool,
 }
 
 /// The caller's prepared input for one forward chunk, shared with the workers.
@@ -221,10 +274,19 @@ pub(crate) enum Task {
     Exit,
 }
 
+/// A lane's shared A and C memories, per weight format and IOMMU domain.
+#[derive(Default)]
+pub(crate) struct LaneIo {
+    i8: HashMap<i32, Option<IoMems<I8xI8ToI32>>>,
+    f16: HashMap<i32, Option<IoMems<F16xF16ToF32>>>,
+}
+
 /// A worker's state: its runtime, contexts and scratch.
 pub(crate) struct WorkerState {
     rt: Runtime,
+    // Dropped before `io`: the shards' contexts may hold the shared memories' bindings.
     shards: HashMap<u64, AnyShard>,
+    io: LaneIo,
     acc: Vec<i32>,
     facc: Vec<f32>,
     stats: Arc<Counters>,
@@ -235,6 +297,7 @@ impl WorkerState {
         WorkerState {
             rt,
             shards: HashMap::new(),
+            io: LaneIo::default(),
             acc: Vec::new(),
             facc: Vec::new(),
             stats,
@@ -250,7 +313,7 @@ impl Work for Task {
     fn run(self, st: &mut WorkerState) -> Result<Option<Vec<f32>>> {
         match self {
             Task::Register { id, spec } => {
-                let shard = build_shard(&st.rt, *spec)?;
+                let shard = build_shard(&st.rt, &mut st.io, *spec)?;
                 st.shards.insert(id, shard);
                 Ok(None)
             }
@@ -263,10 +326,23 @@ impl Work for Task {
                 let stats = &st.stats;
                 let out = match (shard, f.input) {
                     (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
-                        forward_shard(s, &q, ld, &scales, f.m, f.bucket, &mut st.acc, f.out, stats)?
+                        let (m, bucket, lane) = (f.m, f.bucket, &mut st.io);
+                        forward_shard(
+                            s,
+                            lane,
+                            &q,
+                            ld,
+                            &scales,
+                            m,
+                            bucket,
+                            &mut st.acc,
+                            f.out,
+                            stats,
+                        )?
                     }
                     (AnyShard::F16(s), Input::F16 { x, ld }) => {
-                        forward_shard(s, &x, ld, &[], f.m, f.bucket, &mut st.facc, f.out, stats)?
+                        let (m, bucket, lane) = (f.m, f.bucket, &mut st.io);
+                        forward_shard(s, lane, &x, ld, &[], m, bucket, &mut st.facc, f.out, stats)?
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
                 };
@@ -285,23 +361,28 @@ impl Work for Task {
     }
 }
 
-fn build_shard(rt: &Runtime, spec: ShardSpec) -> Result<AnyShard> {
+fn build_shard(rt: &Runtime, io: &mut LaneIo, spec: ShardSpec) -> Result<AnyShard> {
     Ok(match spec.weights {
         ShardWeights::I8 {
             ref q,
             ref ch_scales,
         } => {
-            let mut s = build::<I8xI8ToI32>(rt, &spec, q)?;
+            let mut s = build::<I8xI8ToI32>(rt, io, &spec, q)?;
             s.ch_scales = ch_scales.clone();
             AnyShard::I8(s)
         }
-        ShardWeights::F16 { ref w } => AnyShard::F16(build::<F16xF16ToF32>(rt, &spec, w)?),
+        ShardWeights::F16 { ref w } => AnyShard::F16(build::<F16xF16ToF32>(rt, io, &spec, w)?),
     })
 }
 
 /// Builds a shard's contexts (native A/B/C, dynamic M over the buckets, on its core) and writes
 /// its weights (`w`: [width, k_pad], row = output channel) into their B memories.
-fn build<K: MatmulKind>(rt: &Runtime, spec: &ShardSpec, w: &[K::B]) -> Result<Shard<K>> {
+fn build<K: EngineKind>(
+    rt: &Runtime,
+    io: &mut LaneIo,
+    spec: &ShardSpec,
+    w: &[K::B],
+) -> Result<Shard<K>> {
     let width = spec.plan.width;
     let mut segments = Vec::with_capacity(spec.segments.len());
     let mut tiles = None;
@@ -313,6 +394,7 @@ fn build<K: MatmulKind>(rt: &Runtime, spec: &ShardSpec, w: &[K::B]) -> Result<Sh
             .ac_layout(Layout::Native)
             .b_layout(Layout::Native)
             .core(spec.core)
+            .iommu_domain(spec.domain)
             .build()?;
         let (sk, _) = mm.native_tile(Matrix::A)?;
         let (sn, _) = mm.native_tile(Matrix::C)?;
@@ -339,19 +421,19 @@ fn build<K: MatmulKind>(rt: &Runtime, spec: &ShardSpec, w: &[K::B]) -> Result<Sh
             });
         }
         geo.pack_from_nk(&seg_w, dst);
-        segments.push(Segment {
-            a: mm.alloc_a()?,
-            b,
-            c: mm.alloc_c()?,
-            mm,
-            k0,
-            ks,
-        });
+        let own = if spec.share_io {
+            IoMems::ensure_shared(K::shared(io).entry(spec.domain).or_default(), &mm)?;
+            None
+        } else {
+            Some(IoMems::own(&mm)?)
+        };
+        segments.push(Segment { b, own, mm, k0, ks });
     }
     // Every linear has at least one segment (K >= 1).
     let (sk, sn) = tiles.expect("a linear has at least one K segment");
     Ok(Shard {
         segments,
+        domain: spec.domain,
         width,
         valid: spec.plan.valid,
         ch_scales: Vec::new(),
@@ -372,6 +454,7 @@ fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
 #[allow(clippy::too_many_arguments)] // One call site per weight format.
 fn forward_shard<K: EngineKind>(
     shard: &mut Shard<K>,
+    lane: &mut LaneIo,
     x: &[K::In],
     ld: usize,
     row_scales: &[f32],
@@ -383,14 +466,21 @@ fn forward_shard<K: EngineKind>(
 ) -> Result<Vec<f32>> {
     let (width, sk, sn) = (shard.width, shard.sk, shard.sn);
     acc.resize(bucket * width, K::Acc::default());
+    let mut shared = K::shared(lane).get_mut(&shard.domain);
     for (i, seg) in shard.segments.iter_mut().enumerate() {
+        let io = match (&mut seg.own, shared.as_deref_mut()) {
+            (Some(own), _) => own,
+            (None, Some(Some(shared))) => shared,
+            // Built with sharing: the lane's pair of this domain exists from the shard's build.
+            (None, _) => unreachable!("a shard's lane has the shared A/C of its domain"),
+        };
         seg.mm.set_m(bucket)?;
         timed(stats, Phase::Pack, || {
-            K::pack_a(x, bucket, ld, seg.k0, seg.ks, sk, seg.a.as_mut_slice())
+            K::pack_a(x, bucket, ld, seg.k0, seg.ks, sk, io.a.as_mut_slice())
         });
-        timed(stats, Phase::Run, || seg.mm.run(&seg.a, &seg.b, &mut seg.c))?;
+        timed(stats, Phase::Run, || seg.mm.run(&io.a, &seg.b, &mut io.c))?;
         timed(stats, Phase::Collect, || {
-            K::accumulate(seg.c.as_slice(), bucket, width, sn, acc, i == 0)
+            K::accumulate(io.c.as_slice(), bucket, width, sn, acc, i == 0)
         });
     }
     out.resize(m * shard.valid, 0.0);
@@ -432,6 +522,11 @@ pub struct Linear {
     pub(crate) format: WeightFormat,
     /// Each worker's shard, if it holds one.
     pub(crate) shards: Vec<Option<ShardPlan>>,
+    /// The rotation of the input, applied before quantising it.
+    pub(crate) rotation: Option<Rotation>,
+    /// The IOMMU domain of its memories, and the bytes of B it holds there.
+    pub(crate) domain: i32,
+    pub(crate) b_bytes: u64,
 }
 
 impl std::fmt::Debug for Linear {
@@ -464,6 +559,16 @@ impl Linear {
     /// The precision.
     pub fn format(&self) -> WeightFormat {
         self.format
+    }
+
+    /// The IOMMU domain its weights live in.
+    pub fn iommu_domain(&self) -> i32 {
+        self.domain
+    }
+
+    /// The rotation of its input, if any.
+    pub fn rotation(&self) -> Option<&Rotation> {
+        self.rotation.as_ref()
     }
 
     /// y [m, N] = x [m, K] × Wᵀ, for any m.
@@ -501,7 +606,16 @@ impl Linear {
             let mc = (m - r0).min(max_m);
             let bucket = inner.cfg.bucket(mc);
             let x_chunk = &x[r0 * self.k..(r0 + mc) * self.k];
-            let s: &mut Scratch = &mut round.scratch;
+            let s: &mut Scratch = round.scratch();
+            let x_chunk = match &self.rotation {
+                Some(r) => timed(&inner.stats, Phase::Quantize, || {
+                    s.rotated.clear();
+                    s.rotated.extend_from_slice(x_chunk);
+                    r.apply_rows(&mut s.rotated);
+                    &s.rotated[..]
+                }),
+                None => x_chunk,
+            };
             match self.format {
                 WeightFormat::W8A8 => timed(&inner.stats, Phase::Quantize, || {
                     let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
@@ -553,7 +667,7 @@ impl Linear {
                 {
                     dst[plan.n0..plan.n0 + plan.valid].copy_from_slice(src);
                 }
-                round.scratch.outs[i] = block;
+                round.scratch().outs[i] = block;
             }
             r0 += mc;
         }
@@ -576,6 +690,9 @@ impl Linear {
 
 impl Drop for Linear {
     fn drop(&mut self) {
+        if let Ok(mut plan) = self.inner.domains.lock() {
+            plan.release(self.domain, self.b_bytes);
+        }
         let _ = self.inner.pool.round().run_all(|i, _| {
             self.shards[i]
                 .as_ref()

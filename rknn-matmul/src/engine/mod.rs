@@ -20,18 +20,21 @@
 
 pub mod glue;
 mod linear;
+mod rotation;
 mod scheduler;
 mod stats;
 pub mod topology;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use half::f16;
 use rknn_chip::ElemKind;
 
 pub use linear::{Linear, WeightFormat};
+pub use rotation::{HADAMARD_BLOCK, Rotation};
 pub use stats::{Phase, PhaseStats, Stats};
 
 use crate::error::{Error, Result};
@@ -53,7 +56,9 @@ pub const MAX_EXACT_K_W8A8: usize = i32::MAX as usize / (127 * 127);
 /// How to run the engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Workers (one per NPU core); default: the chip's core count.
+    /// NPU cores to use (one lane each); default: the chip's core count on hardware, and on an
+    /// emulated runtime no more than this machine's CPUs (each emulated core is a busy CPU
+    /// thread: more of them than CPUs would make every round wait for the scheduler).
     pub cores: Option<usize>,
     /// Largest M per run; larger inputs are chunked. A multiple of 128 up to
     /// [`MAX_M_LIMIT`] (default 512).
@@ -62,6 +67,19 @@ pub struct EngineConfig {
     pub pinning: Pinning,
     /// How long an idle worker spins before parking (default 50 µs).
     pub spin: Duration,
+    /// Whether the calling thread runs core 0's share of each round itself (default: yes). It
+    /// saves a hand-off per round; on the emulator, where every NPU core is a CPU thread, it is
+    /// also one busy thread fewer than cores + caller.
+    pub caller_runs_core0: bool,
+    /// Whether all contexts of one core share one A and one C memory per IOMMU domain
+    /// (default: yes). Every NPU memory holds a dma-buf file descriptor, and a process runs out
+    /// near 1020 under `ulimit -n 1024`: sharing needs 2 handles per linear and core (context
+    /// and B) instead of 4. Binding one context's memory in another is \[open\] on Rockchip's
+    /// runtime; turn this off if a board refuses it.
+    pub share_io_memories: bool,
+    /// Bytes one IOMMU domain holds (default 4 GiB, [doc] driver >= 0.9.8). Weights beyond it
+    /// are placed in the next domain, automatically.
+    pub iommu_domain_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +89,9 @@ impl Default for EngineConfig {
             max_m: 512,
             pinning: Pinning::BigCores,
             spin: Duration::from_micros(50),
+            caller_runs_core0: true,
+            share_io_memories: true,
+            iommu_domain_bytes: 4 << 30,
         }
     }
 }
@@ -106,6 +127,7 @@ impl EngineConfig {
 /// output block, recycled from round to round.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    rotated: Vec<f32>,
     q: Arc<Vec<i8>>,
     scales: Arc<Vec<f32>>,
     x: Arc<Vec<f32>>,
@@ -118,6 +140,85 @@ pub(crate) struct Inner {
     pool: Pool<Task, Scratch>,
     stats: Arc<Counters>,
     next_id: AtomicU64,
+    domains: Mutex<DomainPlan>,
+}
+
+/// Where the engine's NPU memory goes: bytes used per IOMMU domain, and the size of each
+/// lane's shared A and C per (lane, domain, format), so that a linear is placed in the first
+/// domain with room for its B memories and for whatever the shared pair must grow by.
+#[derive(Default)]
+struct DomainPlan {
+    used: Vec<u64>,
+    io: HashMap<(usize, i32, WeightFormat), (u64, u64)>,
+}
+
+/// One lane's memory needs for a new linear.
+struct LaneNeed {
+    lane: usize,
+    b: u64,
+    a: u64,
+    c: u64,
+}
+
+impl DomainPlan {
+    /// The bytes a linear adds to domain `d`.
+    fn delta(&self, d: i32, format: WeightFormat, share: bool, needs: &[LaneNeed]) -> u64 {
+        needs
+            .iter()
+            .map(|n| {
+                let io = if share {
+                    let (a, c) = self.io.get(&(n.lane, d, format)).copied().unwrap_or((0, 0));
+                    n.a.saturating_sub(a) + n.c.saturating_sub(c)
+                } else {
+                    n.a + n.c
+                };
+                n.b + io
+            })
+            .sum()
+    }
+
+    /// Gives back a dropped linear's B bytes (the lanes' shared A and C stay).
+    fn release(&mut self, d: i32, b: u64) {
+        if let Some(u) = usize::try_from(d).ok().and_then(|d| self.used.get_mut(d)) {
+            *u = u.saturating_sub(b);
+        }
+    }
+
+    /// Places a linear in the first domain with room for it and books its bytes.
+    fn place(
+        &mut self,
+        cap: u64,
+        format: WeightFormat,
+        share: bool,
+        needs: &[LaneNeed],
+    ) -> Result<(i32, u64)> {
+        for d in 0.. {
+            let di = usize::try_from(d).unwrap_or(usize::MAX);
+            if di == self.used.len() {
+                self.used.push(0);
+            }
+            let delta = self.delta(d, format, share, needs);
+            if self.used[di].saturating_add(delta) <= cap {
+                self.used[di] += delta;
+                if share {
+                    for n in needs {
+                        let e = self.io.entry((n.lane, d, format)).or_default();
+                        *e = (e.0.max(n.a), e.1.max(n.c));
+                    }
+                }
+                return Ok((d, needs.iter().map(|n| n.b).sum()));
+            }
+            if self.used[di] == 0 {
+                // Even an empty domain cannot hold it.
+                return Err(Error::EngineConfig {
+                    field: "iommu_domain_bytes",
+                    value: usize::try_from(cap).unwrap_or(usize::MAX),
+                    rule: format!("is smaller than one linear's {delta} bytes of NPU memory"),
+                });
+            }
+        }
+        unreachable!("the domain loop returns")
+    }
 }
 
 /// The engine: one worker per NPU core and the linears registered on it. Cheap to clone;
@@ -148,7 +249,7 @@ impl Engine {
     /// Starts the workers on `rt`.
     pub fn new(rt: &Runtime, cfg: EngineConfig) -> Result<Engine> {
         cfg.validate()?;
-        let cores = cfg.cores.unwrap_or(rt.npu_cores());
+        let cores = cfg.cores.unwrap_or_else(|| default_cores(rt));
         if cores == 0 || cores > rt.npu_cores() {
             return Err(Error::EngineConfig {
                 field: "cores",
@@ -162,8 +263,12 @@ impl Engine {
         }
         let stats = Arc::new(Counters::default());
         let pin = cfg.pinning.cpus(&CpuTopology::detect());
+        let inline = cfg
+            .caller_runs_core0
+            .then(|| WorkerState::new(rt.clone(), stats.clone()));
+        let first_thread = usize::from(inline.is_some());
         let mut workers = Vec::with_capacity(cores);
-        for i in 0..cores {
+        for i in first_thread..cores {
             let (rt, stats, pin) = (rt.clone(), stats.clone(), pin.clone());
             let init = move || {
                 if let Some(cpus) = pin {
@@ -174,7 +279,7 @@ impl Engine {
             };
             workers.push(Worker::spawn(i, cfg.spin, init)?);
         }
-        let pool = Pool::new(workers, Scratch::default(), || Task::Exit)?;
+        let pool = Pool::new(inline, workers, Scratch::default(), || Task::Exit)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 rt: rt.clone(),
@@ -182,6 +287,7 @@ impl Engine {
                 pool,
                 stats,
                 next_id: AtomicU64::new(1),
+                domains: Mutex::new(DomainPlan::default()),
             }),
         })
     }
@@ -267,6 +373,22 @@ impl Engine {
 
     /// Makes W [n, k] (row-major, row = output channel) resident in `format`.
     pub fn linear(&self, w: &[f32], n: usize, k: usize, format: WeightFormat) -> Result<Linear> {
+        self.linear_with(w, n, k, format, None)
+    }
+
+    /// As [`Engine::linear`], with the input rotated by `rotation` (of `k` channels): the
+    /// weights are rotated once here, and every forward rotates its input before quantising it
+    /// (`W x = (W Rᵀ)(R x)`), which spreads activation outliers over whole blocks of channels
+    /// and so keeps W8A8 close to the f32 result. Fuse linears that read the same input (q, k
+    /// and v; gate and up) into one to rotate that input once.
+    pub fn linear_with(
+        &self,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        rotation: Option<Rotation>,
+    ) -> Result<Linear> {
         let (k_pad, n_pad, na) = self.padded(n, k, format)?;
         if w.len() != n * k {
             return Err(Error::Length {
@@ -275,7 +397,26 @@ impl Engine {
                 got: w.len(),
             });
         }
-        match format {
+        if let Some(r) = &rotation {
+            if r.k() != k {
+                return Err(Error::Length {
+                    what: "rotation channels (in_features)",
+                    expected: k,
+                    got: r.k(),
+                });
+            }
+        }
+        let rotated;
+        let w = match &rotation {
+            Some(r) => {
+                let mut v = w.to_vec();
+                r.apply_rows(&mut v);
+                rotated = v;
+                &rotated[..]
+            }
+            None => w,
+        };
+        let linear = match format {
             WeightFormat::W8A8 => {
                 let mut q = vec![0i8; n_pad * k_pad];
                 let mut scales = vec![0f32; n_pad];
@@ -300,7 +441,10 @@ impl Engine {
                     }
                 })
             }
-        }
+        };
+        let mut linear = linear?;
+        linear.rotation = rotation;
+        Ok(linear)
     }
 
     /// Makes already-quantised W8A8 weights resident: `q` [n, k] int8 (row = output channel,
@@ -372,6 +516,34 @@ impl Engine {
         let buckets: Arc<[usize]> = inner.cfg.buckets().into();
         let plans = plan_shards(n, n_pad, align, inner.pool.len());
         let multi = rt.platform().has_core_mask();
+        let share_io = inner.cfg.share_io_memories;
+        // Bytes per element of B and A (i8, or f16) and of C (i32 or f32).
+        let (eb, ec) = match format {
+            WeightFormat::W8A8 => (1u64, 4u64),
+            WeightFormat::F16 => (2, 4),
+        };
+        let (max_m, ks_max) = (inner.cfg.max_m as u64, seg.min(k_pad) as u64);
+        // Shared: one A and C per lane and domain; else one pair per K segment.
+        let pairs = if share_io { 1 } else { segments.len() as u64 };
+        let needs: Vec<LaneNeed> = plans
+            .iter()
+            .enumerate()
+            .filter_map(|(lane, p)| {
+                let p = p.as_ref()?;
+                let w = p.width as u64;
+                Some(LaneNeed {
+                    lane,
+                    b: w * k_pad as u64 * eb,
+                    a: max_m * ks_max * eb * pairs,
+                    c: max_m * w * ec * pairs,
+                })
+            })
+            .collect();
+        let (domain, b_bytes) = inner
+            .domains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .place(inner.cfg.iommu_domain_bytes, format, share_io, &needs)?;
         let id = inner
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -383,6 +555,9 @@ impl Engine {
             k_pad,
             format,
             shards: plans.clone(),
+            rotation: None,
+            domain,
+            b_bytes,
         };
         // On failure, dropping `linear` removes the shards that were built.
         inner.pool.round().run_all(|i, _| {
@@ -395,10 +570,22 @@ impl Engine {
                     segments: segments.clone(),
                     buckets: buckets.clone(),
                     core: if multi { Core::Index(i) } else { Core::Auto },
+                    domain,
+                    share_io,
                 }),
             })
         })?;
         Ok(linear)
+    }
+}
+
+/// The default number of cores (see [`EngineConfig::cores`]).
+fn default_cores(rt: &Runtime) -> usize {
+    if rt.is_hardware() {
+        rt.npu_cores()
+    } else {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        rt.npu_cores().min(cpus)
     }
 }
 

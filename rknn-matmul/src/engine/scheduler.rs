@@ -212,74 +212,116 @@ impl<T: Work> Worker<T> {
     }
 }
 
-/// Workers one pool can hold (NPU cores: 3 on RK3588).
+/// Lanes one pool can hold (NPU cores: 3 on RK3588).
 pub(crate) const MAX_WORKERS: usize = 8;
 
-/// All workers of an engine, and the caller-side state that rounds share (`S`: the engine's
-/// input buffers), behind the one lock that makes a round exclusive.
+/// What a round holds exclusively: the caller-side state (`S`: the engine's input buffers) and,
+/// when the caller runs lane 0 itself, that lane's worker state.
+struct RoundState<T: Work, S> {
+    scratch: S,
+    inline: Option<T::State>,
+}
+
+/// The lanes of an engine (one per NPU core): lane 0 on the calling thread when `inline` (a
+/// hand-off saved per round, and on the emulator, where every core is a CPU thread, one thread
+/// fewer competing for the CPUs), the others on worker threads. The round state sits behind the
+/// one lock that makes a round exclusive.
 pub(crate) struct Pool<T: Work, S> {
     workers: Vec<Worker<T>>,
-    round: Mutex<S>,
+    lanes: usize,
+    round: Mutex<RoundState<T, S>>,
     exit: fn() -> T,
 }
 
-/// Exclusive use of the pool's workers, from the first post to the last reply.
+/// Exclusive use of the pool's lanes, from the first post to the last reply.
 pub(crate) struct Round<'p, T: Work, S> {
     workers: &'p [Worker<T>],
-    /// The caller-side state, exclusive for the round.
-    pub(crate) scratch: MutexGuard<'p, S>,
+    state: MutexGuard<'p, RoundState<T, S>>,
 }
 
-impl<T: Work, S> Pool<T, S> {
-    /// A pool of at most [`MAX_WORKERS`] workers.
-    pub(crate) fn new(workers: Vec<Worker<T>>, scratch: S, exit: fn() -> T) -> Result<Pool<T, S>> {
-        if workers.len() > MAX_WORKERS {
+impl<T: Work, S> Pool<T, S>
+where
+    T::State: Send,
+{
+    /// A pool of `workers` thread lanes, after an inline lane 0 when `inline` holds its state;
+    /// at most [`MAX_WORKERS`] lanes.
+    pub(crate) fn new(
+        inline: Option<T::State>,
+        workers: Vec<Worker<T>>,
+        scratch: S,
+        exit: fn() -> T,
+    ) -> Result<Pool<T, S>> {
+        let lanes = workers.len() + usize::from(inline.is_some());
+        if lanes > MAX_WORKERS {
             return Err(Error::EngineConfig {
                 field: "cores",
-                value: workers.len(),
+                value: lanes,
                 rule: format!("must be at most {MAX_WORKERS}"),
             });
         }
         Ok(Pool {
             workers,
-            round: Mutex::new(scratch),
+            lanes,
+            round: Mutex::new(RoundState { scratch, inline }),
             exit,
         })
     }
+}
 
-    /// Number of workers.
+impl<T: Work, S> Pool<T, S> {
+    /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
-        self.workers.len()
+        self.lanes
     }
 
     /// Takes the pool for one round (waits for another caller's round to finish).
     pub(crate) fn round(&self) -> Round<'_, T, S> {
         Round {
             workers: &self.workers,
-            scratch: lock(&self.round),
+            state: lock(&self.round),
         }
     }
 }
 
 impl<T: Work, S> Round<'_, T, S> {
-    /// Runs `task(i)` on worker `i` (skipping `None`), all at once, and waits for all of them
-    /// even when one fails. Returns each worker's reply, or the first error. Allocates nothing.
+    /// The caller-side state, exclusive for the round.
+    pub(crate) fn scratch(&mut self) -> &mut S {
+        &mut self.state.scratch
+    }
+
+    /// Runs `task(i)` on lane `i` (skipping `None`), all at once (the inline lane while the
+    /// others run), and waits for all of them even when one fails. Returns each lane's reply,
+    /// or the first error. Allocates nothing.
     pub(crate) fn run_all(
         &mut self,
         mut task: impl FnMut(usize, &mut S) -> Option<T>,
     ) -> Result<[Option<T::Reply>; MAX_WORKERS]> {
+        let state = &mut *self.state;
+        let offset = usize::from(state.inline.is_some());
         let mut tickets = [None; MAX_WORKERS];
         for (i, (w, t)) in self.workers.iter().zip(&mut tickets).enumerate() {
-            *t = task(i, &mut self.scratch).map(|task| w.post(task));
+            *t = task(i + offset, &mut state.scratch).map(|task| w.post(task));
         }
         let mut replies = std::array::from_fn(|_| None);
         let mut first = None;
+        if let Some(inline) = state.inline.as_mut() {
+            if let Some(t) = task(0, &mut state.scratch) {
+                // A panic here must not skip the waits below (the round would end with tasks
+                // in flight): it is caught and reported like a worker's.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run(inline)))
+                    .unwrap_or(Err(Error::WorkerPanicked { worker: 0 }))
+                {
+                    Ok(r) => replies[0] = Some(r),
+                    Err(e) => first = Some(e),
+                }
+            }
+        }
         for (i, (w, t)) in self.workers.iter().zip(tickets).enumerate() {
             if let Some(seq) = t {
                 match w.wait(seq) {
-                    Ok(r) => replies[i] = Some(r),
+                    Ok(r) => replies[i + offset] = Some(r),
                     Err(Error::WorkerPanicked { .. }) if first.is_none() => {
-                        first = Some(Error::WorkerPanicked { worker: i })
+                        first = Some(Error::WorkerPanicked { worker: i + offset })
                     }
                     Err(e) if first.is_none() => first = Some(e),
                     Err(_) => {}
@@ -296,7 +338,11 @@ impl<T: Work, S> Round<'_, T, S> {
 impl<T: Work, S> Drop for Pool<T, S> {
     fn drop(&mut self) {
         let exit = self.exit;
-        let _ = self.round().run_all(|_, _| Some(exit()));
+        let mut round = self.round();
+        // The inline lane needs no exit task: its state drops with the pool.
+        let inline = usize::from(round.state.inline.is_some());
+        let _ = round.run_all(|i, _| (i >= inline).then(exit));
+        drop(round);
         for w in &mut self.workers {
             if let Some(h) = w.handle.take() {
                 let _ = h.join();
@@ -338,7 +384,7 @@ mod loom_tests {
         model.preemption_bound = Some(3);
         model.check(|| {
             let workers = vec![Worker::<Job>::spawn(0, Duration::ZERO, || 0).unwrap()];
-            let pool = Arc::new(Pool::new(workers, (), || Job::Exit).unwrap());
+            let pool = Arc::new(Pool::new(None, workers, (), || Job::Exit).unwrap());
             let p2 = pool.clone();
             let other = thread::spawn(move || {
                 let r = p2.round().run_all(|_, _| Some(Job::Add(10))).unwrap();

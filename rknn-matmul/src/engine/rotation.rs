@@ -1,0 +1,152 @@
+//! Input rotation for W8A8 linears: a randomized block Hadamard transform.
+//!
+//! Per-row int8 activations lose accuracy on transformer inputs because a few channels carry
+//! outliers that set the row's scale. Rotating the input by an orthogonal R spreads them over
+//! all channels; since `W x = (W Rᵀ)(R x)`, the weights are rotated once when the linear is
+//! made resident and only the activations are rotated per call. R here is block-diagonal: each
+//! block of 64 channels gets random signs, a fast Walsh–Hadamard transform and a scale of 1/8
+//! (so R is orthogonal, and the scale is exact in floating point). Channels past the last whole
+//! block are left as they are (still orthogonal). A numpy simulation on SmolLM2-135M (issue 14)
+//! took top-1 agreement with the f32 model from 88 % to 96 % this way.
+
+use std::sync::Arc;
+
+/// Channels per Hadamard block.
+pub const HADAMARD_BLOCK: usize = 64;
+
+/// A randomized block Hadamard rotation of `k` channels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rotation {
+    /// ±1 per rotated channel (the whole blocks of `k`).
+    signs: Arc<[f32]>,
+    k: usize,
+}
+
+impl Rotation {
+    /// The rotation of `k` channels with signs drawn from `seed` (the same seed and `k` give
+    /// the same rotation).
+    pub fn hadamard(k: usize, seed: u64) -> Rotation {
+        let rotated = k - k % HADAMARD_BLOCK;
+        // xorshift64*: a fixed, documented generator, so that rotations are reproducible.
+        let mut state =
+            seed ^ 0x9E37_79B9_7F4A_7C15 ^ (k as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+        if state == 0 {
+            state = 1;
+        }
+        let signs = (0..rotated)
+            .map(|_| {
+                state ^= state >> 12;
+                state ^= state << 25;
+                state ^= state >> 27;
+                if state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 63 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        Rotation { signs, k }
+    }
+
+    /// Channels (K).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Rotates each of the `x.len() / k` rows of `x` in place.
+    ///
+    /// # Panics
+    ///
+    /// If `x.len()` is not a multiple of `k`.
+    pub fn apply_rows(&self, x: &mut [f32]) {
+        assert!(
+            x.len() % self.k == 0,
+            "rotation of {} channels applied to {} values",
+            self.k,
+            x.len()
+        );
+        for row in x.chunks_exact_mut(self.k) {
+            for (block, signs) in row
+                .chunks_exact_mut(HADAMARD_BLOCK)
+                .zip(self.signs.chunks_exact(HADAMARD_BLOCK))
+            {
+                let block: &mut [f32; HADAMARD_BLOCK] =
+                    block.try_into().expect("chunks_exact gives whole blocks");
+                for (v, s) in block.iter_mut().zip(signs) {
+                    *v *= s;
+                }
+                fwht64(block);
+            }
+        }
+    }
+}
+
+/// The Walsh–Hadamard transform of 64 values, scaled by 1/8 (orthonormal). Each stage's
+/// butterflies are independent, so the compiler vectorises the inner loop.
+fn fwht64(v: &mut [f32; HADAMARD_BLOCK]) {
+    let mut h = 1;
+    while h < HADAMARD_BLOCK {
+        for base in (0..HADAMARD_BLOCK).step_by(2 * h) {
+            for i in base..base + h {
+                let (a, b) = (v[i], v[i + h]);
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+    for x in v.iter_mut() {
+        *x *= 0.125;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dot(a: &[f32], b: &[f32]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+            .sum()
+    }
+
+    #[test]
+    fn it_is_orthogonal_so_products_with_rotated_weights_are_unchanged() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        for k in [64, 576, 1536, 100, 7] {
+            let r = Rotation::hadamard(k, 42);
+            let x: Vec<f32> = (0..k).map(|_| rng.f32() - 0.5).collect();
+            let w: Vec<f32> = (0..k).map(|_| rng.f32() - 0.5).collect();
+            let (mut rx, mut rw) = (x.clone(), w.clone());
+            r.apply_rows(&mut rx);
+            r.apply_rows(&mut rw);
+            let (d, rd) = (dot(&x, &w), dot(&rx, &rw));
+            assert!((d - rd).abs() < 1e-5, "k={k}: {d} vs {rd}");
+            assert!((dot(&x, &x) - dot(&rx, &rx)).abs() < 1e-5, "k={k}: norm");
+            if k >= 64 {
+                assert_ne!(rx, x, "k={k}: something rotated");
+            }
+            // The tail past the last whole block is left alone.
+            assert_eq!(&rx[k - k % 64..], &x[k - k % 64..]);
+        }
+    }
+
+    #[test]
+    fn it_spreads_an_outlier_over_its_block() {
+        let r = Rotation::hadamard(64, 1);
+        let mut x = vec![0.0f32; 64];
+        x[5] = 8.0;
+        r.apply_rows(&mut x);
+        assert!(x.iter().all(|v| v.abs() == 1.0), "{x:?}");
+    }
+
+    #[test]
+    fn seeds_and_sizes_give_reproducible_distinct_signs() {
+        assert_eq!(Rotation::hadamard(128, 3), Rotation::hadamard(128, 3));
+        assert_ne!(Rotation::hadamard(128, 3), Rotation::hadamard(128, 4));
+        let s = Rotation::hadamard(4096, 0).signs;
+        let neg = s.iter().filter(|&&v| v < 0.0).count();
+        assert!((1800..2300).contains(&neg), "{neg} negative of 4096");
+    }
+}
