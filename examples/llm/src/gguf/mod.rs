@@ -760,3 +760,6 @@ impl Reader<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
