@@ -402,9 +402,8 @@ fn is_c_space(b: u8) -> bool {
 
 impl Tokenizer {
     /// Builds the tokenizer from a GGUF file's metadata (works on vocabulary-only files).
-    #[allow(private_bounds)]
-    pub fn from_metadata(file: &impl gguf_keys::Metadata) -> Result<Self, TokenizerError> {
-        Self::from_spec(gguf_keys::read_spec(file)?)
+    pub fn from_gguf(file: &crate::gguf::GgufFile) -> Result<Self, TokenizerError> {
+        Self::from_spec(gguf_keys::read_spec(file.metadata())?)
     }
 
     /// Builds the tokenizer from metadata already read.
