@@ -1,0 +1,150 @@
+//! llama.cpp's own tokenizer test data: every `.inp` string of each `ggml-vocab-*.gguf` whose
+//! vocabulary this crate supports must give the ids of the matching `.out` line (tokenized as
+//! llama.cpp's test-tokenizer-0 does: no BOS/EOS, special tokens not parsed).
+//!
+//! The files come from `scripts/llama-cpp.sh --vocab-only` (into
+//! `${RKNPU_CACHE:-~/.cache/rknpu-rs}/llama.cpp/vocab`).
+
+use std::path::{Path, PathBuf};
+
+use rknn_llm::tokenizer::Tokenizer;
+
+mod common;
+
+/// The vocabularies with test data this crate supports, and the pre-tokenizer each declares.
+const SUPPORTED: &[&str] = &[
+    "llama-spm",
+    "phi-3",
+    "gpt-2",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "starcoder",
+    "refact",
+    "command-r",
+    "falcon",
+    "mpt",
+    "deepseek-llm",
+    "deepseek-coder",
+    "gemma-4",
+];
+
+fn vocab_dir() -> PathBuf {
+    let cache = std::env::var_os("RKNPU_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/rknpu-rs")
+        });
+    cache.join("llama.cpp/vocab")
+}
+
+fn load(path: &Path) -> Tokenizer {
+    let file = rknn_llm::gguf::GgufFile::open(path).expect("read GGUF");
+    Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Parses a `.inp` / `.out` pair the way llama.cpp's test-tokenizer-0 does.
+fn read_tests(inp: &Path, out: &Path) -> Vec<(String, Vec<u32>)> {
+    const SEP: &str = "\n__ggml_vocab_test__\n";
+    let raw = std::fs::read_to_string(inp).expect("read .inp");
+    let mut inputs = Vec::new();
+    let mut pos = 0;
+    while pos < raw.len() {
+        match raw[pos..].find(SEP) {
+            Some(i) => {
+                inputs.push(raw[pos..pos + i].to_owned());
+                pos += i + SEP.len();
+            }
+            None => {
+                inputs.push(raw[pos..].to_owned());
+                break;
+            }
+        }
+    }
+    let outputs: Vec<Vec<u32>> = std::fs::read_to_string(out)
+        .expect("read .out")
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| t.parse().expect("id in .out"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{}: .inp and .out disagree",
+        inp.display()
+    );
+    inputs.into_iter().zip(outputs).collect()
+}
+
+fn run_vocab(name: &str) -> Option<(usize, usize)> {
+    let dir = vocab_dir();
+    let gguf = common::require(
+        dir.join(format!("ggml-vocab-{name}.gguf")),
+        "scripts/llama-cpp.sh --vocab-only",
+    )?;
+    let tok = load(&gguf);
+    let tests = read_tests(
+        &gguf.with_extension("gguf.inp"),
+        &gguf.with_extension("gguf.out"),
+    );
+    let mut failures = Vec::new();
+    for (text, want) in &tests {
+        let got = tok
+            .encode(text, false, false)
+            .unwrap_or_else(|e| panic!("{name}: {text:?}: {e}"));
+        if &got != want {
+            failures.push(format!("  {text:?}\n    want {want:?}\n    got  {got:?}"));
+        }
+    }
+    let passed = tests.len() - failures.len();
+    eprintln!(
+        "ggml-vocab-{name}: {passed}/{} lines equal to llama.cpp",
+        tests.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "ggml-vocab-{name}:\n{}",
+        failures.join("\n")
+    );
+    Some((passed, tests.len()))
+}
+
+macro_rules! vocab_tests {
+    ($($fn:ident => $name:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $fn() {
+                run_vocab($name);
+            }
+        )*
+        /// Every entry of SUPPORTED has its test.
+        #[test]
+        fn every_supported_vocab_is_tested() {
+            let mut tested = vec![$($name),*];
+            let mut listed = SUPPORTED.to_vec();
+            tested.sort_unstable();
+            listed.sort_unstable();
+            assert_eq!(tested, listed);
+        }
+    };
+}
+
+vocab_tests! {
+    llama_spm => "llama-spm",
+    phi_3 => "phi-3",
+    gpt_2 => "gpt-2",
+    llama_bpe => "llama-bpe",
+    qwen2 => "qwen2",
+    qwen35 => "qwen35",
+    starcoder => "starcoder",
+    refact => "refact",
+    command_r => "command-r",
+    falcon => "falcon",
+    mpt => "mpt",
+    deepseek_llm => "deepseek-llm",
+    deepseek_coder => "deepseek-coder",
+    gemma_4 => "gemma-4",
+}
