@@ -623,6 +623,20 @@ impl Model {
         pos: usize,
         which: Logits,
     ) -> Result<&[f32], ModelError> {
+        // The whole pass runs on a pool thread: the parallel loops inside it then split work
+        // among the workers directly instead of each waking the pool from outside and
+        // blocking this thread (two context switches per matmul).
+        let pool = self.pool.clone();
+        pool.install(|| self.forward_in_pool(tokens, pos, which))?;
+        Ok(&self.logits)
+    }
+
+    fn forward_in_pool(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        which: Logits,
+    ) -> Result<(), ModelError> {
         let c = self.config.clone();
         let m = tokens.len();
         if pos > self.cache.len {
@@ -647,7 +661,7 @@ impl Model {
         self.truncate(pos);
         self.logits.clear();
         if m == 0 {
-            return Ok(&self.logits);
+            return Ok(());
         }
         let t_start = Instant::now();
         let mut t_matmul = Duration::ZERO;
@@ -736,7 +750,7 @@ impl Model {
         self.stats.matmul += t_matmul;
         self.stats.attention += t_attn;
         self.stats.other += total.saturating_sub(t_matmul + t_attn);
-        Ok(&self.logits)
+        Ok(())
     }
 }
 
