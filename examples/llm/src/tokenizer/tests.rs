@@ -390,7 +390,29 @@ fn pre_tokenizer_pieces() {
         split(PreTokenizerKind::StarCoder, "a 12"),
         ["a", " ", "1", "2"]
     );
-    // A long whitespace run does not exhaust the backtracking budget.
-    let long = " ".repeat(200_000) + "x";
-    assert_eq!(split(PreTokenizerKind::Llama3, &long).len(), 2);
+    // `\s+(?!\S)`: a run before a non-space gives its last character to the next piece; a
+    // lone white space before a word is a piece of its own (GPT-2 has no plain `\s+`).
+    assert_eq!(
+        split(PreTokenizerKind::Gpt2, "a \t\n b\tc  "),
+        ["a", " \t\n", " b", "\t", "c", "  "]
+    );
+    assert_eq!(
+        split(PreTokenizerKind::Llama3, "a  \tb\t"),
+        ["a", "  ", "\tb", "\t"]
+    );
+    // Runs longer than fancy-regex's backtracking stack (a million entries) still split.
+    let long = " ".repeat(1_500_000) + "x";
+    for k in [
+        PreTokenizerKind::Gpt2,
+        PreTokenizerKind::Llama3,
+        PreTokenizerKind::Qwen2,
+    ] {
+        let pieces = split(k, &long);
+        assert_eq!(pieces.len(), 2, "{k:?}");
+        assert_eq!(pieces[1], " x");
+    }
+    assert_eq!(
+        split(PreTokenizerKind::Gpt2, &"\n ".repeat(600_000)).len(),
+        1
+    );
 }
