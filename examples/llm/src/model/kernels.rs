@@ -263,8 +263,16 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(2);
         for k in [1, 40, 576, 5000] {
             let (a, b) = (random(&mut rng, k), random(&mut rng, k));
-            let exact: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-            let abs: f64 = a.iter().zip(&b).map(|(x, y)| f64::from((x * y).abs())).sum();
+            let exact: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            let abs: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from((x * y).abs()))
+                .sum();
             let got = f64::from(Kernel::Scalar.dot(&a, &b));
             assert!(
                 (got - exact).abs() <= abs * k as f64 * f64::from(f32::EPSILON),
@@ -273,6 +281,9 @@ mod tests {
         }
         // Integers small enough to be exact.
         let a: Vec<f32> = (0..100).map(|i| i as f32).collect();
-        assert_eq!(Kernel::Scalar.dot(&a, &a), (0..100).map(|i| i * i).sum::<i32>() as f32);
+        assert_eq!(
+            Kernel::Scalar.dot(&a, &a),
+            (0..100).map(|i| i * i).sum::<i32>() as f32
+        );
     }
 }

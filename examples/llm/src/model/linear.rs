@@ -182,7 +182,12 @@ mod tests {
     use super::*;
 
     fn pool(t: usize) -> Arc<rayon::ThreadPool> {
-        Arc::new(rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap())
+        Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap(),
+        )
     }
 
     #[test]

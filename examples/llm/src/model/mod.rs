@@ -241,9 +241,12 @@ impl Config {
             reason,
         };
         if n_head == 0 || n_embd == 0 || n_layer == 0 || n_ff == 0 {
-            return Err(bad("*", format!(
-                "zero size: embedding {n_embd}, layers {n_layer}, heads {n_head}, feed-forward {n_ff}"
-            )));
+            return Err(bad(
+                "*",
+                format!(
+                    "zero size: embedding {n_embd}, layers {n_layer}, heads {n_head}, feed-forward {n_ff}"
+                ),
+            ));
         }
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             return Err(bad(
@@ -275,9 +278,11 @@ impl Config {
                 format!("{n_rot} rotated dimensions in heads of {head_dim}"),
             ));
         }
-        let rms_eps = key_f32(file, &format!("{p}.attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| ModelError::MissingKey {
-                key: format!("{p}.attention.layer_norm_rms_epsilon"),
+        let rms_eps =
+            key_f32(file, &format!("{p}.attention.layer_norm_rms_epsilon"))?.ok_or_else(|| {
+                ModelError::MissingKey {
+                    key: format!("{p}.attention.layer_norm_rms_epsilon"),
+                }
             })?;
         let rope_base = key_f32(file, &format!("{p}.rope.freq_base"))?.unwrap_or(10000.0);
         let mut rope_freq_scale = 1.0f32;
@@ -286,7 +291,7 @@ impl Config {
                 "none" => {}
                 "linear" => {
                     let f = key_f32(file, &format!("{p}.rope.scaling.factor"))?.unwrap_or(1.0);
-                    if !(f > 0.0) {
+                    if f.is_nan() || f <= 0.0 {
                         return Err(bad("rope.scaling.factor", format!("{f} is not positive")));
                     }
                     rope_freq_scale = 1.0 / f;
@@ -301,9 +306,11 @@ impl Config {
         let n_vocab = match key_usize(file, &format!("{p}.vocab_size"))? {
             Some(v) => v,
             None => {
-                let emb = file.tensor("token_embd.weight").ok_or(ModelError::MissingTensor {
-                    name: "token_embd.weight".into(),
-                })?;
+                let emb = file
+                    .tensor("token_embd.weight")
+                    .ok_or(ModelError::MissingTensor {
+                        name: "token_embd.weight".into(),
+                    })?;
                 usize::try_from(emb.dims().get(1).copied().unwrap_or(0)).unwrap_or(0)
             }
         };
@@ -454,12 +461,19 @@ impl Model {
         progress: Progress<'_>,
     ) -> Result<Self, ModelError> {
         let c = Config::from_gguf(file)?;
-        let (e, q, kv, ff) = (c.n_embd as u64, c.q_dim() as u64, c.kv_dim() as u64, c.n_ff as u64);
+        let (e, q, kv, ff) = (
+            c.n_embd as u64,
+            c.q_dim() as u64,
+            c.kv_dim() as u64,
+            c.n_ff as u64,
+        );
         let total: u64 = file.tensor_infos().iter().map(|t| t.n_bytes()).sum();
         let mut done = 0u64;
 
         let tensor = |name: &str, dims: &[u64]| -> Result<TensorView<'_>, ModelError> {
-            let t = file.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+            let t = file
+                .tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
             if t.dims() != dims || !t.ty().can_dequantize() {
                 return Err(ModelError::BadTensor {
                     name: name.into(),
@@ -475,15 +489,19 @@ impl Model {
             *done += t.data().len() as u64;
             Ok(t.to_f32()?)
         };
-        let mut linear = |name: &str, k: u64, n: u64, done: &mut u64| -> Result<Linear, ModelError> {
-            let t = tensor(name, &[k, n])?;
-            let op = factory.build(&t).map_err(|source| ModelError::Backend {
-                tensor: name.into(),
-                source,
-            })?;
-            *done += t.data().len() as u64;
-            Ok(Linear { name: name.into(), op })
-        };
+        let mut linear =
+            |name: &str, k: u64, n: u64, done: &mut u64| -> Result<Linear, ModelError> {
+                let t = tensor(name, &[k, n])?;
+                let op = factory.build(&t).map_err(|source| ModelError::Backend {
+                    tensor: name.into(),
+                    source,
+                })?;
+                *done += t.data().len() as u64;
+                Ok(Linear {
+                    name: name.into(),
+                    op,
+                })
+            };
 
         let embd = tensor("token_embd.weight", &[e, c.n_vocab as u64])?;
         done += embd.data().len() as u64;
@@ -492,15 +510,18 @@ impl Model {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
-                match c.arch {
-                    Architecture::Qwen2 => vector(&n(s), len, done).map(Some),
-                    Architecture::Llama if file.tensor(&n(s)).is_some() => {
-                        Err(ModelError::Unsupported { what: format!("tensor {:?} in a llama model", n(s)) })
+            let bias =
+                |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
+                    match c.arch {
+                        Architecture::Qwen2 => vector(&n(s), len, done).map(Some),
+                        Architecture::Llama if file.tensor(&n(s)).is_some() => {
+                            Err(ModelError::Unsupported {
+                                what: format!("tensor {:?} in a llama model", n(s)),
+                            })
+                        }
+                        Architecture::Llama => Ok(None),
                     }
-                    Architecture::Llama => Ok(None),
-                }
-            };
+                };
             let layer = Layer {
                 attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
                 wq: linear(&n("attn_q.weight"), e, q, &mut done)?,
@@ -526,7 +547,11 @@ impl Model {
         };
         let output = linear(output_name, e, c.n_vocab as u64, &mut done)?;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector("rope_freqs.weight", (c.n_rot / 2) as u64, &mut done)?),
+            Some(_) => Some(vector(
+                "rope_freqs.weight",
+                (c.n_rot / 2) as u64,
+                &mut done,
+            )?),
             None => None,
         };
         progress(total, total);
@@ -592,22 +617,51 @@ impl Model {
     ///
     /// `pos` may be at most the number of cached positions; a smaller `pos` first drops the
     /// cached positions from `pos` on (to re-run a different continuation).
-    pub fn forward(&mut self, tokens: &[u32], pos: usize, which: Logits) -> Result<&[f32], ModelError> {
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        which: Logits,
+    ) -> Result<&[f32], ModelError> {
+        // The whole pass runs on a pool thread: the parallel loops inside it then split work
+        // among the workers directly instead of each waking the pool from outside and
+        // blocking this thread (two context switches per matmul).
+        let pool = self.pool.clone();
+        pool.install(|| self.forward_in_pool(tokens, pos, which))?;
+        Ok(&self.logits)
+    }
+
+    fn forward_in_pool(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        which: Logits,
+    ) -> Result<(), ModelError> {
         let c = self.config.clone();
         let m = tokens.len();
         if pos > self.cache.len {
-            return Err(ModelError::BadPosition { pos, cached: self.cache.len });
+            return Err(ModelError::BadPosition {
+                pos,
+                cached: self.cache.len,
+            });
         }
         if pos.checked_add(m).is_none_or(|end| end > c.n_ctx) {
-            return Err(ModelError::ContextOverflow { pos, n_tokens: m, n_ctx: c.n_ctx });
+            return Err(ModelError::ContextOverflow {
+                pos,
+                n_tokens: m,
+                n_ctx: c.n_ctx,
+            });
         }
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::BadToken { token, n_vocab: c.n_vocab });
+            return Err(ModelError::BadToken {
+                token,
+                n_vocab: c.n_vocab,
+            });
         }
         self.truncate(pos);
         self.logits.clear();
         if m == 0 {
-            return Ok(&self.logits);
+            return Ok(());
         }
         let t_start = Instant::now();
         let mut t_matmul = Duration::ZERO;
@@ -645,7 +699,15 @@ impl Model {
             self.cache.v[l].extend_from_slice(&v);
 
             let t = Instant::now();
-            attention(&c, &self.pool, &q, &self.cache.k[l], &self.cache.v[l], pos, &mut att);
+            attention(
+                &c,
+                &self.pool,
+                &q,
+                &self.cache.k[l],
+                &self.cache.v[l],
+                pos,
+                &mut att,
+            );
             t_attn += t.elapsed();
 
             let t = Instant::now();
@@ -688,7 +750,7 @@ impl Model {
         self.stats.matmul += t_matmul;
         self.stats.attention += t_attn;
         self.stats.other += total.saturating_sub(t_matmul + t_attn);
-        Ok(&self.logits)
+        Ok(())
     }
 }
 
@@ -755,7 +817,12 @@ impl RopeTable {
                 theta *= theta_scale;
             }
         }
-        RopeTable { style: c.rope_style, head_dim: c.head_dim, n_rot: c.n_rot, cs }
+        RopeTable {
+            style: c.rope_style,
+            head_dim: c.head_dim,
+            n_rot: c.n_rot,
+            cs,
+        }
     }
 
     /// Rotates every head of every row of `x` (`[m][n_heads * head_dim]`).
