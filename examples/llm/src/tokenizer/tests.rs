@@ -6,7 +6,7 @@ use super::*;
 
 /// A byte-level BPE vocabulary: all 256 byte characters, then `extra` tokens, with `merges`.
 fn bpe_spec(extra: &[&str], merges: &[&str], pre: &str) -> VocabSpec {
-    let chars = bpe::byte_to_char_table();
+    let chars = bpe::BYTE_TO_CHAR;
     let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
     tokens.extend(extra.iter().map(|s| s.to_string()));
     VocabSpec {
@@ -306,7 +306,7 @@ fn stream_decoder_holds_back_partial_utf8() {
     assert_eq!(d.push(ids[5]).unwrap(), "b");
     assert_eq!(d.finish(), "");
     // An invalid byte comes out as U+FFFD at once; a truncated character at the end too.
-    let byte = |b: u8| id_of(&tok, &bpe::byte_to_char_table()[b as usize].to_string());
+    let byte = |b: u8| id_of(&tok, &bpe::BYTE_TO_CHAR[b as usize].to_string());
     let mut d = StreamDecoder::new(&tok);
     assert_eq!(d.push(byte(0xFF)).unwrap(), "\u{FFFD}");
     assert_eq!(d.push(byte(0xE4)).unwrap(), "");
