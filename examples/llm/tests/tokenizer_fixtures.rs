@@ -104,8 +104,10 @@ fn smollm2_metadata() {
     assert_eq!(tok.n_vocab(), 49152);
     assert_eq!(tok.bos(), Some(1));
     assert_eq!(tok.eos(), Some(2));
-    // No eot key in the file: found by its text.
+    // No eot key in the file: found by its text, `<|im_end|>` before `<|endoftext|>` (llama.cpp
+    // takes whichever its hash map yields first and reports 0; both end generation either way).
     assert_eq!(tok.eot(), Some(2));
+    assert_eq!(tok.eog_ids(), &[0, 2]);
     assert!(!tok.add_bos());
     assert!(tok.is_eog(0) && tok.is_eog(2) && !tok.is_eog(1));
     assert_eq!(tok.token_to_piece(1), b"<|im_start|>");

@@ -416,3 +416,149 @@ fn pre_tokenizer_pieces() {
         1
     );
 }
+
+/// A GGUF image with no tensors and the given metadata, for the key-reading tests.
+mod gguf_image {
+    pub enum V<'a> {
+        U32(u32),
+        I32(i32),
+        Bool(bool),
+        Str(&'a str),
+        Strs(Vec<String>),
+        I32s(Vec<i32>),
+        F32s(Vec<f32>),
+    }
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    pub fn build(kvs: &[(&str, V)]) -> crate::gguf::GgufFile {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+        out.extend((kvs.len() as u64).to_le_bytes());
+        for (k, v) in kvs {
+            string(&mut out, k);
+            match v {
+                V::U32(x) => {
+                    out.extend(4u32.to_le_bytes());
+                    out.extend(x.to_le_bytes());
+                }
+                V::I32(x) => {
+                    out.extend(5u32.to_le_bytes());
+                    out.extend(x.to_le_bytes());
+                }
+                V::Bool(x) => {
+                    out.extend(7u32.to_le_bytes());
+                    out.push(u8::from(*x));
+                }
+                V::Str(s) => {
+                    out.extend(8u32.to_le_bytes());
+                    string(&mut out, s);
+                }
+                V::Strs(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(8u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    for s in a {
+                        string(&mut out, s);
+                    }
+                }
+                V::I32s(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(5u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                }
+                V::F32s(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(6u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                }
+            }
+        }
+        crate::gguf::GgufFile::from_bytes(out).expect("valid GGUF image")
+    }
+}
+
+#[test]
+fn from_gguf_reads_the_keys() {
+    use gguf_image::{V, build};
+    let tokens: Vec<String> = bpe::BYTE_TO_CHAR.iter().map(|c| c.to_string()).collect();
+    let file = build(&[
+        ("general.name", V::Str("toy")),
+        ("tokenizer.ggml.model", V::Str("gpt2")),
+        ("tokenizer.ggml.pre", V::Str("smollm")),
+        ("tokenizer.ggml.tokens", V::Strs(tokens.clone())),
+        ("tokenizer.ggml.merges", V::Strs(vec!["a b".into()])),
+        // Scores as i32, as some converters write them.
+        ("tokenizer.ggml.scores", V::I32s(vec![0; 256])),
+        ("tokenizer.ggml.bos_token_id", V::U32(5)),
+        // -1 means "none" in some files: the default (11) stays.
+        ("tokenizer.ggml.eos_token_id", V::I32(-1)),
+        ("tokenizer.ggml.add_bos_token", V::Bool(true)),
+    ]);
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    assert_eq!(tok.pre_tokenizer(), Some(PreTokenizerKind::StarCoder));
+    assert_eq!(
+        (tok.bos(), tok.eos(), tok.add_bos()),
+        (Some(5), Some(11), true)
+    );
+    // Token i is byte i's character; the merge "a b" gives "ab", not a token: byte fallback.
+    assert_eq!(tok.encode("ab", true, false).unwrap(), vec![5, 0x61, 0x62]);
+}
+
+#[test]
+fn from_gguf_rejects_wrong_types_by_key() {
+    use gguf_image::{V, build};
+    let err = |kvs: &[(&str, V)]| Tokenizer::from_gguf(&build(kvs)).unwrap_err().to_string();
+    assert_eq!(
+        err(&[]),
+        "GGUF metadata key `tokenizer.ggml.model` is missing"
+    );
+    assert_eq!(
+        err(&[("tokenizer.ggml.model", V::U32(1))]),
+        "GGUF metadata key `tokenizer.ggml.model` should be a string"
+    );
+    assert_eq!(
+        err(&[("tokenizer.ggml.model", V::Str("llama"))]),
+        "GGUF metadata key `tokenizer.ggml.tokens` is missing"
+    );
+    assert_eq!(
+        err(&[
+            ("tokenizer.ggml.model", V::Str("llama")),
+            ("tokenizer.ggml.tokens", V::I32s(vec![1, 2])),
+        ]),
+        "GGUF metadata key `tokenizer.ggml.tokens` should be an array of strings"
+    );
+    let toks = V::Strs(vec!["<unk>".into(), "<s>".into()]);
+    assert_eq!(
+        err(&[
+            ("tokenizer.ggml.model", V::Str("llama")),
+            ("tokenizer.ggml.tokens", toks),
+            ("tokenizer.ggml.scores", V::Strs(vec!["x".into()])),
+        ]),
+        "GGUF metadata key `tokenizer.ggml.scores` should be an array of f32 or i32"
+    );
+    let toks = V::Strs(vec!["<unk>".into(), "<s>".into()]);
+    assert_eq!(
+        err(&[
+            ("tokenizer.ggml.model", V::Str("llama")),
+            ("tokenizer.ggml.tokens", toks),
+            ("tokenizer.ggml.token_type", V::F32s(vec![1.0, 1.0])),
+        ]),
+        "GGUF metadata key `tokenizer.ggml.token_type` should be an array of i32"
+    );
+    let toks = V::Strs(vec!["<unk>".into(), "<s>".into()]);
+    assert_eq!(
+        err(&[
+            ("tokenizer.ggml.model", V::Str("llama")),
+            ("tokenizer.ggml.tokens", toks),
+            ("tokenizer.ggml.add_bos_token", V::U32(1)),
+        ]),
+        "GGUF metadata key `tokenizer.ggml.add_bos_token` should be a bool"
+    );
+}
