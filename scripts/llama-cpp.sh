@@ -88,6 +88,9 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   tar -xzf "$sdist" -C "$src.tmp" --strip-components=3 "$prefix"
   rm -rf "$src"; mv "$src.tmp" "$src"
 fi
+# The vendored tree is a git submodule in the archive: its .git file points nowhere and makes
+# llama.cpp's build info step complain.
+rm -f "$src/.git"
 
 build="$ROOT/build"
 "$venv/bin/cmake" -S "$src" -B "$build" -G Ninja \

@@ -99,6 +99,7 @@ fn run_vocab(name: &str) -> Option<(usize, usize)> {
             failures.push(format!("  {text:?}\n    want {want:?}\n    got  {got:?}"));
         }
     }
+    random_strings_encode(name, &tok);
     let passed = tests.len() - failures.len();
     eprintln!(
         "ggml-vocab-{name}: {passed}/{} lines equal to llama.cpp",
@@ -110,6 +111,37 @@ fn run_vocab(name: &str) -> Option<(usize, usize)> {
         failures.join("\n")
     );
     Some((passed, tests.len()))
+}
+
+/// Arbitrary strings (any scalar value, plus white space, marks and special-token pieces)
+/// tokenize without error into ids inside the vocabulary, in every mode.
+fn random_strings_encode(name: &str, tok: &Tokenizer) {
+    let mut rng = fastrand::Rng::with_seed(11);
+    let pool: Vec<char> =
+        " \n\t\r\u{a0}\u{3000}\u{85}\u{2028}aZ09'<|>_/s\u{301}é你🦙\u{fffd}\u{feff}▁"
+            .chars()
+            .collect();
+    for _ in 0..300 {
+        let len = rng.usize(0..48);
+        let text: String = (0..len)
+            .map(|_| {
+                if rng.bool() {
+                    char::from_u32(rng.u32(0..0x11_0000)).unwrap_or('x')
+                } else {
+                    pool[rng.usize(0..pool.len())]
+                }
+            })
+            .collect();
+        for (add, parse) in [(false, false), (true, true)] {
+            let ids = tok
+                .encode(&text, add, parse)
+                .unwrap_or_else(|e| panic!("{name}: {text:?}: {e}"));
+            assert!(
+                ids.iter().all(|&id| (id as usize) < tok.n_vocab()),
+                "{name}: {text:?}"
+            );
+        }
+    }
 }
 
 macro_rules! vocab_tests {

@@ -10,20 +10,42 @@ use std::collections::BinaryHeap;
 
 /// GPT-2's reversible map from bytes to printable characters: printable Latin-1 bytes map to
 /// themselves, the others to U+0100 onwards in byte order.
-pub(crate) fn byte_to_char_table() -> [char; 256] {
+pub(crate) const BYTE_TO_CHAR: [char; 256] = byte_to_char_table();
+
+/// The inverse of [`BYTE_TO_CHAR`], indexed by code point (all below U+0144).
+const CHAR_TO_BYTE: [Option<u8>; 0x144] = {
+    let mut inv = [None; 0x144];
+    let mut b = 0;
+    while b < 256 {
+        inv[BYTE_TO_CHAR[b] as usize] = Some(b as u8);
+        b += 1;
+    }
+    inv
+};
+
+/// The byte GPT-2's alphabet maps to `c`, if `c` is in it.
+pub(crate) fn char_to_byte(c: char) -> Option<u8> {
+    CHAR_TO_BYTE.get(c as usize).copied().flatten()
+}
+
+const fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 0x100u32;
-    for (b, slot) in table.iter_mut().enumerate() {
+    let mut b = 0;
+    while b < 256 {
         let printable = matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
         let cp = if printable {
             b as u32
         } else {
-            let cp = next;
             next += 1;
-            cp
+            next - 1
         };
         // Every value is below U+0144, a valid scalar value.
-        *slot = char::from_u32(cp).unwrap_or('\u{FFFD}');
+        table[b] = match char::from_u32(cp) {
+            Some(c) => c,
+            None => '\u{FFFD}',
+        };
+        b += 1;
     }
     table
 }
@@ -139,7 +161,7 @@ mod tests {
 
     #[test]
     fn byte_table_matches_gpt2() {
-        let t = byte_to_char_table();
+        let t = BYTE_TO_CHAR;
         assert_eq!(t[b'!' as usize], '!');
         assert_eq!(t[b' ' as usize], 'Ġ'); // U+0120
         assert_eq!(t[b'\n' as usize], 'Ċ'); // U+010A
@@ -147,5 +169,11 @@ mod tests {
         assert_eq!(t[0xAD], 'Ń'); // U+0143, the last one
         let mut seen = std::collections::HashSet::new();
         assert!(t.iter().all(|c| seen.insert(*c)), "table is not one-to-one");
+        for b in 0..=255u8 {
+            assert_eq!(char_to_byte(t[b as usize]), Some(b));
+        }
+        assert_eq!(char_to_byte('a'), Some(b'a'));
+        assert_eq!(char_to_byte(' '), None);
+        assert_eq!(char_to_byte('\u{144}'), None);
     }
 }

@@ -6,22 +6,33 @@
 //! expressions are the ones the models' `tokenizer.json` files declare (case-insensitive
 //! contractions spelt out as `[sS]`, as llama.cpp does), and an expression only ever sees the
 //! piece it cuts, so `$` and look-ahead stop at the piece's end.
+//!
+//! The look-ahead `\s+(?!\S)` (a run of white space, less its last character when a non-space
+//! follows) is the only construct these expressions need beyond a plain regular expression.
+//! fancy-regex runs look-around in a backtracking VM whose stack is capped at a million entries
+//! (a white-space run that long fails to match), so the expressions below spell that alternative
+//! as `\s+` and [`PreTokenizer::split`] gives the last character back afterwards; with no
+//! look-around left, fancy-regex hands the whole expression to the linear-time `regex` engine.
+//! Giving the character back is exact: the alternatives before `\s+` cannot match a white-space
+//! run without a newline, and the next search starts at the character given back, as the
+//! backtracking engine's next search would.
 
 use fancy_regex::Regex;
 
 use super::TokenizerError;
 
-/// The GPT-2 expression, shared by many pre-tokenizers.
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// The GPT-2 expression, shared by many pre-tokenizers; `\s+` stands for `\s+(?!\S)`.
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
-/// Llama 3's expression (digits in runs of up to three).
-const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's expression (digits in runs of up to three); the final `\s+` stands for
+/// `\s+(?!\S)|\s+`.
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+";
 
 /// Qwen 2's expression: Llama 3's with single digits.
-const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+";
 
 /// Qwen 3.5's expression: Qwen 2's with combining marks kept inside words.
-const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+";
 
 /// DeepSeek's letter class, code point ranges as its tokenizer declares them.
 const DEEPSEEK_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
@@ -117,47 +128,68 @@ pub(crate) fn flags_for(pre: &str) -> Result<PreFlags, TokenizerError> {
     })
 }
 
+/// How a white-space-only match of an expression is adjusted (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lookahead {
+    /// The expression has no `\s+(?!\S)`.
+    None,
+    /// GPT-2's `\s+(?!\S)` without a plain `\s+` after it: any white-space run.
+    Gpt2,
+    /// Llama 3's `\s*[\r\n]+|\s+(?!\S)|\s+`: runs without a newline (the others matched
+    /// `\s*[\r\n]+`).
+    Llama3,
+}
+
 /// A compiled pre-tokenizer: its expressions in the order they apply.
 #[derive(Debug)]
 pub(crate) struct PreTokenizer {
-    regexes: Vec<Regex>,
+    regexes: Vec<(Regex, Lookahead)>,
 }
 
 impl PreTokenizer {
     pub(crate) fn new(kind: PreTokenizerKind) -> Result<Self, TokenizerError> {
+        use Lookahead::{Gpt2 as G, Llama3 as L, None as N};
         use PreTokenizerKind as K;
-        let patterns: &[&str] = match kind {
-            K::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
-            K::Llama3 | K::Dbrx => &[LLAMA3],
-            K::Qwen2 => &[QWEN2],
-            K::Qwen35 => &[QWEN35],
-            K::Gpt2 => &[GPT2],
-            K::StarCoder => &[r"\p{N}", GPT2],
-            K::Falcon => &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
+        let gpt2 = (GPT2, G);
+        let patterns: &[(&str, Lookahead)] = match kind {
+            K::Default => &[
+                (r"[\p{P}\$\+<=>\^~\|]+", N),
+                gpt2,
+                (r"\p{N}+", N),
+                (r"[0-9][0-9][0-9]", N),
+            ],
+            K::Llama3 | K::Dbrx => &[(LLAMA3, L)],
+            K::Qwen2 => &[(QWEN2, L)],
+            K::Qwen35 => &[(QWEN35, L)],
+            K::Gpt2 => &[gpt2],
+            K::StarCoder => &[(r"\p{N}", N), gpt2],
+            K::Falcon => &[(r"[\p{P}\$\+<=>\^~\|`]+", N), gpt2, (r"[0-9][0-9][0-9]", N)],
             K::DeepSeekLlm => &[
-                r"[\r\n]",
-                DEEPSEEK_LETTERS,
-                DEEPSEEK_PUNCT,
-                r"\s+$",
-                DEEPSEEK_CJK,
-                r"\p{N}+",
+                (r"[\r\n]", N),
+                (DEEPSEEK_LETTERS, N),
+                (DEEPSEEK_PUNCT, N),
+                (r"\s+$", N),
+                (DEEPSEEK_CJK, N),
+                (r"\p{N}+", N),
             ],
             K::DeepSeekCoder => &[
-                r"[\r\n]",
-                r"\s?\p{L}+",
-                r"\s?\p{P}+",
-                DEEPSEEK_CJK,
-                r"\p{N}",
+                (r"[\r\n]", N),
+                (r"\s?\p{L}+", N),
+                (r"\s?\p{P}+", N),
+                (DEEPSEEK_CJK, N),
+                (r"\p{N}", N),
             ],
-            K::Gemma4 => &[r"[^\n]+|[\n]+"],
+            K::Gemma4 => &[(r"[^\n]+|[\n]+", N)],
         };
         let regexes = patterns
             .iter()
-            .map(|p| {
-                Regex::new(p).map_err(|e| TokenizerError::Regex {
-                    pattern: (*p).to_owned(),
-                    message: e.to_string(),
-                })
+            .map(|&(p, la)| {
+                Regex::new(p)
+                    .map(|re| (re, la))
+                    .map_err(|e| TokenizerError::Regex {
+                        pattern: p.to_owned(),
+                        message: e.to_string(),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { regexes })
@@ -167,24 +199,34 @@ impl PreTokenizer {
     pub(crate) fn split(&self, text: &str) -> Result<Vec<(usize, usize)>, TokenizerError> {
         let mut pieces = vec![(0, text.len())];
         let mut next = Vec::new();
-        for re in &self.regexes {
+        for (re, lookahead) in &self.regexes {
             next.clear();
             for &(start, end) in &pieces {
                 let piece = &text[start..end];
-                let mut last = 0;
-                for m in re.find_iter(piece) {
-                    let m = m.map_err(|e| TokenizerError::Regex {
-                        pattern: re.as_str().to_owned(),
-                        message: e.to_string(),
-                    })?;
-                    if m.start() == m.end() {
+                let (mut pos, mut last) = (0, 0);
+                while pos < piece.len() {
+                    let found =
+                        re.find_from_pos(piece, pos)
+                            .map_err(|e| TokenizerError::Regex {
+                                pattern: re.as_str().to_owned(),
+                                message: e.to_string(),
+                            })?;
+                    let Some(m) = found else { break };
+                    let (m_start, mut m_end) = (m.start(), m.end());
+                    if m_end == m_start {
+                        // An empty match cuts nothing; step over one character.
+                        pos = m_end + piece[m_end..].chars().next().map_or(1, char::len_utf8);
                         continue;
                     }
-                    if m.start() > last {
-                        next.push((start + last, start + m.start()));
+                    if m_end < piece.len() {
+                        m_end = give_back(&piece[m_start..m_end], *lookahead) + m_start;
                     }
-                    next.push((start + m.start(), start + m.end()));
-                    last = m.end();
+                    if m_start > last {
+                        next.push((start + last, start + m_start));
+                    }
+                    next.push((start + m_start, start + m_end));
+                    last = m_end;
+                    pos = m_end;
                 }
                 if last < piece.len() {
                     next.push((start + last, end));
@@ -193,5 +235,20 @@ impl PreTokenizer {
             std::mem::swap(&mut pieces, &mut next);
         }
         Ok(pieces)
+    }
+}
+
+/// The length `\s+(?!\S)` would have matched for a match `m` that a non-space follows:
+/// a white-space run of two or more characters loses its last one.
+fn give_back(m: &str, lookahead: Lookahead) -> usize {
+    let applies = match lookahead {
+        Lookahead::None => false,
+        Lookahead::Gpt2 => true,
+        Lookahead::Llama3 => !m.contains(['\r', '\n']),
+    };
+    let mut chars = m.char_indices().rev();
+    match (chars.next(), chars.next()) {
+        (Some((last, _)), Some(_)) if applies && m.chars().all(char::is_whitespace) => last,
+        _ => m.len(),
     }
 }

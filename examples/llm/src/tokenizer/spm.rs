@@ -33,10 +33,12 @@ impl PartialOrd for Bigram {
     }
 }
 impl Ord for Bigram {
-    /// The heap pops the greatest: highest score first, then the leftmost pair.
+    /// The heap pops the greatest: highest score first, then the leftmost pair. Scores compare
+    /// as C++'s `<` does (so -0.0 ties with 0.0, and a NaN ties with everything).
     fn cmp(&self, other: &Self) -> Ordering {
         self.score
-            .total_cmp(&other.score)
+            .partial_cmp(&other.score)
+            .unwrap_or(Ordering::Equal)
             .then_with(|| other.left.cmp(&self.left))
     }
 }
@@ -114,5 +116,14 @@ mod tests {
         assert_eq!(segment("", vocab), vec![]);
         // Multi-byte characters stay whole.
         assert_eq!(segment("é▁", |_| None), vec![(0, 2), (2, 5)]);
+        // -0.0 and 0.0 tie, so the leftmost pair wins.
+        let signed = |s: &str| match s {
+            "ab" => Some(-0.0),
+            "bc" => Some(0.0),
+            _ => None,
+        };
+        assert_eq!(segment("abc", signed), vec![(0, 2), (2, 3)]);
+        // NaN scores do not panic.
+        assert_eq!(segment("abcd", |_| Some(f32::NAN)).len(), 1);
     }
 }
