@@ -543,6 +543,25 @@ impl GgufFile {
     }
 }
 
+/// `e` with the field it describes replaced by `what`, for a truncation found before the
+/// description was built.
+fn rename(e: GgufError, what: String) -> GgufError {
+    match e {
+        GgufError::Truncated {
+            offset,
+            needed,
+            remaining,
+            ..
+        } => GgufError::Truncated {
+            what,
+            offset,
+            needed,
+            remaining,
+        },
+        other => other,
+    }
+}
+
 /// A bounds-checked little-endian cursor over the file's bytes.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -600,11 +619,23 @@ impl Reader<'_> {
     }
 
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
-        let len = self.u64(&format!("length of {what}"))?;
+        self.string_with(|| what.to_string())
+    }
+
+    /// A string whose description for error messages is only built if there is an error
+    /// (vocabularies hold tens of thousands of strings).
+    fn string_with(&mut self, what: impl Fn() -> String) -> Result<String, GgufError> {
+        let len = match self.array::<8>("") {
+            Ok(b) => u64::from_le_bytes(b),
+            Err(e) => return Err(rename(e, format!("length of {}", what()))),
+        };
         let offset = self.pos as u64;
-        let bytes = self.take(len, what)?;
+        let bytes = match self.take(len, "") {
+            Ok(b) => b,
+            Err(e) => return Err(rename(e, what())),
+        };
         String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 {
-            what: what.to_string(),
+            what: what(),
             offset,
         })
     }
@@ -694,7 +725,7 @@ impl Reader<'_> {
             ValueType::String => {
                 let mut v = Vec::with_capacity(n);
                 for i in 0..n {
-                    v.push(self.string(&format!("{key}[{i}]"))?);
+                    v.push(self.string_with(|| format!("{key}[{i}]"))?);
                 }
                 Array::String(v)
             }

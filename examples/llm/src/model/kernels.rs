@@ -161,6 +161,9 @@ fn tail(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    // The body is one `unsafe` block: at the MSRV (1.85) the value-only intrinsics are
+    // `unsafe fn`s too, while newer compilers consider them safe inside `#[target_feature]`
+    // functions. The block also holds the raw-pointer loads, so it is never unused.
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -169,29 +172,29 @@ mod x86 {
     pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         let k32 = a.len() - a.len() % 32;
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut r = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i < k32 {
-            for (q, reg) in r.iter_mut().enumerate() {
-                // SAFETY: i + 8q + 8 <= k32 <= len of both slices.
-                let (x, y) = unsafe {
-                    (
-                        _mm256_loadu_ps(pa.add(i + 8 * q)),
-                        _mm256_loadu_ps(pb.add(i + 8 * q)),
-                    )
-                };
-                *reg = _mm256_fmadd_ps(x, y, *reg);
+        // SAFETY: AVX2 and FMA are available (the caller's contract); every load reads 8
+        // floats at i + 8q + 8 <= k32 <= the length of both slices.
+        let head = unsafe {
+            let mut r = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < k32 {
+                for (q, reg) in r.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(i + 8 * q));
+                    let y = _mm256_loadu_ps(pb.add(i + 8 * q));
+                    *reg = _mm256_fmadd_ps(x, y, *reg);
+                }
+                i += 32;
             }
-            i += 32;
-        }
-        // Lane j of the canonical order is lane j % 8 of register j / 8.
-        let r0 = _mm256_add_ps(r[0], r[2]); // s = 16
-        let r1 = _mm256_add_ps(r[1], r[3]);
-        let v = _mm256_add_ps(r0, r1); // s = 8
-        let v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); // s = 4
-        let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4)); // s = 2
-        let v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)); // s = 1
-        _mm_cvtss_f32(v1) + super::tail(&a[k32..], &b[k32..])
+            // Lane j of the canonical order is lane j % 8 of register j / 8.
+            let r0 = _mm256_add_ps(r[0], r[2]); // s = 16
+            let r1 = _mm256_add_ps(r[1], r[3]);
+            let v = _mm256_add_ps(r0, r1); // s = 8
+            let v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); // s = 4
+            let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4)); // s = 2
+            let v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)); // s = 1
+            _mm_cvtss_f32(v1)
+        };
+        head + super::tail(&a[k32..], &b[k32..])
     }
 }
 
