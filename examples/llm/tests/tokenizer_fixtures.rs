@@ -57,8 +57,51 @@ fn load(path: &Path) -> Tokenizer {
     Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Compares every case; returns (passed, total) after asserting all passed.
+/// The special tokens and end-of-generation set llama.cpp reported for the vocabulary (the
+/// fixture's `llama_cpp` record, from its load log).
+fn check_special(tok: &Tokenizer, fixture: &str) {
+    let path = common::fixtures().join("tokenizer").join(fixture);
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("JSON");
+    let info = &json["llama_cpp"];
+    let want = |key: &str| info.get(key).and_then(Value::as_u64).map(|v| v as u32);
+    let s = tok.special_ids();
+    for (key, ours) in [
+        ("bos", s.bos),
+        ("eos", s.eos),
+        ("eom", s.eom),
+        ("unk", s.unk),
+        ("sep", s.sep),
+        ("pad", s.pad),
+        ("mask", s.mask),
+        ("fim_pre", s.fim_pre),
+        ("fim_suf", s.fim_suf),
+        ("fim_mid", s.fim_mid),
+        ("fim_pad", s.fim_pad),
+        ("fim_rep", s.fim_rep),
+        ("fim_sep", s.fim_sep),
+    ] {
+        assert_eq!(ours, want(key), "{fixture}: {key}");
+    }
+    // Where several tokens could be the end of turn and the file names none, llama.cpp takes
+    // whichever its hash map yields first; both are end-of-generation tokens either way.
+    if fixture == "smollm2.json" {
+        assert_eq!((want("eot"), s.eot), (Some(0), Some(2)));
+    } else {
+        assert_eq!(s.eot, want("eot"), "{fixture}: eot");
+    }
+    let eog: Vec<u32> = info["eog"]
+        .as_array()
+        .expect("eog")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect();
+    assert_eq!(tok.eog_ids(), eog, "{fixture}: end-of-generation set");
+}
+
+/// Compares every case; returns the number of cases after asserting all passed.
 fn check(tok: &Tokenizer, fixture: &str) -> usize {
+    check_special(tok, fixture);
     let cases = read_cases(fixture);
     let mut failures = Vec::new();
     for c in &cases {
@@ -104,10 +147,10 @@ fn smollm2_metadata() {
     assert_eq!(tok.n_vocab(), 49152);
     assert_eq!(tok.bos(), Some(1));
     assert_eq!(tok.eos(), Some(2));
-    // No eot key in the file: found by its text, `<|im_end|>` before `<|endoftext|>` (llama.cpp
-    // takes whichever its hash map yields first and reports 0; both end generation either way).
+    // No eot key in the file: found by its text, `<|im_end|>` before `<|endoftext|>`.
     assert_eq!(tok.eot(), Some(2));
-    assert_eq!(tok.eog_ids(), &[0, 2]);
+    // `<reponame>` is found as the FIM repository token, which llama.cpp counts as EOG.
+    assert_eq!(tok.eog_ids(), &[0, 2, 4]);
     assert!(!tok.add_bos());
     assert!(tok.is_eog(0) && tok.is_eog(2) && !tok.is_eog(1));
     assert_eq!(tok.token_to_piece(1), b"<|im_start|>");

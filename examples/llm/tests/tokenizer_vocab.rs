@@ -100,6 +100,7 @@ fn run_vocab(name: &str) -> Option<(usize, usize)> {
         }
     }
     random_strings_encode(name, &tok);
+    check_specials(name, &tok);
     let passed = tests.len() - failures.len();
     eprintln!(
         "ggml-vocab-{name}: {passed}/{} lines equal to llama.cpp",
@@ -111,6 +112,43 @@ fn run_vocab(name: &str) -> Option<(usize, usize)> {
         failures.join("\n")
     );
     Some((passed, tests.len()))
+}
+
+/// The special ids and end-of-generation set equal what llama.cpp reports loading the file
+/// (`tests/fixtures/tokenizer/specials.json`, from `llama-tokenize -v`).
+fn check_specials(name: &str, tok: &Tokenizer) {
+    let path = common::fixtures().join("tokenizer/specials.json");
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("specials.json")).expect("JSON");
+    let info = &all[name];
+    assert!(info.is_object(), "{name} missing from specials.json");
+    let want = |key: &str| info.get(key).and_then(|v| v.as_u64()).map(|v| v as u32);
+    let s = tok.special_ids();
+    for (key, ours) in [
+        ("bos", s.bos),
+        ("eos", s.eos),
+        ("eot", s.eot),
+        ("eom", s.eom),
+        ("unk", s.unk),
+        ("sep", s.sep),
+        ("pad", s.pad),
+        ("mask", s.mask),
+        ("fim_pre", s.fim_pre),
+        ("fim_suf", s.fim_suf),
+        ("fim_mid", s.fim_mid),
+        ("fim_pad", s.fim_pad),
+        ("fim_rep", s.fim_rep),
+        ("fim_sep", s.fim_sep),
+    ] {
+        assert_eq!(ours, want(key), "{name}: {key}");
+    }
+    let eog: Vec<u32> = info["eog"]
+        .as_array()
+        .expect("eog")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect();
+    assert_eq!(tok.eog_ids(), eog, "{name}: end-of-generation set");
 }
 
 /// Arbitrary strings (any scalar value, plus white space, marks and special-token pieces)
