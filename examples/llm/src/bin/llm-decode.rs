@@ -1,6 +1,630 @@
-//! `llm-decode`: runs a GGUF model on a prompt (in progress).
+//! `llm-decode`: runs a GGUF model (llama / qwen2 family) on a prompt, with llama.cpp's flags.
+//!
+//! ```text
+//! llm-decode -m MODEL.gguf -p "The capital of France is" -n 32 --temp 0
+//! llm-decode -m MODEL.gguf --system "Be brief." -p "Why is the sky blue?"
+//! llm-decode -m MODEL.gguf --chat
+//! llm-decode -m MODEL.gguf --perplexity text.txt --json
+//! llm-decode -m MODEL.gguf -p "hello" --tokenize
+//! ```
+//!
+//! The generated text goes to stdout as it is produced (after the prompt, as llama.cpp echoes
+//! it); the load progress bar and the closing summary go to stderr. With `--json`, stdout
+//! carries only one JSON object at the end. Errors are one line on stderr and exit status 1.
+
+use std::fs::File;
+use std::io::{BufRead, BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use serde_json::json;
+
+use rknn_llm::chat::ChatFormat;
+use rknn_llm::gguf::GgufFile;
+use rknn_llm::model::{HostF32Factory, Logits, Model};
+use rknn_llm::sample::{Sampler, SamplerConfig};
+use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
+
+type Error = Box<dyn std::error::Error>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// The best available backend (the host f32 path until the NPU path lands).
+    Auto,
+    /// The RK3588 NPU.
+    Npu,
+    /// The NPU emulator.
+    Emulator,
+    /// The host f32 reference path.
+    F32,
+}
+
+/// Runs a GGUF language model (llama / qwen2 architectures) on a prompt.
+#[derive(Debug, Parser)]
+#[command(name = "llm-decode", version)]
+struct Args {
+    /// The GGUF model file.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(short = 'p', long, conflicts_with = "file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+    /// Tokens to generate; 0 only evaluates the prompt, -1 runs until end of generation or a
+    /// full context.
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
+    n_predict: i64,
+    /// Threads of the host path (default: all available cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Where the weight matmuls run.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Tokens per forward call while evaluating a prompt.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
+    batch_size: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k sampling; 0 disables.
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (nucleus) sampling; 1.0 disables.
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Penalty for repeating recent tokens; 1.0 disables.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty considers.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Random seed (default: chosen at start and printed in the summary).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Interactive chat: each line of stdin is a user message (the prompt, if any, is the first).
+    #[arg(long)]
+    chat: bool,
+    /// System message; wraps the prompt in the model's chat template.
+    #[arg(long)]
+    system: Option<String>,
+    /// Print one JSON object at the end instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Score a text file teacher-forced and print its perplexity.
+    #[arg(long, value_name = "FILE")]
+    perplexity: Option<PathBuf>,
+    /// Write every evaluated (with --perplexity: scored) position's logits to FILE as raw
+    /// little-endian f32 rows of n_vocab.
+    #[arg(long = "dump-logits", value_name = "FILE")]
+    dump_logits: Option<PathBuf>,
+    /// Print the prompt's token ids and exit (works on vocabulary-only files).
+    #[arg(long)]
+    tokenize: bool,
+}
 
 fn main() {
-    eprintln!("llm-decode: not written yet");
-    std::process::exit(2);
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        let _ = std::io::stdout().flush();
+        eprintln!("llm-decode: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), Error> {
+    match args.backend {
+        Backend::Auto | Backend::F32 => {}
+        Backend::Npu | Backend::Emulator => {
+            let name = if args.backend == Backend::Npu {
+                "npu"
+            } else {
+                "emulator"
+            };
+            return Err(format!(
+                "backend {name} is not available until the NPU path lands; use --backend f32"
+            )
+            .into());
+        }
+    }
+    if args.batch_size == 0 {
+        return Err("--batch-size must be at least 1".into());
+    }
+    if args.chat && args.json {
+        return Err("--json is not available with --chat".into());
+    }
+    let t_load = Instant::now();
+    let file = GgufFile::open(&args.model)?;
+    if !args.tokenize {
+        // An unsupported architecture is the first thing to report, before the vocabulary.
+        rknn_llm::model::Config::from_gguf(&file)?;
+    }
+    let tok = Tokenizer::from_gguf(&file)?;
+    let prompt_text = match (&args.prompt, &args.file) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?,
+        ),
+        (None, None) => None,
+    };
+
+    if args.tokenize {
+        let text = prompt_text.ok_or("--tokenize needs a prompt (-p TEXT or -f FILE)")?;
+        return print_tokens(&tok, &text, args.json);
+    }
+
+    let threads = match args.threads {
+        Some(0) => return Err("--threads must be at least 1".into()),
+        Some(t) => t,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("llm-host-{i}"))
+            .build()?,
+    );
+    let mut model = load_model(&file, pool)?;
+    if model.config().n_vocab != tok.n_vocab() {
+        return Err(format!(
+            "the model's {} logits do not match the vocabulary's {} tokens",
+            model.config().n_vocab,
+            tok.n_vocab()
+        )
+        .into());
+    }
+    let load_time = t_load.elapsed();
+    let mut dump = match &args.dump_logits {
+        Some(p) => {
+            Some(BufWriter::new(File::create(p).map_err(|e| {
+                format!("cannot create {}: {e}", p.display())
+            })?))
+        }
+        None => None,
+    };
+
+    if let Some(path) = &args.perplexity {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        return perplexity(&mut model, &tok, &text, &args, dump.as_mut());
+    }
+
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed,
+    });
+    let mut run = Run {
+        model: &mut model,
+        tok: &tok,
+        sampler: &mut sampler,
+        batch: args.batch_size,
+        n_predict: args.n_predict,
+        dump: dump.as_mut(),
+        stream: !args.json,
+    };
+
+    if args.chat {
+        let format = chat_format(&file, &tok)?;
+        return chat(
+            &mut run,
+            &format,
+            args.system.as_deref(),
+            prompt_text.as_deref(),
+        );
+    }
+
+    let text = prompt_text.ok_or("no prompt: give -p TEXT or -f FILE (or --chat)")?;
+    let (prompt_ids, echo) = match &args.system {
+        Some(system) => {
+            let format = chat_format(&file, &tok)?;
+            let turn = format.user_turn(Some(system), &text, true);
+            (tok.encode(&turn, true, true)?, String::new())
+        }
+        None => (tok.encode(&text, true, true)?, text.clone()),
+    };
+    if prompt_ids.is_empty() {
+        return Err("the prompt is empty after tokenization".into());
+    }
+    if run.stream {
+        print!("{echo}");
+        std::io::stdout().flush()?;
+    }
+    let out = run.generate(&prompt_ids, 0)?;
+    if run.stream {
+        println!();
+    }
+    if let Some(d) = dump.as_mut() {
+        d.flush()?;
+    }
+    let stats = model.stats().clone();
+    let summary = Summary {
+        load_time,
+        prompt_tokens: prompt_ids.len(),
+        out: &out,
+        threads,
+        seed,
+    };
+    summary.print();
+    if args.json {
+        let doc = json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": out.generated,
+            "text": out.text,
+            "prefill_tok_s": rate(prompt_ids.len(), out.prefill_time),
+            "decode_tok_s": rate(out.decode_forwards, out.decode_time),
+            "backend": model.backend_kind(),
+            "stats": {
+                "load_s": load_time.as_secs_f64(),
+                "prompt_tokens": prompt_ids.len(),
+                "generated_tokens": out.generated.len(),
+                "prefill_s": out.prefill_time.as_secs_f64(),
+                "decode_s": out.decode_time.as_secs_f64(),
+                "decode_forwards": out.decode_forwards,
+                "stop": out.stop.name(),
+                "threads": threads,
+                "kernel": rknn_llm::model::kernels::selected().name(),
+                "seed": seed,
+                "n_ctx": model.config().n_ctx,
+                "matmul_s": stats.matmul.as_secs_f64(),
+                "attention_s": stats.attention.as_secs_f64(),
+                "other_s": stats.other.as_secs_f64(),
+            },
+        });
+        println!("{doc}");
+    }
+    Ok(())
+}
+
+fn print_tokens(tok: &Tokenizer, text: &str, json: bool) -> Result<(), Error> {
+    let ids = tok.encode(text, true, true)?;
+    if json {
+        println!("{}", serde_json::to_string(&ids)?);
+    } else {
+        for id in ids {
+            let piece = String::from_utf8_lossy(tok.token_to_piece(id));
+            println!("{id:6} -> {piece:?}");
+        }
+    }
+    Ok(())
+}
+
+fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>) -> Result<Model, Error> {
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
+        )?
+        .progress_chars("=> "),
+    );
+    let mut progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let model = Model::load(
+        file,
+        &mut HostF32Factory::new(pool.clone()),
+        pool,
+        &mut progress,
+    )?;
+    bar.finish_and_clear();
+    Ok(model)
+}
+
+fn chat_format(file: &GgufFile, tok: &Tokenizer) -> Result<ChatFormat, Error> {
+    let template = file.metadata().get_str("tokenizer.chat_template");
+    Ok(ChatFormat::detect(template, |t| tok.token_id(t).is_some())?)
+}
+
+fn random_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if n == 0 || t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// An end-of-generation token was sampled.
+    Eog,
+    /// `-n` tokens were generated.
+    NPredict,
+    /// The context is full.
+    Context,
+}
+
+impl Stop {
+    fn name(self) -> &'static str {
+        match self {
+            Stop::Eog => "eog",
+            Stop::NPredict => "n_predict",
+            Stop::Context => "context",
+        }
+    }
+}
+
+struct Generated {
+    generated: Vec<u32>,
+    text: String,
+    prefill_time: Duration,
+    decode_time: Duration,
+    decode_forwards: usize,
+    stop: Stop,
+    /// The position after the last token fed to the model.
+    end_pos: usize,
+}
+
+/// One generation session's state.
+struct Run<'a> {
+    model: &'a mut Model,
+    tok: &'a Tokenizer,
+    sampler: &'a mut Sampler,
+    batch: usize,
+    n_predict: i64,
+    dump: Option<&'a mut BufWriter<File>>,
+    stream: bool,
+}
+
+impl Run<'_> {
+    /// Evaluates `prompt` at `pos` (the cache holds `0..pos`), then samples until an
+    /// end-of-generation token, `n_predict` tokens or a full context, streaming the text.
+    fn generate(&mut self, prompt: &[u32], pos: usize) -> Result<Generated, Error> {
+        let n_ctx = self.model.config().n_ctx;
+        let n_vocab = self.model.config().n_vocab;
+        let t = Instant::now();
+        let mut last = Vec::new();
+        for (c, chunk) in prompt.chunks(self.batch).enumerate() {
+            let is_last = (c + 1) * self.batch >= prompt.len();
+            let which = match (&self.dump, is_last) {
+                (Some(_), _) => Logits::All,
+                (None, true) => Logits::Last,
+                (None, false) => Logits::None,
+            };
+            let logits = self.model.forward(chunk, pos + c * self.batch, which)?;
+            if let Some(d) = self.dump.as_mut() {
+                write_rows(d, logits)?;
+            }
+            if is_last {
+                last = logits[logits.len() - n_vocab..].to_vec();
+            }
+        }
+        prompt.iter().for_each(|&t| self.sampler.accept(t));
+        let prefill_time = t.elapsed();
+
+        let mut pos = pos + prompt.len();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut decoder = StreamDecoder::new(self.tok);
+        let mut decode_time = Duration::ZERO;
+        let mut decode_forwards = 0;
+        let limit = usize::try_from(self.n_predict).unwrap_or(usize::MAX);
+        let t = Instant::now();
+        let stop = loop {
+            if generated.len() >= limit {
+                break Stop::NPredict;
+            }
+            let token = self.sampler.sample(&last);
+            if self.tok.is_eog(token) {
+                break Stop::Eog;
+            }
+            generated.push(token);
+            self.sampler.accept(token);
+            let piece = decoder.push(token)?;
+            self.emit(&piece, &mut text)?;
+            if generated.len() >= limit {
+                break Stop::NPredict;
+            }
+            if pos >= n_ctx {
+                break Stop::Context;
+            }
+            let logits = self.model.forward(&[token], pos, Logits::Last)?;
+            if let Some(d) = self.dump.as_mut() {
+                write_rows(d, logits)?;
+            }
+            last.clear();
+            last.extend_from_slice(logits);
+            pos += 1;
+            decode_forwards += 1;
+        };
+        decode_time += t.elapsed();
+        let rest = decoder.finish();
+        self.emit(&rest, &mut text)?;
+        Ok(Generated {
+            generated,
+            text,
+            prefill_time,
+            decode_time,
+            decode_forwards,
+            stop,
+            end_pos: pos,
+        })
+    }
+
+    fn emit(&self, piece: &str, text: &mut String) -> Result<(), Error> {
+        text.push_str(piece);
+        if self.stream && !piece.is_empty() {
+            let mut out = std::io::stdout().lock();
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn write_rows(out: &mut BufWriter<File>, rows: &[f32]) -> Result<(), Error> {
+    for v in rows {
+        out.write_all(&v.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+/// Interactive chat: every line of stdin is a user message; the KV cache carries the
+/// conversation, so each turn evaluates only its own tokens.
+fn chat(
+    run: &mut Run<'_>,
+    format: &ChatFormat,
+    system: Option<&str>,
+    first: Option<&str>,
+) -> Result<(), Error> {
+    eprintln!(
+        "chat ({}): one message per line, end with Ctrl-D",
+        format.name()
+    );
+    let mut pos = 0;
+    let mut lines = std::io::stdin().lock().lines();
+    let mut pending = first.map(str::to_string);
+    loop {
+        let user = match pending.take() {
+            Some(u) => u,
+            None => {
+                eprint!("> ");
+                std::io::stderr().flush()?;
+                match lines.next() {
+                    Some(line) => line?,
+                    None => break,
+                }
+            }
+        };
+        if user.trim().is_empty() {
+            continue;
+        }
+        let turn = format.user_turn(system, &user, pos == 0);
+        let ids = run.tok.encode(&turn, pos == 0, true)?;
+        let out = run.generate(&ids, pos)?;
+        println!();
+        pos = out.end_pos;
+        // generate() stops before feeding the last sampled token; feed it so the cache holds
+        // the whole reply (the end-of-turn marker is added by the next turn's text).
+        if out.stop == Stop::NPredict {
+            if let Some(&t) = out.generated.last() {
+                run.model.forward(&[t], pos, Logits::None)?;
+                pos += 1;
+            }
+        }
+        eprintln!(
+            "[{} tokens, {:.1} tok/s, context {pos}/{}]",
+            out.generated.len(),
+            rate(out.decode_forwards, out.decode_time),
+            run.model.config().n_ctx
+        );
+        if out.stop == Stop::Context {
+            return Err("context overflow: the conversation filled the context".into());
+        }
+    }
+    Ok(())
+}
+
+struct Summary<'a> {
+    load_time: Duration,
+    prompt_tokens: usize,
+    out: &'a Generated,
+    threads: usize,
+    seed: u64,
+}
+
+impl Summary<'_> {
+    fn print(&self) {
+        let o = self.out;
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s (stop: {}) | load {:.2} s | {} threads, seed {}",
+            self.prompt_tokens,
+            rate(self.prompt_tokens, o.prefill_time),
+            o.generated.len(),
+            rate(o.decode_forwards, o.decode_time),
+            o.stop.name(),
+            self.load_time.as_secs_f64(),
+            self.threads,
+            self.seed
+        );
+    }
+}
+
+/// Teacher-forced perplexity over windows of the context length: each window starts from an
+/// empty cache and scores every token but its first with the previous position's logits.
+fn perplexity(
+    model: &mut Model,
+    tok: &Tokenizer,
+    text: &str,
+    args: &Args,
+    mut dump: Option<&mut BufWriter<File>>,
+) -> Result<(), Error> {
+    let ids = tok.encode(text, true, false)?;
+    if ids.len() < 2 {
+        return Err(format!(
+            "perplexity needs at least 2 tokens, the file has {}",
+            ids.len()
+        )
+        .into());
+    }
+    let n_ctx = model.config().n_ctx;
+    let n_vocab = model.config().n_vocab;
+    let t = Instant::now();
+    let (mut nll, mut scored) = (0.0f64, 0usize);
+    for window in ids.chunks(n_ctx) {
+        model.reset();
+        for (c, chunk) in window.chunks(args.batch_size).enumerate() {
+            let start = c * args.batch_size;
+            let logits = model.forward(chunk, start, Logits::All)?;
+            for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
+                let Some(&next) = window.get(start + r + 1) else {
+                    continue;
+                };
+                nll -= log_softmax_at(row, next as usize);
+                scored += 1;
+                if let Some(d) = dump.as_mut() {
+                    write_rows(d, row)?;
+                }
+            }
+        }
+    }
+    if let Some(d) = dump.as_mut() {
+        d.flush()?;
+    }
+    let mean = nll / scored as f64;
+    let ppl = mean.exp();
+    eprintln!(
+        "perplexity: {ppl:.4} over {scored} scored tokens ({} tokens, windows of {n_ctx}), {:.1} tok/s",
+        ids.len(),
+        rate(ids.len(), t.elapsed())
+    );
+    if args.json {
+        println!(
+            "{}",
+            json!({ "n_tokens": ids.len(), "n_scored": scored, "ppl": ppl, "nll": mean })
+        );
+    } else {
+        println!("{ppl:.4}");
+    }
+    Ok(())
+}
+
+/// `log softmax(row)[i]`, in f64.
+fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row
+        .iter()
+        .map(|&v| (f64::from(v) - f64::from(max)).exp())
+        .sum();
+    f64::from(row[i]) - f64::from(max) - sum.ln()
 }

@@ -1,0 +1,292 @@
+//! The dot product every float reduction of the model is built on, with SIMD variants that
+//! compute bit-for-bit the same result as the scalar reference.
+//!
+//! # The canonical order
+//!
+//! For `a, b` of length `k`, with `k32 = k - k % 32`:
+//!
+//! 1. 32 accumulators, `acc[j] = fma(a[i], b[i], acc[j])` for every `i < k32` with
+//!    `i % 32 == j`, in increasing `i` (each a fused multiply-add, rounded once);
+//! 2. a fixed tree: for `s` in 16, 8, 4, 2, 1: `acc[j] += acc[j + s]` for `j < s`;
+//! 3. the tail: `t = fma(a[i], b[i], t)` for `i` in `k32..k`, from `t = 0`;
+//! 4. the result is `acc[0] + t`.
+//!
+//! The order depends only on `k`: never on how many rows a matmul has, which thread computes
+//! it, or which backend runs. That is what makes the model's logits batch- and
+//! thread-invariant. AVX2 holds the 32 accumulators in four 8-lane registers, NEON in eight
+//! 4-lane ones, and both reduce them along the same tree.
+//!
+//! The backend is probed once; `RKNN_LLM_KERNEL=scalar|avx2|neon` forces one (`auto` or unset
+//! picks the fastest available).
+
+use std::sync::OnceLock;
+
+/// One implementation of [`dot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Plain Rust with `f32::mul_add`; the reference.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// aarch64 NEON (always present there).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+impl Kernel {
+    /// The backend's name as `RKNN_LLM_KERNEL` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => "avx2",
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => "neon",
+        }
+    }
+
+    /// Whether this CPU can run the backend.
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => true,
+        }
+    }
+
+    /// Every backend compiled for this architecture, fastest first.
+    pub fn all() -> &'static [Kernel] {
+        &[
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2,
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon,
+            Kernel::Scalar,
+        ]
+    }
+
+    /// `a · b` in the canonical order on this backend.
+    ///
+    /// # Panics
+    /// If the lengths differ or the backend is not available (see [`Kernel::is_available`]).
+    pub fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot of unequal lengths");
+        match self {
+            Kernel::Scalar => dot_scalar(a, b),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(self.is_available(), "AVX2/FMA not available");
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above); the lengths are
+                // equal (asserted), which is all the kernel's pointer arithmetic relies on.
+                unsafe { x86::dot_avx2(a, b) }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => {
+                // SAFETY: NEON is part of the aarch64 baseline; the lengths are equal.
+                unsafe { neon::dot_neon(a, b) }
+            }
+        }
+    }
+}
+
+/// The backend [`dot`] uses: the fastest available, or the one `RKNN_LLM_KERNEL` names.
+pub fn selected() -> Kernel {
+    static SELECTED: OnceLock<Kernel> = OnceLock::new();
+    *SELECTED.get_or_init(|| {
+        let best = Kernel::all()
+            .iter()
+            .copied()
+            .find(|k| k.is_available())
+            .unwrap_or(Kernel::Scalar);
+        match std::env::var("RKNN_LLM_KERNEL") {
+            Ok(v) if !v.is_empty() && v != "auto" => {
+                match Kernel::all().iter().find(|k| k.name() == v) {
+                    Some(&k) if k.is_available() => k,
+                    _ => {
+                        eprintln!(
+                            "RKNN_LLM_KERNEL={v}: not an available kernel, using {}",
+                            best.name()
+                        );
+                        best
+                    }
+                }
+            }
+            _ => best,
+        }
+    })
+}
+
+/// `a · b` in the canonical order (see the module documentation), on the selected backend.
+///
+/// # Panics
+/// If the lengths differ.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    selected().dot(a, b)
+}
+
+/// The reference implementation of the canonical order.
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let k32 = a.len() - a.len() % 32;
+    let mut acc = [0.0f32; 32];
+    for (ca, cb) in a[..k32].chunks_exact(32).zip(b[..k32].chunks_exact(32)) {
+        for j in 0..32 {
+            acc[j] = ca[j].mul_add(cb[j], acc[j]);
+        }
+    }
+    let mut s = 16;
+    while s > 0 {
+        for j in 0..s {
+            acc[j] += acc[j + s];
+        }
+        s /= 2;
+    }
+    acc[0] + tail(&a[k32..], &b[k32..])
+}
+
+#[inline]
+fn tail(a: &[f32], b: &[f32]) -> f32 {
+    let mut t = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        t = x.mul_add(*y, t);
+    }
+    t
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    // The body is one `unsafe` block: at the MSRV (1.85) the value-only intrinsics are
+    // `unsafe fn`s too, while newer compilers consider them safe inside `#[target_feature]`
+    // functions. The block also holds the raw-pointer loads, so it is never unused.
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA, and `a.len() == b.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+        let k32 = a.len() - a.len() % 32;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: AVX2 and FMA are available (the caller's contract); every load reads 8
+        // floats at i + 8q + 8 <= k32 <= the length of both slices.
+        let head = unsafe {
+            let mut r = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < k32 {
+                for (q, reg) in r.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(i + 8 * q));
+                    let y = _mm256_loadu_ps(pb.add(i + 8 * q));
+                    *reg = _mm256_fmadd_ps(x, y, *reg);
+                }
+                i += 32;
+            }
+            // Lane j of the canonical order is lane j % 8 of register j / 8.
+            let r0 = _mm256_add_ps(r[0], r[2]); // s = 16
+            let r1 = _mm256_add_ps(r[1], r[3]);
+            let v = _mm256_add_ps(r0, r1); // s = 8
+            let v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); // s = 4
+            let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4)); // s = 2
+            let v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)); // s = 1
+            _mm_cvtss_f32(v1)
+        };
+        head + super::tail(&a[k32..], &b[k32..])
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    /// # Safety
+    /// `a.len() == b.len()`.
+    pub(super) unsafe fn dot_neon(a: &[f32], b: &[f32]) -> f32 {
+        let k32 = a.len() - a.len() % 32;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: NEON is baseline on aarch64; every load reads 4 floats at i + 4q + 4 <= k32.
+        unsafe {
+            let mut r = [vdupq_n_f32(0.0); 8];
+            let mut i = 0;
+            while i < k32 {
+                for (q, reg) in r.iter_mut().enumerate() {
+                    let x = vld1q_f32(pa.add(i + 4 * q));
+                    let y = vld1q_f32(pb.add(i + 4 * q));
+                    *reg = vfmaq_f32(*reg, x, y);
+                }
+                i += 32;
+            }
+            // Lane j of the canonical order is lane j % 4 of register j / 4.
+            let s16 = [
+                vaddq_f32(r[0], r[4]),
+                vaddq_f32(r[1], r[5]),
+                vaddq_f32(r[2], r[6]),
+                vaddq_f32(r[3], r[7]),
+            ];
+            let s8 = [vaddq_f32(s16[0], s16[2]), vaddq_f32(s16[1], s16[3])];
+            let s4 = vaddq_f32(s8[0], s8[1]);
+            let s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+            let s1 = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+            s1 + super::tail(&a[k32..], &b[k32..])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(rng: &mut fastrand::Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn every_backend_equals_the_scalar_reference_bit_for_bit() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        for k in [0, 1, 7, 31, 32, 33, 64, 95, 576, 1536, 2049] {
+            for _ in 0..20 {
+                let (a, b) = (random(&mut rng, k), random(&mut rng, k));
+                let want = Kernel::Scalar.dot(&a, &b);
+                for &kern in Kernel::all() {
+                    if kern.is_available() {
+                        let got = kern.dot(&a, &b);
+                        assert_eq!(got.to_bits(), want.to_bits(), "{} k={k}", kern.name());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_is_a_dot_product() {
+        // Against f64 arithmetic: within the usual rounding bound.
+        let mut rng = fastrand::Rng::with_seed(2);
+        for k in [1, 40, 576, 5000] {
+            let (a, b) = (random(&mut rng, k), random(&mut rng, k));
+            let exact: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            let abs: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from((x * y).abs()))
+                .sum();
+            let got = f64::from(Kernel::Scalar.dot(&a, &b));
+            assert!(
+                (got - exact).abs() <= abs * k as f64 * f64::from(f32::EPSILON),
+                "k={k}: {got} vs {exact}"
+            );
+        }
+        // Integers small enough to be exact.
+        let a: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        assert_eq!(
+            Kernel::Scalar.dot(&a, &a),
+            (0..100).map(|i| i * i).sum::<i32>() as f32
+        );
+    }
+}

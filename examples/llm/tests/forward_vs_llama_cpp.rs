@@ -1,0 +1,178 @@
+//! The f32 forward pass against llama.cpp (F32 weights, F32 KV cache) on the fixtures of
+//! scripts/fixtures/gen_llm_fixtures.py: logits within 1e-3 at every position of every prompt
+//! (at the reference's top ids and a fixed subset of ids), and the same 64 greedy tokens.
+//!
+//! The tiny random models (qwen2, llama) are committed; SmolLM2 is the demo Q4_1 file, whose
+//! dequantized weights are exactly those of the F32 conversion llama.cpp ran.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rknn_llm::gguf::GgufFile;
+use rknn_llm::model::{HostF32Factory, Logits, Model};
+use serde_json::Value as Json;
+
+const TOLERANCE: f32 = 1e-3;
+/// Prefill chunk for the teacher-forced pass: several chunks per prompt, ragged last one.
+const CHUNK: usize = 24;
+
+struct Row {
+    top_ids: Vec<usize>,
+    top: Vec<f32>,
+    subset: Vec<f32>,
+}
+
+struct Prompt {
+    n_prompt: usize,
+    ids: Vec<u32>,
+    rows: Vec<Row>,
+}
+
+fn load_fixture(name: &str) -> (Vec<usize>, Vec<Prompt>) {
+    let dir = common::fixtures().join("llm");
+    let doc: Json =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let blob = std::fs::read(dir.join(format!("{name}.logits"))).unwrap();
+    let top_k = doc["top_k"].as_u64().unwrap() as usize;
+    let subset_ids: Vec<usize> = doc["subset_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let mut words = blob
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()));
+    let mut prompts = Vec::new();
+    for p in doc["prompts"].as_array().unwrap() {
+        let ids: Vec<u32> = p["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let rows = (0..ids.len())
+            .map(|_| Row {
+                top_ids: (&mut words).take(top_k).map(|w| w as usize).collect(),
+                top: (&mut words).take(top_k).map(f32::from_bits).collect(),
+                subset: (&mut words)
+                    .take(subset_ids.len())
+                    .map(f32::from_bits)
+                    .collect(),
+            })
+            .collect();
+        prompts.push(Prompt {
+            n_prompt: p["n_prompt"].as_u64().unwrap() as usize,
+            ids,
+            rows,
+        });
+    }
+    assert!(words.next().is_none(), "{name}: trailing fixture data");
+    (subset_ids, prompts)
+}
+
+fn load_model(path: &Path, threads: usize) -> Model {
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap(),
+    );
+    let file = GgufFile::open(path).unwrap();
+    Model::load(
+        &file,
+        &mut HostF32Factory::new(pool.clone()),
+        pool,
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
+
+/// Lowest id among the largest logits, as the reference's greedy step picks.
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn check(name: &str, model_path: &Path) {
+    let (subset_ids, prompts) = load_fixture(name);
+    let mut model = load_model(model_path, 2);
+    let n_vocab = model.config().n_vocab;
+    let mut worst = 0.0f32;
+    for (pi, p) in prompts.iter().enumerate() {
+        // Teacher-forced over the reference's whole sequence, in chunks.
+        let mut logits = Vec::with_capacity(p.ids.len() * n_vocab);
+        for (c, chunk) in p.ids.chunks(CHUNK).enumerate() {
+            logits.extend_from_slice(model.forward(chunk, c * CHUNK, Logits::All).unwrap());
+        }
+        for (r, want) in p.rows.iter().enumerate() {
+            let got = &logits[r * n_vocab..(r + 1) * n_vocab];
+            let pairs = want
+                .top_ids
+                .iter()
+                .zip(&want.top)
+                .chain(subset_ids.iter().zip(&want.subset));
+            for (&id, &w) in pairs {
+                let d = (got[id] - w).abs();
+                worst = worst.max(d);
+                assert!(
+                    d <= TOLERANCE,
+                    "{name} prompt {pi} position {r} id {id}: {} vs llama.cpp {w}",
+                    got[id]
+                );
+            }
+        }
+        // Greedy, one token at a time after the prompt, as llama.cpp generated.
+        let mut next = argmax(
+            model
+                .forward(&p.ids[..p.n_prompt], 0, Logits::Last)
+                .unwrap(),
+        );
+        let mut generated = Vec::new();
+        for pos in p.n_prompt..p.ids.len() {
+            generated.push(next);
+            next = argmax(model.forward(&[next], pos, Logits::Last).unwrap());
+        }
+        assert_eq!(
+            generated,
+            p.ids[p.n_prompt..],
+            "{name} prompt {pi}: greedy tokens differ from llama.cpp's"
+        );
+    }
+    eprintln!(
+        "{name}: {} prompts, max |logit - llama.cpp| = {worst:.3e}, greedy {} tokens each agree",
+        prompts.len(),
+        prompts[0].ids.len() - prompts[0].n_prompt
+    );
+}
+
+#[test]
+fn tiny_qwen2_matches_llama_cpp() {
+    check(
+        "tiny-qwen2",
+        &common::fixtures().join("llm/tiny-qwen2.gguf"),
+    );
+}
+
+#[test]
+fn tiny_llama_matches_llama_cpp() {
+    check(
+        "tiny-llama",
+        &common::fixtures().join("llm/tiny-llama.gguf"),
+    );
+}
+
+#[test]
+fn smollm2_matches_llama_cpp() {
+    let Some(path) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+        return;
+    };
+    check("smollm2", &path);
+}

@@ -1,0 +1,260 @@
+//! The `llm-decode` binary end to end on the committed tiny qwen2 model: llama.cpp's prompt ids
+//! and greedy tokens (from the forward-pass fixtures), `-n 0`, `--tokenize`, `--perplexity`
+//! with `--dump-logits`, and one-line errors.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use serde_json::Value as Json;
+
+fn llm_decode(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llm-decode"))
+        .args(args)
+        .output()
+        .expect("llm-decode runs")
+}
+
+fn tiny() -> String {
+    common::fixtures()
+        .join("llm/tiny-qwen2.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The first prompt of the tiny-qwen2 fixture: its text, llama.cpp's prompt ids, and the
+/// ids llama.cpp generated greedily.
+fn fixture_prompt(i: usize) -> (String, Vec<u64>, Vec<u64>) {
+    let doc: Json = serde_json::from_slice(
+        &std::fs::read(common::fixtures().join("llm/tiny-qwen2.json")).unwrap(),
+    )
+    .unwrap();
+    let p = &doc["prompts"][i];
+    let ids: Vec<u64> = p["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let n = p["n_prompt"].as_u64().unwrap() as usize;
+    (
+        p["text"].as_str().unwrap().to_string(),
+        ids[..n].to_vec(),
+        ids[n..].to_vec(),
+    )
+}
+
+fn json_out(o: &Output) -> Json {
+    assert!(
+        o.status.success(),
+        "llm-decode failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn ids(v: &Json) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn greedy_generation_reproduces_llama_cpp() {
+    for i in [0, 1, 2] {
+        let (text, prompt_ids, gen_ids) = fixture_prompt(i);
+        let o = llm_decode(&[
+            "-m",
+            &tiny(),
+            "-p",
+            &text,
+            "-n",
+            "20",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+            "--json",
+        ]);
+        let doc = json_out(&o);
+        assert_eq!(ids(&doc["prompt_ids"]), prompt_ids, "prompt {i}");
+        // llama.cpp did not stop at end-of-generation tokens; compare up to the first one.
+        let got = ids(&doc["generated_ids"]);
+        assert!(!got.is_empty() || doc["stats"]["stop"] == "eog");
+        assert_eq!(got[..], gen_ids[..got.len()], "prompt {i}");
+        if doc["stats"]["stop"] == "n_predict" {
+            assert_eq!(got.len(), 20);
+        }
+        assert_eq!(doc["backend"], "f32");
+        assert!(doc["prefill_tok_s"].as_f64().unwrap() > 0.0);
+        for key in ["text", "decode_tok_s", "stats"] {
+            assert!(doc.get(key).is_some(), "missing {key}");
+        }
+    }
+}
+
+#[test]
+fn n_zero_only_evaluates_the_prompt() {
+    let o = llm_decode(&["-m", &tiny(), "-p", "hello world", "-n", "0", "--json"]);
+    let doc = json_out(&o);
+    assert!(ids(&doc["generated_ids"]).is_empty());
+    assert_eq!(doc["text"], "");
+    assert_eq!(
+        doc["stats"]["prompt_tokens"].as_u64(),
+        Some(ids(&doc["prompt_ids"]).len() as u64)
+    );
+}
+
+#[test]
+fn streamed_text_is_prompt_then_generation() {
+    let (text, _, _) = fixture_prompt(0);
+    let o = llm_decode(&[
+        "-m",
+        &tiny(),
+        "-p",
+        &text,
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--seed",
+        "1",
+    ]);
+    assert!(o.status.success());
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.starts_with(&text), "{out:?}");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("prompt:") && err.contains("tok/s") && err.contains("load"),
+        "{err}"
+    );
+}
+
+#[test]
+fn seeded_sampling_reproduces() {
+    let run = || {
+        json_out(&llm_decode(&[
+            "-m",
+            &tiny(),
+            "-p",
+            "the world",
+            "-n",
+            "12",
+            "--seed",
+            "99",
+            "--temp",
+            "1.5",
+            "--json",
+        ]))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn tokenize_prints_llama_cpp_ids() {
+    let (text, prompt_ids, _) = fixture_prompt(1);
+    let doc = json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "-p",
+        &text,
+        "--tokenize",
+        "--json",
+    ]));
+    assert_eq!(ids(&doc), prompt_ids);
+}
+
+#[test]
+fn perplexity_matches_the_dumped_logits() {
+    let dir = std::env::temp_dir().join(format!("llm-decode-ppl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text_path = dir.join("text.txt");
+    std::fs::write(
+        &text_path,
+        "The theory of the world is in the art of the sea, and the rest.",
+    )
+    .unwrap();
+    let dump = dir.join("logits.bin");
+    let doc = json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "--perplexity",
+        text_path.to_str().unwrap(),
+        "--dump-logits",
+        dump.to_str().unwrap(),
+        "--json",
+        "-b",
+        "7",
+    ]));
+    let n_tokens = doc["n_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(doc["n_scored"].as_u64().unwrap() as usize, n_tokens - 1);
+    let token_ids = ids(&json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "-f",
+        text_path.to_str().unwrap(),
+        "--tokenize",
+        "--json",
+    ])));
+    assert_eq!(token_ids.len(), n_tokens);
+    let rows: Vec<f32> = std::fs::read(&dump)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let n_vocab = rows.len() / (n_tokens - 1);
+    assert_eq!(rows.len(), n_vocab * (n_tokens - 1));
+    // The mean negative log-likelihood of each next token under the dumped rows.
+    let mut nll = 0.0f64;
+    for (r, row) in rows.chunks_exact(n_vocab).enumerate() {
+        let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
+        nll += lse - f64::from(row[token_ids[r + 1] as usize]);
+    }
+    nll /= (n_tokens - 1) as f64;
+    assert!(
+        (nll - doc["nll"].as_f64().unwrap()).abs() < 1e-9,
+        "{nll} vs {doc}"
+    );
+    assert!((doc["ppl"].as_f64().unwrap() - nll.exp()).abs() < 1e-9);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn one_line_error(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn errors_are_one_line() {
+    one_line_error(
+        &llm_decode(&["-m", "/nonexistent/model.gguf", "-p", "x"]),
+        "cannot read /nonexistent/model.gguf",
+    );
+    let arch = common::fixtures().join("gguf/all_types.gguf");
+    one_line_error(
+        &llm_decode(&["-m", arch.to_str().unwrap(), "-p", "x"]),
+        "unsupported architecture \"testarch\"",
+    );
+    one_line_error(
+        &llm_decode(&["-m", &tiny(), "-p", "x", "--backend", "npu"]),
+        "not available until the NPU path lands",
+    );
+    // The tiny model's context is 512 tokens.
+    let long = "abc ".repeat(400);
+    one_line_error(
+        &llm_decode(&["-m", &tiny(), "-p", &long, "-n", "1"]),
+        "context overflow",
+    );
+    one_line_error(&llm_decode(&["-m", &tiny()]), "no prompt");
+    let not_gguf = common::fixtures().join("llm/tiny-qwen2.json");
+    one_line_error(
+        &llm_decode(&["-m", not_gguf.to_str().unwrap(), "-p", "x"]),
+        "not a GGUF file",
+    );
+}

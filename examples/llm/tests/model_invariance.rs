@@ -1,0 +1,123 @@
+//! Batch and thread invariance of the f32 forward pass, and its input checks, on the tiny
+//! committed models.
+
+mod common;
+
+use std::sync::Arc;
+
+use rknn_llm::gguf::GgufFile;
+use rknn_llm::model::{HostF32Factory, Logits, Model, ModelError};
+
+fn model(name: &str, threads: usize) -> Model {
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap(),
+    );
+    let file = GgufFile::open(common::fixtures().join("llm").join(name)).unwrap();
+    Model::load(
+        &file,
+        &mut HostF32Factory::new(pool.clone()),
+        pool,
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
+
+fn logits_in_chunks(m: &mut Model, tokens: &[u32], chunk: usize) -> Vec<u32> {
+    m.reset();
+    let mut out = Vec::new();
+    for (c, part) in tokens.chunks(chunk).enumerate() {
+        let l = m.forward(part, c * chunk, Logits::All).unwrap();
+        out.extend(l.iter().map(|v| v.to_bits()));
+    }
+    out
+}
+
+#[test]
+fn logits_are_bit_identical_for_any_batch_split_and_thread_count() {
+    let mut rng = fastrand::Rng::with_seed(12);
+    for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
+        let mut one = model(name, 1);
+        let mut two = model(name, 2);
+        let n_vocab = one.config().n_vocab as u32;
+        let tokens: Vec<u32> = (0..53).map(|_| rng.u32(..n_vocab)).collect();
+        let reference = logits_in_chunks(&mut one, &tokens, 1);
+        for chunk in [2, 5, 16, 53] {
+            assert_eq!(
+                logits_in_chunks(&mut one, &tokens, chunk),
+                reference,
+                "{name} chunk {chunk}, 1 thread"
+            );
+            assert_eq!(
+                logits_in_chunks(&mut two, &tokens, chunk),
+                reference,
+                "{name} chunk {chunk}, 2 threads"
+            );
+        }
+        // The last row alone equals the last row of All.
+        two.reset();
+        let last = two.forward(&tokens, 0, Logits::Last).unwrap().to_vec();
+        let nv = n_vocab as usize;
+        let want: Vec<u32> = reference[reference.len() - nv..].to_vec();
+        assert_eq!(
+            last.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn rewinding_the_cache_recomputes_the_same_logits() {
+    let mut m = model("tiny-qwen2.gguf", 2);
+    let a = m.forward(&[1, 2, 3, 4], 0, Logits::Last).unwrap().to_vec();
+    m.forward(&[9, 9], 4, Logits::None).unwrap();
+    assert_eq!(m.cache().len(), 6);
+    // Back to position 3: drop positions 3.. and feed the original fourth token again.
+    let b = m.forward(&[4], 3, Logits::Last).unwrap().to_vec();
+    assert_eq!(a, b);
+    assert_eq!(m.cache().len(), 4);
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let mut m = model("tiny-llama.gguf", 1);
+    let n_vocab = m.config().n_vocab;
+    let n_ctx = m.config().n_ctx;
+    let e = m.forward(&[n_vocab as u32], 0, Logits::Last).unwrap_err();
+    assert!(matches!(e, ModelError::BadToken { .. }), "{e}");
+    let e = m.forward(&[1], 5, Logits::Last).unwrap_err();
+    assert!(
+        matches!(e, ModelError::BadPosition { pos: 5, cached: 0 }),
+        "{e}"
+    );
+    let long = vec![1u32; n_ctx + 1];
+    let e = m.forward(&long, 0, Logits::Last).unwrap_err();
+    assert!(e.to_string().starts_with("context overflow"), "{e}");
+    assert!(m.forward(&[], 0, Logits::All).unwrap().is_empty());
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    // The gguf-py fixture declares architecture "testarch".
+    let file = GgufFile::open(common::fixtures().join("gguf/all_types.gguf")).unwrap();
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap(),
+    );
+    let e = Model::load(
+        &file,
+        &mut HostF32Factory::new(pool.clone()),
+        pool,
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "unsupported architecture \"testarch\" (supported: llama, qwen2)"
+    );
+}
