@@ -43,7 +43,7 @@ enum Backend {
 
 /// Runs a GGUF language model (llama / qwen2 architectures) on a prompt.
 #[derive(Debug, Parser)]
-#[command(name = "llm-decode", version)]
+#[command(name = "llm-decode", version, args_override_self = true)]
 struct Args {
     /// The GGUF model file.
     #[arg(short = 'm', long)]
