@@ -172,13 +172,16 @@ fn results_are_identical_whatever_the_number_of_cores() {
 }
 
 #[test]
-fn m_buckets_are_multiples_of_128_not_powers_of_two() {
+fn m_buckets_are_small_powers_of_two_then_multiples_of_128() {
     let cfg = EngineConfig::default();
     assert_eq!(cfg.bucket(1), 1);
-    assert_eq!(cfg.bucket(2), 128);
+    assert_eq!(cfg.bucket(2), 2);
+    assert_eq!(cfg.bucket(5), 8);
+    assert_eq!(cfg.bucket(64), 64);
+    assert_eq!(cfg.bucket(65), 128);
     assert_eq!(cfg.bucket(300), 384);
     assert_eq!(cfg.bucket(512), 512);
-    assert_eq!(cfg.buckets(), [1, 128, 256, 384, 512]);
+    assert_eq!(cfg.buckets(), [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]);
 }
 
 #[test]
@@ -405,7 +408,7 @@ fn many_threads_share_one_engine() {
 
 #[test]
 fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f32() {
-    use rknn_matmul::engine::Rotation;
+    use rknn_matmul::engine::{LinearOptions, Rotation};
     let e = engine(3);
     let mut rng = fastrand::Rng::with_seed(21);
     let (m, k, n) = (4, 576, 96);
@@ -418,7 +421,16 @@ fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f
     }
     let rot = Rotation::hadamard(k, 7);
     let lin = e
-        .linear_with(&w, n, k, WeightFormat::W8A8, Some(rot.clone()))
+        .linear_with(
+            &w,
+            n,
+            k,
+            WeightFormat::W8A8,
+            LinearOptions {
+                rotation: Some(rot.clone()),
+                ..Default::default()
+            },
+        )
         .unwrap();
     assert_eq!(lin.rotation(), Some(&rot));
     let got = lin.forward_vec(&x, m).unwrap();
@@ -458,7 +470,10 @@ fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f
         n,
         k,
         WeightFormat::W8A8,
-        Some(Rotation::hadamard(k + 64, 7)),
+        LinearOptions {
+            rotation: Some(Rotation::hadamard(k + 64, 7)),
+            ..LinearOptions::default()
+        },
     );
     assert!(matches!(e2, Err(Error::Length { .. })));
 }

@@ -70,11 +70,14 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     /// The lane's shared A/C of this type, per IOMMU domain.
     fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>>;
 
-    /// Writes the first `valid` columns of `acc` ([m, width]) into `out` ([m, valid]).
+    /// Writes the first `valid` columns of `acc` ([m × per, width]) into `out` ([m, valid]):
+    /// output row `r` combines accumulator rows `r·per .. r·per + per` (`per` is 2 when each
+    /// input row was quantised twice, as itself and as its residual).
     #[allow(clippy::too_many_arguments)] // The operands of the formula.
     fn finish(
         acc: &[Self::Acc],
         m: usize,
+        per: usize,
         width: usize,
         valid: usize,
         row_scales: &[f32],
@@ -99,15 +102,31 @@ impl EngineKind for I8xI8ToI32 {
         glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
     }
 
+    /// With `per = 1`: `out = (acc · row_scale) · ch_scale` ([`glue::scale_out`]). With
+    /// `per = 2`: `out = (acc₀ · s₀ + acc₁ · s₁) · ch_scale`, in exactly this order.
     fn finish(
         acc: &[i32],
         m: usize,
+        per: usize,
         width: usize,
         valid: usize,
         row_scales: &[f32],
         ch_scales: &[f32],
         out: &mut [f32],
     ) {
+        if per > 1 {
+            for (r, o) in out.chunks_exact_mut(valid).take(m).enumerate() {
+                for (j, (o, &ch)) in o.iter_mut().zip(&ch_scales[..valid]).enumerate() {
+                    let mut v = 0f32;
+                    for p in 0..per {
+                        let i = r * per + p;
+                        v += acc[i * width + j] as f32 * row_scales[i];
+                    }
+                    *o = v * ch;
+                }
+            }
+            return;
+        }
         for r in 0..m {
             glue::scale_out(
                 &acc[r * width..r * width + valid],
@@ -142,6 +161,7 @@ impl EngineKind for F16xF16ToF32 {
     fn finish(
         acc: &[f32],
         m: usize,
+        _per: usize,
         width: usize,
         valid: usize,
         _row_scales: &[f32],
@@ -258,7 +278,9 @@ pub(crate) enum Input {
 /// One forward chunk for one worker.
 pub(crate) struct Forward {
     id: u64,
+    /// Output rows; the input has `m × per` rows.
     m: usize,
+    per: usize,
     bucket: usize,
     input: Input,
     /// The worker's output block [m, valid], returned in the reply.
@@ -326,23 +348,14 @@ impl Work for Task {
                 let stats = &st.stats;
                 let out = match (shard, f.input) {
                     (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
-                        let (m, bucket, lane) = (f.m, f.bucket, &mut st.io);
-                        forward_shard(
-                            s,
-                            lane,
-                            &q,
-                            ld,
-                            &scales,
-                            m,
-                            bucket,
-                            &mut st.acc,
-                            f.out,
-                            stats,
-                        )?
+                        let rows = (f.m, f.per, f.bucket);
+                        let lane = &mut st.io;
+                        forward_shard(s, lane, &q, ld, &scales, rows, &mut st.acc, f.out, stats)?
                     }
                     (AnyShard::F16(s), Input::F16 { x, ld }) => {
-                        let (m, bucket, lane) = (f.m, f.bucket, &mut st.io);
-                        forward_shard(s, lane, &x, ld, &[], m, bucket, &mut st.facc, f.out, stats)?
+                        let rows = (f.m, f.per, f.bucket);
+                        let lane = &mut st.io;
+                        forward_shard(s, lane, &x, ld, &[], rows, &mut st.facc, f.out, stats)?
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
                 };
@@ -458,8 +471,7 @@ fn forward_shard<K: EngineKind>(
     x: &[K::In],
     ld: usize,
     row_scales: &[f32],
-    m: usize,
-    bucket: usize,
+    (m, per, bucket): (usize, usize, usize),
     acc: &mut Vec<K::Acc>,
     mut out: Vec<f32>,
     stats: &Counters,
@@ -488,6 +500,7 @@ fn forward_shard<K: EngineKind>(
         K::finish(
             acc,
             m,
+            per,
             width,
             shard.valid,
             row_scales,
@@ -524,6 +537,8 @@ pub struct Linear {
     pub(crate) shards: Vec<Option<ShardPlan>>,
     /// The rotation of the input, applied before quantising it.
     pub(crate) rotation: Option<Rotation>,
+    /// Whether each input row is quantised twice (itself, then its residual).
+    pub(crate) residual: bool,
     /// The IOMMU domain of its memories, and the bytes of B it holds there.
     pub(crate) domain: i32,
     pub(crate) b_bytes: u64,
@@ -536,6 +551,34 @@ impl std::fmt::Debug for Linear {
             .field("k", &self.k)
             .field("format", &self.format)
             .finish()
+    }
+}
+
+/// Quantises each of the `m` rows of `x` ([m, k]) twice into `q` ([2m, k_pad]) and `scales`
+/// ([2m]): row `2r` is row `r` as [`glue::quantize_rows`] quantises it, row `2r + 1` its
+/// residual `x - scale · q` (in f32), quantised the same way. The NPU multiplies both by the
+/// weights in the same exact integer arithmetic, and the two results added back give about 15
+/// bits of activation precision for the price of a second row of A (nothing, when decode is
+/// bound by reading the weights).
+fn quantize_with_residual(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    k_pad: usize,
+    residual: &mut Vec<f32>,
+    q: &mut [i8],
+    scales: &mut [f32],
+) {
+    residual.resize(k, 0.0);
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let (q1, rest) = q[2 * r * k_pad..(2 * r + 2) * k_pad].split_at_mut(k_pad);
+        let (s1, s2) = scales[2 * r..2 * r + 2].split_at_mut(1);
+        glue::quantize_rows(row, 1, k, k_pad, q1, s1);
+        for ((e, &v), &qv) in residual.iter_mut().zip(row).zip(&q1[..k]) {
+            *e = v - s1[0] * f32::from(qv);
+        }
+        glue::quantize_rows(residual, 1, k, k_pad, rest, s2);
     }
 }
 
@@ -571,6 +614,11 @@ impl Linear {
         self.rotation.as_ref()
     }
 
+    /// Whether each input row is quantised twice (see [`super::LinearOptions::residual_activations`]).
+    pub fn residual_activations(&self) -> bool {
+        self.residual
+    }
+
     /// y [m, N] = x [m, K] × Wᵀ, for any m.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
         let need = |what, dim: usize| {
@@ -600,11 +648,14 @@ impl Linear {
         }
         let inner = &self.inner;
         let mut round = inner.pool.round();
-        let max_m = inner.cfg.max_m;
+        // Quantised twice, each input row takes two rows of the NPU's A.
+        let per = if self.residual { 2 } else { 1 };
+        let max_m = inner.cfg.max_m / per;
         let mut r0 = 0;
         while r0 < m {
             let mc = (m - r0).min(max_m);
-            let bucket = inner.cfg.bucket(mc);
+            let rows = mc * per;
+            let bucket = inner.cfg.bucket(rows);
             let x_chunk = &x[r0 * self.k..(r0 + mc) * self.k];
             let s: &mut Scratch = round.scratch();
             let x_chunk = match &self.rotation {
@@ -617,6 +668,22 @@ impl Linear {
                 None => x_chunk,
             };
             match self.format {
+                WeightFormat::W8A8 if per == 2 => timed(&inner.stats, Phase::Quantize, || {
+                    let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
+                    q.resize(bucket * self.k_pad, 0);
+                    scales.resize(bucket, 0.0);
+                    quantize_with_residual(
+                        x_chunk,
+                        mc,
+                        self.k,
+                        self.k_pad,
+                        &mut s.residual,
+                        q,
+                        scales,
+                    );
+                    q[rows * self.k_pad..].fill(0);
+                    scales[rows..].fill(0.0);
+                }),
                 WeightFormat::W8A8 => timed(&inner.stats, Phase::Quantize, || {
                     let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
                     q.resize(bucket * self.k_pad, 0);
@@ -648,6 +715,7 @@ impl Linear {
                 Some(Task::Forward(Forward {
                     id: self.id,
                     m: mc,
+                    per,
                     bucket,
                     input,
                     out: std::mem::take(&mut s.outs[i]),

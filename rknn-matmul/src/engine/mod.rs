@@ -13,8 +13,9 @@
 //! Any number of threads may use one engine: a round (post to every worker, wait for every
 //! reply) holds the pool's lock, so forwards, registrations and drops take turns.
 //!
-//! M handling: contexts are dynamic-shape contexts whose M values are 1 and multiples of 128
-//! up to [`EngineConfig::max_m`] (rounding 300 up to 384, not to 512: the field measured +19 %
+//! M handling: contexts are dynamic-shape contexts whose M values are the powers of two up to
+//! 64 (decode, speculative verify passes) and the multiples of 128 up to
+//! [`EngineConfig::max_m`] (rounding 300 up to 384, not to 512: the field measured +19 %
 //! prefill from that alone); larger M is processed in chunks of `max_m`. One context per
 //! (core, segment) serves every bucket, so the weights are resident once.
 
@@ -45,9 +46,13 @@ use scheduler::{MAX_WORKERS, Pool, Worker};
 use stats::Counters;
 use topology::{CpuTopology, Pinning};
 
+/// Below this many rows, buckets are powers of two.
+const SMALL_BUCKETS_UP_TO: usize = 64;
+
 /// The largest `max_m`: the runtime takes at most 512 shapes per dynamic-shape context
-/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1 and the multiples of 128.
-pub const MAX_M_LIMIT: usize = 511 * 128;
+/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are the 7 powers of two up to 64 and the
+/// multiples of 128.
+pub const MAX_M_LIMIT: usize = (512 - 7) * 128;
 
 /// The largest K of an exact W8A8 linear: |q| <= 127 on both sides, so the i32 sum over K
 /// stays exact while 127 × 127 × K < 2^31.
@@ -77,7 +82,7 @@ pub struct EngineConfig {
     /// and B) instead of 4. Binding one context's memory in another is \[open\] on Rockchip's
     /// runtime; turn this off if a board refuses it.
     pub share_io_memories: bool,
-    /// Bytes one IOMMU domain holds (default 4 GiB, [doc] driver >= 0.9.8). Weights beyond it
+    /// Bytes one IOMMU domain holds (default 4 GiB, \[doc\] driver >= 0.9.8). Weights beyond it
     /// are placed in the next domain, automatically.
     pub iommu_domain_bytes: u64,
 }
@@ -97,16 +102,25 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// The context M for `m` rows: 1 for decode, else `m` rounded up to a multiple of 128.
+    /// The context M for `m` rows: the next power of two up to 64 (decode is 1; a speculative
+    /// verify pass of a few rows stays small), else `m` rounded up to a multiple of 128 (prefill
+    /// chunks: 300 rows run at 384, not 512, which the field measured as +19 % prefill).
     pub fn bucket(&self, m: usize) -> usize {
-        if m <= 1 { 1 } else { m.div_ceil(128) * 128 }.min(self.max_m)
+        if m <= SMALL_BUCKETS_UP_TO {
+            m.max(1).next_power_of_two()
+        } else {
+            m.div_ceil(128) * 128
+        }
+        .min(self.max_m)
     }
 
-    /// Every bucket: 1, 128, 256, ..., `max_m`.
+    /// Every bucket: 1, 2, 4, ..., 64, then 128, 256, ..., `max_m`.
     pub fn buckets(&self) -> Vec<usize> {
-        std::iter::once(1)
-            .chain((128..=self.max_m).step_by(128))
-            .collect()
+        std::iter::successors(Some(1usize), |&b| {
+            (b < SMALL_BUCKETS_UP_TO).then_some(2 * b)
+        })
+        .chain((128..=self.max_m).step_by(128))
+        .collect()
     }
 
     fn validate(&self) -> Result<()> {
@@ -128,6 +142,7 @@ impl EngineConfig {
 #[derive(Default)]
 pub(crate) struct Scratch {
     rotated: Vec<f32>,
+    residual: Vec<f32>,
     q: Arc<Vec<i8>>,
     scales: Arc<Vec<f32>>,
     x: Arc<Vec<f32>>,
@@ -235,6 +250,20 @@ impl std::fmt::Debug for Engine {
             .field("config", &self.inner.cfg)
             .finish()
     }
+}
+
+/// How a linear treats its input (W8A8).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinearOptions {
+    /// Rotate the input by this rotation (of `in_features` channels) before quantising it; the
+    /// weights are rotated once when the linear is made resident (`W x = (W Rᵀ)(R x)`). It
+    /// spreads activation outliers over many channels, so per-row int8 loses far less.
+    pub rotation: Option<Rotation>,
+    /// Quantise each input row twice, as itself and as the residual the first quantisation
+    /// left, and run both rows through the NPU: about 15 bits of activation precision from
+    /// int8 arithmetic, for a second row of A per input row (free when decode is bound by
+    /// reading the weights; twice the NPU work in prefill). Ignored for F16.
+    pub residual_activations: bool,
 }
 
 /// What a weight format needs of the chip: the element kind that sets the alignment.
@@ -373,22 +402,25 @@ impl Engine {
 
     /// Makes W [n, k] (row-major, row = output channel) resident in `format`.
     pub fn linear(&self, w: &[f32], n: usize, k: usize, format: WeightFormat) -> Result<Linear> {
-        self.linear_with(w, n, k, format, None)
+        self.linear_with(w, n, k, format, LinearOptions::default())
     }
 
-    /// As [`Engine::linear`], with the input rotated by `rotation` (of `k` channels): the
-    /// weights are rotated once here, and every forward rotates its input before quantising it
-    /// (`W x = (W Rᵀ)(R x)`), which spreads activation outliers over whole blocks of channels
-    /// and so keeps W8A8 close to the f32 result. Fuse linears that read the same input (q, k
-    /// and v; gate and up) into one to rotate that input once.
+    /// As [`Engine::linear`], with [`LinearOptions`]: with a rotation, the weights are rotated
+    /// once here and every forward rotates its input before quantising it, which keeps W8A8
+    /// close to the f32 result. Fuse linears that read the same input (q, k and v; gate and up)
+    /// into one to transform that input once.
     pub fn linear_with(
         &self,
         w: &[f32],
         n: usize,
         k: usize,
         format: WeightFormat,
-        rotation: Option<Rotation>,
+        opts: LinearOptions,
     ) -> Result<Linear> {
+        let LinearOptions {
+            rotation,
+            residual_activations,
+        } = opts;
         let (k_pad, n_pad, na) = self.padded(n, k, format)?;
         if w.len() != n * k {
             return Err(Error::Length {
@@ -444,12 +476,42 @@ impl Engine {
         };
         let mut linear = linear?;
         linear.rotation = rotation;
+        linear.residual = residual_activations && format == WeightFormat::W8A8;
         Ok(linear)
     }
 
     /// Makes already-quantised W8A8 weights resident: `q` [n, k] int8 (row = output channel,
     /// values in -127..=127) with one scale per row.
     pub fn linear_quantized(&self, q: &[i8], scales: &[f32], n: usize, k: usize) -> Result<Linear> {
+        self.linear_quantized_with(q, scales, n, k, LinearOptions::default())
+    }
+
+    /// As [`Engine::linear_quantized`] with [`LinearOptions`]; with a rotation, the weights
+    /// must have been quantised after it was applied to their rows (so a model can convert its
+    /// weights a few rows at a time, rotating and quantising them with [`Rotation::apply_rows`]
+    /// and [`glue::quantize_rows`], without holding them in f32); every forward rotates its
+    /// input the same way.
+    pub fn linear_quantized_with(
+        &self,
+        q: &[i8],
+        scales: &[f32],
+        n: usize,
+        k: usize,
+        opts: LinearOptions,
+    ) -> Result<Linear> {
+        let LinearOptions {
+            rotation,
+            residual_activations,
+        } = opts;
+        if let Some(r) = &rotation {
+            if r.k() != k {
+                return Err(Error::Length {
+                    what: "rotation channels (in_features)",
+                    expected: k,
+                    got: r.k(),
+                });
+            }
+        }
         let (k_pad, n_pad, na) = self.padded(n, k, WeightFormat::W8A8)?;
         if q.len() != n * k {
             return Err(Error::Length {
@@ -479,12 +541,16 @@ impl Engine {
         }
         let mut sp = scales.to_vec();
         sp.resize(n_pad, 0.0);
-        self.register(n, k, k_pad, n_pad, na, WeightFormat::W8A8, |r0, rows| {
-            ShardWeights::I8 {
-                q: qp[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
-                ch_scales: sp[r0..r0 + rows].to_vec(),
-            }
-        })
+        let mut linear =
+            self.register(n, k, k_pad, n_pad, na, WeightFormat::W8A8, |r0, rows| {
+                ShardWeights::I8 {
+                    q: qp[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                    ch_scales: sp[r0..r0 + rows].to_vec(),
+                }
+            })?;
+        linear.rotation = rotation;
+        linear.residual = residual_activations;
+        Ok(linear)
     }
 
     #[allow(clippy::too_many_arguments)] // The shape of the linear, resolved once.
@@ -556,6 +622,7 @@ impl Engine {
             format,
             shards: plans.clone(),
             rotation: None,
+            residual: false,
             domain,
             b_bytes,
         };

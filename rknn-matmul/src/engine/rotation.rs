@@ -1,4 +1,5 @@
-//! Input rotation for W8A8 linears: a randomized block Hadamard transform.
+//! Input rotation for W8A8 linears: a randomized block Hadamard transform, optionally mixed
+//! across the blocks.
 //!
 //! Per-row int8 activations lose accuracy on transformer inputs because a few channels carry
 //! outliers that set the row's scale. Rotating the input by an orthogonal R spreads them over
@@ -14,12 +15,17 @@ use std::sync::Arc;
 /// Channels per Hadamard block.
 pub const HADAMARD_BLOCK: usize = 64;
 
-/// A randomized block Hadamard rotation of `k` channels.
+/// A randomized block Hadamard rotation of `k` channels ([`Rotation::hadamard`]), optionally
+/// followed by a random orthogonal mix across the blocks ([`Rotation::hadamard_mixed`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rotation {
     /// ±1 per rotated channel (the whole blocks of `k`).
     signs: Arc<[f32]>,
     k: usize,
+    /// A random orthogonal matrix over the blocks (`blocks × blocks`, row-major), mixing the
+    /// same position of every block after the Hadamard step, when the rotation spans all
+    /// blocks instead of one at a time.
+    mix: Option<Arc<[f32]>>,
 }
 
 impl Rotation {
@@ -45,10 +51,49 @@ impl Rotation {
                 }
             })
             .collect();
-        Rotation { signs, k }
+        Rotation {
+            signs,
+            k,
+            mix: None,
+        }
+    }
+
+    /// As [`Rotation::hadamard`], followed by a random orthogonal mix across the blocks: the
+    /// rotation is `(Q ⊗ H/8) D` over every whole block of 64, so an outlier channel is spread
+    /// over all of them, not over its own block only.
+    pub fn hadamard_mixed(k: usize, seed: u64) -> Rotation {
+        let base = Rotation::hadamard(k, seed);
+        let b = k / HADAMARD_BLOCK;
+        if b < 2 {
+            return base;
+        }
+        let mut rng = XorShift(seed ^ 0xD1B5_4A32_D192_ED03 ^ (b as u64) << 32 | 1);
+        // Gaussian entries (Box–Muller), then modified Gram–Schmidt in f64: a Haar-random
+        // orthogonal matrix.
+        let mut q: Vec<f64> = (0..b * b).map(|_| rng.gaussian()).collect();
+        for i in 0..b {
+            for j in 0..i {
+                let d: f64 = (0..b).map(|c| q[i * b + c] * q[j * b + c]).sum();
+                for c in 0..b {
+                    q[i * b + c] -= d * q[j * b + c];
+                }
+            }
+            let norm = (0..b)
+                .map(|c| q[i * b + c] * q[i * b + c])
+                .sum::<f64>()
+                .sqrt();
+            for c in 0..b {
+                q[i * b + c] /= norm;
+            }
+        }
+        Rotation {
+            mix: Some(q.iter().map(|&v| v as f32).collect()),
+            ..base
+        }
     }
 
     /// Channels (K).
+    #[inline]
     pub fn k(&self) -> usize {
         self.k
     }
@@ -77,7 +122,57 @@ impl Rotation {
                 }
                 fwht64(block);
             }
+            if let Some(q) = &self.mix {
+                mix_blocks(row, q, self.signs.len() / HADAMARD_BLOCK);
+            }
         }
+    }
+}
+
+/// `row[b*64 + j] = Σ_c q[b][c] · row[c*64 + j]` for every position `j` of the `blocks`
+/// blocks, as whole-block multiply-adds (which vectorise over the 64 positions) from a copy of
+/// the row kept per thread.
+fn mix_blocks(row: &mut [f32], q: &[f32], blocks: usize) {
+    thread_local! {
+        static COPY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let n = blocks * HADAMARD_BLOCK;
+    COPY.with_borrow_mut(|copy| {
+        copy.clear();
+        copy.extend_from_slice(&row[..n]);
+        for (b, out) in row[..n].chunks_exact_mut(HADAMARD_BLOCK).enumerate() {
+            out.fill(0.0);
+            for (&a, src) in q[b * blocks..(b + 1) * blocks]
+                .iter()
+                .zip(copy.chunks_exact(HADAMARD_BLOCK))
+            {
+                for (o, &v) in out.iter_mut().zip(src) {
+                    *o += a * v;
+                }
+            }
+        }
+    });
+}
+
+/// xorshift64*, the documented generator of the rotations.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    fn gaussian(&mut self) -> f64 {
+        let (u, v) = (self.unit(), self.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
     }
 }
 

@@ -23,22 +23,33 @@ use serde_json::json;
 
 use rknn_llm::chat::ChatFormat;
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{HostF32Factory, Logits, Model};
+use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model};
 use rknn_llm::sample::{Sampler, SamplerConfig};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
+use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
+use rknn_matmul::{Platform, Runtime, RuntimeOptions};
 
 type Error = Box<dyn std::error::Error>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
-    /// The best available backend (the host f32 path until the NPU path lands).
+    /// The NPU if there is one, else the NPU emulator (the same code path either way).
     Auto,
-    /// The RK3588 NPU.
+    /// The NPU through librknnrt.so ($RKNN_RUNTIME_PATH to load another, e.g. the emulator's
+    /// drop-in library).
     Npu,
     /// The NPU emulator.
     Emulator,
-    /// The host f32 reference path.
+    /// The host f32 reference path (no NPU).
     F32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WType {
+    /// int8 weights and activations (per-channel and per-row scales).
+    W8a8,
+    /// f16 weights and activations.
+    F16,
 }
 
 /// Runs a GGUF language model (llama / qwen2 architectures) on a prompt.
@@ -69,6 +80,25 @@ struct Args {
     /// Where the weight matmuls run.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// Weight type on the NPU.
+    #[arg(long, value_enum, default_value_t = WType::W8a8)]
+    wtype: WType,
+    /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
+    /// W8A8 close to f32; on by default).
+    #[arg(long)]
+    no_rotation: bool,
+    /// W8A8 with each activation row quantised once (by default twice: the row and its
+    /// residual, about 15 bits of precision from int8 arithmetic).
+    #[arg(long)]
+    no_residual: bool,
+    /// W8A8 weight scales from each row's maximum (by default: the scale of least squared
+    /// error).
+    #[arg(long)]
+    minmax_scales: bool,
+    /// The chip: the one the emulator plays (default rk3588), or the one to assume on the NPU
+    /// instead of reading the device tree.
+    #[arg(long)]
+    platform: Option<Platform>,
     /// Tokens per forward call while evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
@@ -121,20 +151,6 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), Error> {
-    match args.backend {
-        Backend::Auto | Backend::F32 => {}
-        Backend::Npu | Backend::Emulator => {
-            let name = if args.backend == Backend::Npu {
-                "npu"
-            } else {
-                "emulator"
-            };
-            return Err(format!(
-                "backend {name} is not available until the NPU path lands; use --backend f32"
-            )
-            .into());
-        }
-    }
     if args.batch_size == 0 {
         return Err("--batch-size must be at least 1".into());
     }
@@ -173,7 +189,7 @@ fn run(args: Args) -> Result<(), Error> {
             .thread_name(|i| format!("llm-host-{i}"))
             .build()?,
     );
-    let mut model = load_model(&file, pool)?;
+    let (mut model, engine) = load_model(&file, pool, &args)?;
     if model.config().n_vocab != tok.n_vocab() {
         return Err(format!(
             "the model's {} logits do not match the vocabulary's {} tokens",
@@ -195,7 +211,14 @@ fn run(args: Args) -> Result<(), Error> {
     if let Some(path) = &args.perplexity {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        return perplexity(&mut model, &tok, &text, &args, dump.as_mut());
+        return perplexity(
+            &mut model,
+            engine.as_ref(),
+            &tok,
+            &text,
+            &args,
+            dump.as_mut(),
+        );
     }
 
     let seed = args.seed.unwrap_or_else(random_seed);
@@ -257,8 +280,12 @@ fn run(args: Args) -> Result<(), Error> {
         out: &out,
         threads,
         seed,
+        backend: backend_name(engine.as_ref()),
     };
     summary.print();
+    if let Some(e) = &engine {
+        eprintln!("{}", engine_line(e));
+    }
     if args.json {
         let doc = json!({
             "prompt_ids": prompt_ids,
@@ -266,8 +293,10 @@ fn run(args: Args) -> Result<(), Error> {
             "text": out.text,
             "prefill_tok_s": rate(prompt_ids.len(), out.prefill_time),
             "decode_tok_s": rate(out.decode_forwards, out.decode_time),
-            "backend": model.backend_kind(),
+            "backend": backend_name(engine.as_ref()),
             "stats": {
+                "wtype": model.backend_kind(),
+                "engine": engine.as_ref().map(engine_json),
                 "load_s": load_time.as_secs_f64(),
                 "prompt_tokens": prompt_ids.len(),
                 "generated_tokens": out.generated.len(),
@@ -302,7 +331,79 @@ fn print_tokens(tok: &Tokenizer, text: &str, json: bool) -> Result<(), Error> {
     Ok(())
 }
 
-fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>) -> Result<Model, Error> {
+/// "npu", "emulator" or "f32": what ran the weight matmuls.
+fn backend_name(engine: Option<&Engine>) -> &'static str {
+    match engine {
+        None => "f32",
+        Some(e) if e.runtime().is_emulator() => "emulator",
+        Some(_) => "npu",
+    }
+}
+
+/// The engine's per-phase times, one line.
+fn engine_line(e: &Engine) -> String {
+    let s = e.stats();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms",
+        e.runtime().backend_name(),
+        e.runtime().platform(),
+        e.runtime().selection_reason(),
+        e.workers(),
+        s.forwards,
+        ms(s.quantize.time),
+        ms(s.pack.time),
+        ms(s.run.time),
+        ms(s.collect.time)
+    )
+}
+
+fn engine_json(e: &Engine) -> serde_json::Value {
+    let s = e.stats();
+    let phase =
+        |p: &rknn_matmul::engine::PhaseStats| json!({"count": p.count, "s": p.time.as_secs_f64()});
+    json!({
+        "runtime": e.runtime().backend_name(),
+        "hardware": e.runtime().is_hardware(),
+        "platform": e.runtime().platform().name(),
+        "selection_reason": e.runtime().selection_reason(),
+        "cores": e.workers(),
+        "forwards": s.forwards,
+        "quantize": phase(&s.quantize),
+        "pack": phase(&s.pack),
+        "run": phase(&s.run),
+        "collect": phase(&s.collect),
+    })
+}
+
+/// Opens the runtime and engine `--backend` names (none for f32).
+fn open_engine(args: &Args) -> Result<Option<Engine>, Error> {
+    let mut opts = RuntimeOptions::default();
+    let backend = match args.backend {
+        Backend::F32 => return Ok(None),
+        Backend::Auto => {
+            if let Some(p) = args.platform {
+                opts.emulator.platform = p;
+            }
+            rknn_matmul::Backend::Auto
+        }
+        Backend::Npu => {
+            opts.npu_platform = args.platform;
+            rknn_matmul::Backend::Npu
+        }
+        Backend::Emulator => {
+            rknn_matmul::Backend::Emulator(args.platform.unwrap_or(Platform::Rk3588))
+        }
+    };
+    let rt = Runtime::open(backend, opts)?;
+    Ok(Some(Engine::new(&rt, EngineConfig::default())?))
+}
+
+fn load_model(
+    file: &GgufFile,
+    pool: Arc<rayon::ThreadPool>,
+    args: &Args,
+) -> Result<(Model, Option<Engine>), Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
             "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
@@ -313,14 +414,35 @@ fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>) -> Result<Model, Er
         bar.set_length(total);
         bar.set_position(done);
     };
-    let model = Model::load(
-        file,
-        &mut HostF32Factory::new(pool.clone()),
-        pool,
-        &mut progress,
-    )?;
+    let engine = open_engine(args)?;
+    let model = match &engine {
+        None => Model::load(
+            file,
+            &mut HostF32Factory::new(pool.clone()),
+            pool,
+            &mut progress,
+        )?,
+        Some(e) => {
+            let opts = EngineOptions {
+                format: match args.wtype {
+                    WType::W8a8 => WeightFormat::W8A8,
+                    WType::F16 => WeightFormat::F16,
+                },
+                rotate: !args.no_rotation,
+                residual_activations: !args.no_residual,
+                mse_weight_scales: !args.minmax_scales,
+                ..EngineOptions::default()
+            };
+            Model::load(
+                file,
+                &mut EngineFactory::new(e.clone(), opts),
+                pool,
+                &mut progress,
+            )?
+        }
+    };
     bar.finish_and_clear();
-    Ok(model)
+    Ok((model, engine))
 }
 
 fn chat_format(file: &GgufFile, tok: &Tokenizer) -> Result<ChatFormat, Error> {
@@ -541,19 +663,21 @@ struct Summary<'a> {
     out: &'a Generated,
     threads: usize,
     seed: u64,
+    backend: &'static str,
 }
 
 impl Summary<'_> {
     fn print(&self) {
         let o = self.out;
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s (stop: {}) | load {:.2} s | {} threads, seed {}",
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s (stop: {}) | load {:.2} s | {} backend, {} threads, seed {}",
             self.prompt_tokens,
             rate(self.prompt_tokens, o.prefill_time),
             o.generated.len(),
             rate(o.decode_forwards, o.decode_time),
             o.stop.name(),
             self.load_time.as_secs_f64(),
+            self.backend,
             self.threads,
             self.seed
         );
@@ -564,6 +688,7 @@ impl Summary<'_> {
 /// empty cache and scores every token but its first with the previous position's logits.
 fn perplexity(
     model: &mut Model,
+    engine: Option<&Engine>,
     tok: &Tokenizer,
     text: &str,
     args: &Args,
@@ -608,10 +733,20 @@ fn perplexity(
         ids.len(),
         rate(ids.len(), t.elapsed())
     );
+    if let Some(e) = engine {
+        eprintln!("{}", engine_line(e));
+    }
     if args.json {
         println!(
             "{}",
-            json!({ "n_tokens": ids.len(), "n_scored": scored, "ppl": ppl, "nll": mean })
+            json!({
+                "n_tokens": ids.len(),
+                "n_scored": scored,
+                "ppl": ppl,
+                "nll": mean,
+                "backend": backend_name(engine),
+                "wtype": model.backend_kind(),
+            })
         );
     } else {
         println!("{ppl:.4}");

@@ -35,10 +35,43 @@ pub trait LinearOp: Send + Sync {
     fn kind(&self) -> &'static str;
 }
 
-/// Builds the [`LinearOp`] of each weight tensor as the model loads.
+/// Builds the [`LinearOp`] of each weight matrix as the model loads.
 pub trait LinearFactory {
-    /// Converts `tensor` (dimensions `[in_features, out_features]`, any dequantizable type).
-    fn build(&mut self, tensor: &TensorView<'_>) -> Result<Box<dyn LinearOp>, BackendError>;
+    /// Converts the weight made of `parts` stacked along the output features (one tensor for
+    /// most linears; q, k and v, or gate and up, for the fused linears that read the same
+    /// input). Each part has dimensions `[in_features, out_i]` and any dequantizable type.
+    fn build(&mut self, parts: &[TensorView<'_>]) -> Result<Box<dyn LinearOp>, BackendError>;
+}
+
+/// `(in_features, out_features)` of `parts` stacked along the output features, checked.
+pub fn stacked_shape(parts: &[TensorView<'_>]) -> Result<(usize, usize), BackendError> {
+    let first = parts
+        .first()
+        .ok_or("a linear needs at least one weight tensor")?;
+    let mut n = 0usize;
+    let mut k = None;
+    for t in parts {
+        let dims = t.dims();
+        if dims.len() != 2 {
+            return Err(format!(
+                "tensor {:?}: a linear weight has 2 dimensions, not {dims:?}",
+                t.name()
+            )
+            .into());
+        }
+        let (tk, tn) = (usize::try_from(dims[0])?, usize::try_from(dims[1])?);
+        if *k.get_or_insert(tk) != tk {
+            return Err(format!(
+                "tensors {:?} and {:?} cannot be fused: {tk} and {} input features",
+                first.name(),
+                t.name(),
+                k.unwrap_or(0)
+            )
+            .into());
+        }
+        n = n.checked_add(tn).ok_or("fused output features overflow")?;
+    }
+    Ok((k.unwrap_or(0), n))
 }
 
 /// The host backend: f32 weights, rayon threads.
@@ -55,17 +88,12 @@ impl HostF32Factory {
 }
 
 impl LinearFactory for HostF32Factory {
-    fn build(&mut self, tensor: &TensorView<'_>) -> Result<Box<dyn LinearOp>, BackendError> {
-        let dims = tensor.dims();
-        if dims.len() != 2 {
-            return Err(format!(
-                "tensor {:?}: a linear weight has 2 dimensions, not {dims:?}",
-                tensor.name()
-            )
-            .into());
+    fn build(&mut self, parts: &[TensorView<'_>]) -> Result<Box<dyn LinearOp>, BackendError> {
+        let (k, n) = stacked_shape(parts)?;
+        let mut w = Vec::with_capacity(n * k);
+        for t in parts {
+            w.extend_from_slice(&t.to_f32()?);
         }
-        let (k, n) = (usize::try_from(dims[0])?, usize::try_from(dims[1])?);
-        let w = tensor.to_f32()?;
         Ok(Box::new(F32Linear::new(w, n, k, self.pool.clone())?))
     }
 }

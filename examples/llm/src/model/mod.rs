@@ -14,6 +14,7 @@
 
 pub mod kernels;
 pub mod linear;
+pub mod npu;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorView, Value};
 pub use linear::{BackendError, F32Linear, HostF32Factory, LinearFactory, LinearOp};
+pub use npu::{EngineFactory, EngineLinear, EngineOptions};
 
 /// What went wrong building or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -363,16 +365,16 @@ impl Linear {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// q, k and v fused: they read the same input, so a backend that transforms its input
+    /// (quantises, rotates) does it once, and runs one matmul instead of three.
+    wqkv: Linear,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
     wo: Linear,
     ffn_norm: Vec<f32>,
-    w_gate: Linear,
-    w_up: Linear,
+    /// gate and up fused, for the same reason.
+    w_gate_up: Linear,
     w_down: Linear,
 }
 
@@ -489,18 +491,22 @@ impl Model {
             *done += t.data().len() as u64;
             Ok(t.to_f32()?)
         };
+        // A linear of the tensors `parts` (name, out_features) stacked along the outputs.
         let mut linear =
-            |name: &str, k: u64, n: u64, done: &mut u64| -> Result<Linear, ModelError> {
-                let t = tensor(name, &[k, n])?;
-                let op = factory.build(&t).map_err(|source| ModelError::Backend {
-                    tensor: name.into(),
-                    source,
-                })?;
-                *done += t.data().len() as u64;
-                Ok(Linear {
-                    name: name.into(),
-                    op,
-                })
+            |parts: &[(&str, u64)], k: u64, done: &mut u64| -> Result<Linear, ModelError> {
+                let views = parts
+                    .iter()
+                    .map(|&(name, n)| tensor(name, &[k, n]))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join("+");
+                let op = factory
+                    .build(&views)
+                    .map_err(|source| ModelError::Backend {
+                        tensor: name.clone(),
+                        source,
+                    })?;
+                *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
+                Ok(Linear { name, op })
             };
 
         let embd = tensor("token_embd.weight", &[e, c.n_vocab as u64])?;
@@ -522,19 +528,18 @@ impl Model {
                         Architecture::Llama => Ok(None),
                     }
                 };
+            let (wq, wk, wv) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));
+            let (wg, wu) = (n("ffn_gate.weight"), n("ffn_up.weight"));
             let layer = Layer {
                 attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
-                wq: linear(&n("attn_q.weight"), e, q, &mut done)?,
-                wk: linear(&n("attn_k.weight"), e, kv, &mut done)?,
-                wv: linear(&n("attn_v.weight"), e, kv, &mut done)?,
+                wqkv: linear(&[(&wq, q), (&wk, kv), (&wv, kv)], e, &mut done)?,
                 bq: bias("attn_q.bias", q, &mut done)?,
                 bk: bias("attn_k.bias", kv, &mut done)?,
                 bv: bias("attn_v.bias", kv, &mut done)?,
-                wo: linear(&n("attn_output.weight"), q, e, &mut done)?,
+                wo: linear(&[(&n("attn_output.weight"), e)], q, &mut done)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                w_gate: linear(&n("ffn_gate.weight"), e, ff, &mut done)?,
-                w_up: linear(&n("ffn_up.weight"), e, ff, &mut done)?,
-                w_down: linear(&n("ffn_down.weight"), ff, e, &mut done)?,
+                w_gate_up: linear(&[(&wg, ff), (&wu, ff)], e, &mut done)?,
+                w_down: linear(&[(&n("ffn_down.weight"), e)], ff, &mut done)?,
             };
             layers.push(layer);
             progress(done, total);
@@ -545,7 +550,7 @@ impl Model {
         } else {
             "token_embd.weight"
         };
-        let output = linear(output_name, e, c.n_vocab as u64, &mut done)?;
+        let output = linear(&[(output_name, c.n_vocab as u64)], e, &mut done)?;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             Some(_) => Some(vector(
                 "rope_freqs.weight",
@@ -675,10 +680,12 @@ impl Model {
         }
         let rope = RopeTable::new(&c, self.rope_freqs.as_deref(), pos, m);
         let mut h = vec![0.0f32; m * e];
+        let mut qkv = vec![0.0f32; m * (qd + 2 * kvd)];
         let mut q = vec![0.0f32; m * qd];
         let mut k = vec![0.0f32; m * kvd];
         let mut v = vec![0.0f32; m * kvd];
         let mut att = vec![0.0f32; m * qd];
+        let mut gate_up = vec![0.0f32; m * 2 * c.n_ff];
         let mut gate = vec![0.0f32; m * c.n_ff];
         let mut up = vec![0.0f32; m * c.n_ff];
 
@@ -686,10 +693,9 @@ impl Model {
             // Attention block.
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
             let t = Instant::now();
-            layer.wq.forward(&h, m, &mut q)?;
-            layer.wk.forward(&h, m, &mut k)?;
-            layer.wv.forward(&h, m, &mut v)?;
+            layer.wqkv.forward(&h, m, &mut qkv)?;
             t_matmul += t.elapsed();
+            split_columns(&qkv, m, &mut [&mut q, &mut k, &mut v]);
             add_bias(&mut q, layer.bq.as_deref());
             add_bias(&mut k, layer.bk.as_deref());
             add_bias(&mut v, layer.bv.as_deref());
@@ -718,9 +724,9 @@ impl Model {
             // Feed-forward block.
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
             let t = Instant::now();
-            layer.w_gate.forward(&h, m, &mut gate)?;
-            layer.w_up.forward(&h, m, &mut up)?;
+            layer.w_gate_up.forward(&h, m, &mut gate_up)?;
             t_matmul += t.elapsed();
+            split_columns(&gate_up, m, &mut [&mut gate, &mut up]);
             swiglu(&mut gate, &up);
             let t = Instant::now();
             layer.w_down.forward(&gate, m, &mut h)?;
@@ -764,6 +770,20 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = (v * scale) * g;
+        }
+    }
+}
+
+/// Splits the rows of a fused output into the outputs of its parts: row `i` of `fused` is the
+/// concatenation of row `i` of each part.
+fn split_columns(fused: &[f32], m: usize, parts: &mut [&mut Vec<f32>]) {
+    let widths: Vec<usize> = parts.iter().map(|p| p.len() / m).collect();
+    let row: usize = widths.iter().sum();
+    for (i, frow) in fused.chunks_exact(row).enumerate() {
+        let mut off = 0;
+        for (p, &w) in parts.iter_mut().zip(&widths) {
+            p[i * w..(i + 1) * w].copy_from_slice(&frow[off..off + w]);
+            off += w;
         }
     }
 }
