@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! cargo bench -p rknn-matmul --bench decode_linears        # BENCH_QUICK=1 for a short run
+//! DECODE_CORES=1 cargo bench -p rknn-matmul --bench decode_linears   # one emulated core
+//! # for profilers: DECODE_TOKENS=200 (tokens timed), DECODE_PREFILL=0 (skip the M=128 part)
 //! ```
 //!
 //! Per layer (× 30): qkv N=960 K=576, o N=576 K=576, gate_up N=3072 K=576, down N=576 K=1536;
@@ -83,7 +85,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let tokens = if quick { 5 } else { 30 };
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    let tokens = env("DECODE_TOKENS").unwrap_or(if quick { 5 } else { 30 });
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("load average at start: {}", load_average());
 
@@ -92,6 +95,7 @@ fn main() {
         &rt,
         EngineConfig {
             pinning: Pinning::None,
+            cores: env("DECODE_CORES"),
             ..EngineConfig::default()
         },
     )
@@ -181,6 +185,9 @@ fn main() {
     );
     println!("{stats}");
 
+    if env("DECODE_PREFILL") == Some(0) {
+        return;
+    }
     // One prefill chunk: M = 128 through every linear.
     let m = 128;
     let prefill_x: Vec<Vec<f32>> = [576usize, 1536].iter().map(|&k| input(k, m)).collect();
