@@ -6,6 +6,7 @@
 //! cargo bench -p rknn-matmul --bench decode_linears        # BENCH_QUICK=1 for a short run
 //! DECODE_CORES=1 cargo bench -p rknn-matmul --bench decode_linears   # one emulated core
 //! # for profilers: DECODE_TOKENS=200 (tokens timed), DECODE_PREFILL=0 (skip the M=128 part)
+//! # DECODE_SPIN_US=n: the workers' spin before sleeping (EngineConfig::spin)
 //! ```
 //!
 //! Per layer (× 30): qkv N=960 K=576, o N=576 K=576, gate_up N=3072 K=576, down N=576 K=1536;
@@ -40,36 +41,46 @@ fn sum_words(words: &[u64]) -> u64 {
 }
 
 /// Streaming-read bandwidth (GB/s) with `threads` threads, each summing its share of `buf`;
-/// best of `reps` passes (each pass timed from a common start to the last thread's end).
+/// best of `reps` passes, each timed from the first thread's start to the last one's end.
 fn stream_read(buf: &[u64], threads: usize, reps: usize) -> f64 {
     let share = buf.len() / threads;
     let mut best = Duration::MAX;
     for _ in 0..reps {
-        let start = Barrier::new(threads + 1);
-        let t = std::thread::scope(|s| {
+        let start = Barrier::new(threads);
+        let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|i| {
                     let part = &buf[i * share..(i + 1) * share];
                     let start = &start;
                     s.spawn(move || {
                         start.wait();
+                        let t0 = Instant::now();
                         black_box(sum_words(black_box(part)));
-                        Instant::now()
+                        (t0, Instant::now())
                     })
                 })
                 .collect();
-            start.wait();
-            let t0 = Instant::now();
-            let end = handles
-                .into_iter()
-                .map(|h| h.join().unwrap())
-                .max()
-                .unwrap();
-            end - t0
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        best = best.min(t);
+        let first = spans.iter().map(|s| s.0).min().unwrap();
+        let last = spans.iter().map(|s| s.1).max().unwrap();
+        best = best.min(last - first);
     }
     (share * threads * 8) as f64 / best.as_secs_f64() / 1e9
+}
+
+/// CPU time (user + system) this process has used so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes the struct it is given; a zeroed rusage is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage struct.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn load_average() -> String {
@@ -85,7 +96,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
     let tokens = env("DECODE_TOKENS").unwrap_or(if quick { 5 } else { 30 });
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("load average at start: {}", load_average());
@@ -96,6 +111,9 @@ fn main() {
         EngineConfig {
             pinning: Pinning::None,
             cores: env("DECODE_CORES"),
+            spin: env("DECODE_SPIN_US").map_or(EngineConfig::default().spin, |us| {
+                Duration::from_micros(us as u64)
+            }),
             ..EngineConfig::default()
         },
     )
@@ -162,7 +180,9 @@ fn main() {
         token(&mut outs);
     }
     engine.reset_stats();
+    let (cpu0, wall0) = (cpu_time(), Instant::now());
     let times: Vec<Duration> = (0..tokens).map(|_| token(&mut outs)).collect();
+    let cpus_used = (cpu_time() - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64();
     let stats = engine.stats();
     let med = median(times.clone());
     let best = *times.iter().min().unwrap();
@@ -182,6 +202,9 @@ fn main() {
         "ratio to the streaming read with {workers} thread(s) ({stream_same:.2} GB/s): median {:.3}, best {:.3}",
         gbs(med) / stream_same,
         gbs(best) / stream_same
+    );
+    println!(
+        "CPUs used by the process while decoding: {cpus_used:.2} (of {workers} engine thread(s))"
     );
     println!("{stats}");
 
