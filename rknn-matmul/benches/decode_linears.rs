@@ -89,6 +89,18 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// A line of /proc/self/status (`VmRSS`, `VmHWM`) in MB.
+fn status_mb(key: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb * 1024.0 / 1e6)
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -153,10 +165,11 @@ fn main() {
         .collect();
     let weight_bytes: usize = shapes.iter().map(|&(n, k)| n * k).sum();
     println!(
-        "registered {} linears, {:.1} MB of int8 weights, in {:.1} s",
+        "registered {} linears, {:.1} MB of int8 weights, in {:.1} s; RSS {:.0} MB",
         linears.len(),
         weight_bytes as f64 / 1e6,
-        t_reg.elapsed().as_secs_f64()
+        t_reg.elapsed().as_secs_f64(),
+        status_mb("VmRSS:")
     );
 
     let inputs: Vec<Vec<f32>> = [576usize, 1536]
@@ -207,6 +220,7 @@ fn main() {
         "CPUs used by the process while decoding: {cpus_used:.2} (of {workers} engine thread(s))"
     );
     println!("{stats}");
+    println!("RSS after decode {:.0} MB", status_mb("VmRSS:"));
 
     if env("DECODE_PREFILL") == Some(0) {
         return;
@@ -235,5 +249,6 @@ fn main() {
         m as f64 / t.as_secs_f64()
     );
     println!("{}", engine.stats());
+    println!("RSS after prefill {:.0} MB", status_mb("VmRSS:"));
     println!("load average at end: {}", load_average());
 }
