@@ -8,7 +8,8 @@
 //!
 //! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
 //! `gemm_i8_i32` with every available backend (the scalar one is the plain dot-product loop on
-//! the transposed layout, which the compiler may auto-vectorise), `gemm_f32` likewise, and
+//! the transposed layout, which the compiler may auto-vectorise), at `M = 1` the native-B
+//! kernel `gemm_i8_native_b` (B in the NPU's int8 layout), `gemm_f32` likewise, and
 //! `matrixmultiply::sgemm` on the same data as f32, with B both in its natural `[K, N]`
 //! layout and in the kernels' transposed one (through strides). Slow kernels are timed on fewer rows of `A`
 //! and their per-operation rate is extrapolated; the table says so.
@@ -16,9 +17,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use rknn_chip::layout::NativeB;
 use rknn_emu::kernels::{
-    KernelBackend, available_backends, gemm_f32, gemm_f32_with, gemm_i8_i32, gemm_i8_i32_with,
-    selected_backend,
+    KernelBackend, NATIVE_B_SK, NativeBShape, available_backends, gemm_f32, gemm_f32_with,
+    gemm_i8_i32, gemm_i8_i32_with, gemm_i8_native_b, gemm_i8_native_b_with, selected_backend,
 };
 
 /// Best wall time of `f` over at least `min_reps` runs and at least `min_total` in total
@@ -165,6 +167,38 @@ fn bench_m(m: usize, n: usize, k: usize, rng: &mut fastrand::Rng) {
         if let Some(b) = backend {
             gemm_i8_i32_with(*b, &a, &bt, &mut ci, m, n, k).unwrap();
             assert_eq!(ci, reference, "{b} disagrees with the scalar kernel");
+        }
+    }
+    // The native-B kernel (B in the NPU's int8 layout, read in storage order) serves M <= 3.
+    if m <= 3 {
+        let geo = NativeB::new(k, n, 32, NATIVE_B_SK, None).expect("native B geometry");
+        let mut native = vec![0i8; geo.len()];
+        geo.pack_from_nk(&bt, &mut native);
+        for (backend, label, budget) in &runs {
+            lines.push(measure("gemm_i8_native_b", label, shape, *budget, |rows| {
+                let s = NativeBShape {
+                    m: rows,
+                    n,
+                    k,
+                    sn: 32,
+                    lda: k,
+                };
+                let (a, b) = (black_box(&a[..rows * k]), black_box(&native));
+                match backend {
+                    Some(be) => gemm_i8_native_b_with(*be, a, b, &mut ci, s, false).unwrap(),
+                    None => gemm_i8_native_b(a, b, &mut ci, s, false),
+                }
+                black_box(&ci);
+            }));
+            let s = NativeBShape {
+                m,
+                n,
+                k,
+                sn: 32,
+                lda: k,
+            };
+            gemm_i8_native_b(&a, &native, &mut ci, s, false);
+            assert_eq!(ci, reference, "{label}: the native-B kernel disagrees");
         }
     }
     for (backend, label, budget) in &runs {

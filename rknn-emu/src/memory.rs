@@ -165,19 +165,20 @@ impl Shared {
         }
     }
 
-    /// Copies between the CPU and device views (strict cache emulation only).
+    /// Copies between the CPU and device views (strict cache emulation only), excluding runs
+    /// and other syncs of this memory meanwhile (two syncs from the device both write the CPU
+    /// view).
     pub(crate) fn sync(&self, to_device: bool, from_device: bool) {
         if let Some(dev) = &self.device {
             let (cpu, dev) = (self.data, dev.as_mut_ptr());
+            let _w = self.lock.write().unwrap_or_else(PoisonError::into_inner);
             if to_device {
-                let _w = self.lock.write().unwrap_or_else(PoisonError::into_inner);
                 // SAFETY: both buffers are at least `size` bytes and distinct allocations; the
-                // write lock keeps runs off the device view meanwhile.
+                // write lock keeps the emulator's other accesses off both meanwhile.
                 unsafe { std::ptr::copy_nonoverlapping(cpu, dev, self.size) };
             }
             if from_device {
-                let _r = self.lock.read().unwrap_or_else(PoisonError::into_inner);
-                // SAFETY: as above; the read lock keeps runs from writing the device view.
+                // SAFETY: as above.
                 unsafe { std::ptr::copy_nonoverlapping(dev, cpu, self.size) };
             }
         }
