@@ -157,6 +157,29 @@ struct Scratch {
     b_copy: Vec<u8>,
 }
 
+/// Scratch buffers larger than this are freed after the run that needed them, so that an
+/// occasional large run does not pin its memory on the thread.
+const KEEP_BYTES: usize = 8 << 20;
+
+impl Scratch {
+    fn trim(&mut self) {
+        fn trim<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        trim(&mut self.raw_i8);
+        trim(&mut self.raw_f32);
+        trim(&mut self.a_i8);
+        trim(&mut self.a_f32);
+        trim(&mut self.panel_i8);
+        trim(&mut self.panel_f32);
+        trim(&mut self.sums_i32);
+        trim(&mut self.sums_f32);
+        trim(&mut self.b_copy);
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -441,7 +464,9 @@ impl Context {
         SCRATCH.with(|s| {
             // A run never calls back into the emulator, so the scratch is never borrowed twice.
             let mut s = s.borrow_mut();
-            self.compute(emu, a_in, b_in, c_mem, &mut s)
+            let r = self.compute(emu, a_in, b_in, c_mem, &mut s);
+            s.trim();
+            r
         })
     }
 
