@@ -502,18 +502,28 @@ impl Context {
                 let mem = self.bound[0].as_ref().expect("a live input is bound");
                 let view = mem.read();
                 let bytes = &view.bytes()[..descs[0].size_bytes()];
+                // Native A [K / a_k, M, a_k] with one row is A itself (then zero padding).
+                let one_row = cfg.m == 1;
                 match descs[0].kind {
                     ElemKind::I8 | ElemKind::I4 => {
                         let raw = grow(raw_i8, descs[0].elements())?;
                         read_ints(bytes, descs[0].kind, raw);
-                        canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_i8)?;
-                        OperandRef::Int(a_i8)
+                        if one_row {
+                            OperandRef::Int(&raw[..cfg.k])
+                        } else {
+                            canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_i8)?;
+                            OperandRef::Int(a_i8)
+                        }
                     }
                     ElemKind::F16 => {
                         let raw = grow(raw_f32, descs[0].elements())?;
                         read_f16(bytes, raw);
-                        canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_f32)?;
-                        OperandRef::Float(a_f32)
+                        if one_row {
+                            OperandRef::Float(&raw[..cfg.k])
+                        } else {
+                            canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_f32)?;
+                            OperandRef::Float(a_f32)
+                        }
                     }
                     other => return Err(param(format!("input of kind {other} cannot be bound"))),
                 }
