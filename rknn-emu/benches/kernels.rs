@@ -2,13 +2,15 @@
 //! (a streaming matrix-vector product) and `M = 512`, with `K = N = 4096`.
 //!
 //! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
-//! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. Each figure is the best of several
+//! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. A last table streams a B of 288 MiB
+//! (72 MiB quick; K = 576) at `M = 1`, as decode does, against a plain streaming read. Each figure is the best of several
 //! runs (at least 3 and at least ~1 s), single-threaded. GOPS counts a multiply and an add as
 //! two operations: `2 * M * N * K / time`.
 //!
 //! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
 //! `gemm_i8_i32` with every available backend (the scalar one is the plain dot-product loop on
-//! the transposed layout, which the compiler may auto-vectorise), `gemm_f32` likewise, and
+//! the transposed layout, which the compiler may auto-vectorise), at `M = 1` the native-B
+//! kernel `gemm_i8_native_b` (B in the NPU's int8 layout), `gemm_f32` likewise, and
 //! `matrixmultiply::sgemm` on the same data as f32, with B both in its natural `[K, N]`
 //! layout and in the kernels' transposed one (through strides). Slow kernels are timed on fewer rows of `A`
 //! and their per-operation rate is extrapolated; the table says so.
@@ -16,9 +18,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use rknn_chip::layout::NativeB;
 use rknn_emu::kernels::{
-    KernelBackend, available_backends, gemm_f32, gemm_f32_with, gemm_i8_i32, gemm_i8_i32_with,
-    selected_backend,
+    KernelBackend, NATIVE_B_SK, NativeBShape, available_backends, gemm_f32, gemm_f32_with,
+    gemm_i8_i32, gemm_i8_i32_with, gemm_i8_native_b, gemm_i8_native_b_with, selected_backend,
 };
 
 /// Best wall time of `f` over at least `min_reps` runs and at least `min_total` in total
@@ -167,6 +170,38 @@ fn bench_m(m: usize, n: usize, k: usize, rng: &mut fastrand::Rng) {
             assert_eq!(ci, reference, "{b} disagrees with the scalar kernel");
         }
     }
+    // The native-B kernel (B in the NPU's int8 layout, read in storage order) serves M <= 3.
+    if m <= 3 {
+        let geo = NativeB::new(k, n, 32, NATIVE_B_SK, None).expect("native B geometry");
+        let mut native = vec![0i8; geo.len()];
+        geo.pack_from_nk(&bt, &mut native);
+        for (backend, label, budget) in &runs {
+            lines.push(measure("gemm_i8_native_b", label, shape, *budget, |rows| {
+                let s = NativeBShape {
+                    m: rows,
+                    n,
+                    k,
+                    sn: 32,
+                    lda: k,
+                };
+                let (a, b) = (black_box(&a[..rows * k]), black_box(&native));
+                match backend {
+                    Some(be) => gemm_i8_native_b_with(*be, a, b, &mut ci, s, false).unwrap(),
+                    None => gemm_i8_native_b(a, b, &mut ci, s, false),
+                }
+                black_box(&ci);
+            }));
+            let s = NativeBShape {
+                m,
+                n,
+                k,
+                sn: 32,
+                lda: k,
+            };
+            gemm_i8_native_b(&a, &native, &mut ci, s, false);
+            assert_eq!(ci, reference, "{label}: the native-B kernel disagrees");
+        }
+    }
     for (backend, label, budget) in &runs {
         lines.push(measure("gemm_f32", label, shape, *budget, |rows| {
             let (a, bt) = (black_box(&af[..rows * k]), black_box(&btf));
@@ -253,6 +288,65 @@ fn bench_m(m: usize, n: usize, k: usize, rng: &mut fastrand::Rng) {
     );
 }
 
+/// Sum of the words, in eight independent lanes so that the loads, not an add chain, bound it.
+fn sum_words(words: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    for chunk in words.chunks_exact(8) {
+        for (a, &w) in acc.iter_mut().zip(chunk) {
+            *a = a.wrapping_add(w);
+        }
+    }
+    acc.iter().fold(0, |s, &a| s.wrapping_add(a))
+}
+
+/// `M = 1` with B far beyond the caches, as in decode: the selected backend's kernels, in GB/s
+/// of B, against a plain streaming read of as many bytes on this thread.
+fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
+    let a: Vec<i8> = (0..k).map(|_| rng.i8(..)).collect();
+    let bt: Vec<i8> = (0..n * k).map(|_| rng.i8(..)).collect();
+    let geo = NativeB::new(k, n, 32, NATIVE_B_SK, None).expect("native B geometry");
+    let mut native = vec![0i8; geo.len()];
+    geo.pack_from_nk(&bt, &mut native);
+    let words: Vec<u64> = (0..(n * k / 8) as u64).collect();
+    let mut c = vec![0i32; n];
+    let gbs = |secs: f64| (n * k) as f64 / secs / 1e9;
+    let time = |f: &mut dyn FnMut()| best_time(f, 5, Duration::from_millis(500));
+    let stream = gbs(time(&mut || {
+        black_box(sum_words(black_box(&words)));
+    }));
+    let dot = gbs(time(&mut || {
+        gemm_i8_i32(black_box(&a), black_box(&bt), &mut c, 1, n, k);
+        black_box(&c);
+    }));
+    let shape = NativeBShape {
+        m: 1,
+        n,
+        k,
+        sn: 32,
+        lda: k,
+    };
+    let nat = gbs(time(&mut || {
+        gemm_i8_native_b(black_box(&a), black_box(&native), &mut c, shape, false);
+        black_box(&c);
+    }));
+    println!();
+    println!(
+        "M = 1, N = {n}, K = {k}: B is {} MiB, beyond the caches (selected backend `{}`)",
+        (n * k) >> 20,
+        selected_backend()
+    );
+    println!();
+    println!("| kernel | GB/s of B | / streaming read |");
+    println!("|---|---:|---:|");
+    for (name, g) in [
+        ("streaming read (sum of u64 words)", stream),
+        ("gemm_i8_i32 (B as [N, K])", dot),
+        ("gemm_i8_native_b (native B)", nat),
+    ] {
+        println!("| {name} | {g:.2} | {:.2} |", g / stream);
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -276,4 +370,6 @@ fn main() {
     for m in ms {
         bench_m(m, n, k, &mut rng);
     }
+    // K = 576: the hidden size of the model the decode benchmark of rknn-matmul plays.
+    bench_dram(if quick { 131_072 } else { 524_288 }, 576, &mut rng);
 }

@@ -11,7 +11,7 @@ use rknn_chip::layout::{self, TensorDesc};
 use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::context::{CallResult, Context, MemRef, try_vec};
+use crate::context::{CallResult, Context, try_vec};
 use crate::instance::{self, Instance, next_handle};
 use crate::memory::Source;
 
@@ -358,38 +358,30 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                 rknn_chip::check_layouts(platform, c.base.t, desc.layout, c.base.ac_layout)
                     .map_err(|e| param(e.to_string()))?;
             }
-            let st = inst.state();
-            let m = st
-                .memories
-                .get(mem)
-                .ok_or_else(|| param("mem is not a live memory of this runtime"))?;
-            if m.size < desc.size_bytes() {
-                return Err(param(format!(
-                    "memory of {} bytes is smaller than {name}'s {} bytes",
-                    m.size,
-                    desc.size_bytes()
-                )));
-            }
-            if m.domain != c.domain {
-                // Each IOMMU domain is its own device address space: on a board the NPU would
-                // read or write through a mapping that does not exist in this context's domain.
-                return Err(param(format!(
-                    "{name}'s memory was allocated in IOMMU domain {} but this context is in domain {}: allocate it on a context of domain {}",
-                    m.domain, c.domain, c.domain
-                )));
-            }
-            let bound = MemRef {
-                key: crate::memory::key(mem),
-                id: m.id,
+            let shared = {
+                let st = inst.state();
+                let m = st
+                    .memories
+                    .get(mem)
+                    .ok_or_else(|| param("mem is not a live memory of this runtime"))?;
+                if m.size < desc.size_bytes() {
+                    return Err(param(format!(
+                        "memory of {} bytes is smaller than {name}'s {} bytes",
+                        m.size,
+                        desc.size_bytes()
+                    )));
+                }
+                if m.domain != c.domain {
+                    // Each IOMMU domain is its own device address space: on a board the NPU would
+                    // read or write through a mapping that does not exist in this context's domain.
+                    return Err(param(format!(
+                        "{name}'s memory was allocated in IOMMU domain {} but this context is in domain {}: allocate it on a context of domain {}",
+                        m.domain, c.domain, c.domain
+                    )));
+                }
+                m.shared.clone()
             };
-            if which == 2 {
-                c.bound[2] = Some(bound);
-                return Ok(());
-            }
-            // SAFETY: the memory is live (checked above, and the state lock keeps it so) and at
-            // least `desc.size_bytes()` long.
-            let bytes = unsafe { std::slice::from_raw_parts(m.device_ptr(), desc.size_bytes()) };
-            c.bind_input(platform, which, bytes, bound)
+            c.bind(platform, which, shared)
         })
     })
 }
@@ -525,58 +517,8 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
-        with_context(&inst, handle(ctx), |c| {
-            c.require_inputs()?;
-            let c_mem = c.bound[2].ok_or_else(|| {
-                err(
-                    sys::RKNN_ERR_OUTPUT_INVALID,
-                    "C must be bound with set_io_mem before run",
-                )
-            })?;
-            // The emulator read A and B at bind time, but the board reads them now: a memory
-            // destroyed since is a DMA from freed pages (an IOMMU fault), so the run fails.
-            {
-                let st = inst.state();
-                for (i, name) in [(0, "A"), (1, "B")] {
-                    if let Some(r) = c.bound[i] {
-                        if !is_live(&st, r) {
-                            return Err(err(
-                                sys::RKNN_ERR_INPUT_INVALID,
-                                format!(
-                                    "{name}'s memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)"
-                                ),
-                            ));
-                        }
-                    }
-                }
-                if !is_live(&st, c_mem) {
-                    return Err(destroyed_c());
-                }
-            }
-            let bytes = c.run(&inst.cfg)?;
-            let st = inst.state();
-            // Checked again: another thread may have destroyed C during the run.
-            let m = st
-                .memories
-                .get_key(c_mem.key)
-                .filter(|m| m.id == c_mem.id)
-                .ok_or_else(destroyed_c)?;
-            // SAFETY: live memory (the state lock keeps it so) of at least C's size, checked at bind.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.device_ptr(), bytes.len()) };
-            Ok(())
-        })
+        with_context(&inst, handle(ctx), |c| c.run(&inst.cfg))
     })
-}
-
-fn is_live(st: &instance::State, r: MemRef) -> bool {
-    st.memories.get_key(r.key).is_some_and(|m| m.id == r.id)
-}
-
-fn destroyed_c() -> (c_int, String) {
-    err(
-        sys::RKNN_ERR_OUTPUT_INVALID,
-        "C's memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)",
-    )
 }
 
 unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
@@ -841,7 +783,9 @@ unsafe extern "C" fn mem_sync<const S: usize>(
                 "mem belongs to another context",
             ));
         }
-        m.sync(to, from);
+        let shared = m.shared.clone();
+        drop(st);
+        shared.sync(to, from);
         Ok(())
     })
 }

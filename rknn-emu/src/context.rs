@@ -1,5 +1,16 @@
-//! One matmul context: its configuration, the data taken at `set_io_mem`, and the arithmetic
-//! of `rknn_matmul_run` for every matmul type.
+//! One matmul context: its configuration, what is bound to it, and the arithmetic of
+//! `rknn_matmul_run` for every matmul type.
+//!
+//! How a run reads its inputs depends on their layout (a documented choice, see
+//! `docs/hardware-facts.md`): an input in a normal layout is taken at `set_io_mem` and kept in
+//! the kernels' canonical form (the runtime "may rearrange" data at bind, so a write after it is
+//! not seen until the next bind); an input in a native layout is already in the device's order,
+//! with nothing to rearrange, so every run reads it from the memory's device view, as the NPU
+//! reads its DMA buffers when it runs. No copy of native B (the weights) is kept, and the
+//! matrix-vector product streams it from the memory in storage order.
+
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -8,7 +19,8 @@ use rknn_chip::{ElemKind, Layout, MatmulConfig, MatmulType, Platform, QuantGranu
 use rknn_sys as sys;
 
 use crate::config::{EmuConfig, Overflow, Rounding};
-use crate::kernels;
+use crate::kernels::{self, NATIVE_B_SK, NativeBShape};
+use crate::memory::Shared;
 
 /// Quantisation parameters of one matrix, copied from `rknn_matmul_set_quant_params`.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,7 +44,7 @@ impl QuantParams {
     }
 }
 
-/// A or B as read at bind time, in the kernel's canonical form.
+/// A or B in the kernel's canonical form.
 enum Operand {
     /// Integers (i8, or i4 widened to i8): A as [M, K], B as [N, K].
     Int(Vec<i8>),
@@ -40,12 +52,28 @@ enum Operand {
     Float(Vec<f32>),
 }
 
-/// Which memory a matrix is bound to: its registry key and its unique id, so that a memory
-/// destroyed after binding is noticed even when a new one reuses its address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct MemRef {
-    pub(crate) key: usize,
-    pub(crate) id: u64,
+/// A borrowed [`Operand`].
+#[derive(Clone, Copy)]
+enum OperandRef<'a> {
+    Int(&'a [i8]),
+    Float(&'a [f32]),
+}
+
+impl Operand {
+    fn as_ref(&self) -> OperandRef<'_> {
+        match self {
+            Operand::Int(v) => OperandRef::Int(v),
+            Operand::Float(v) => OperandRef::Float(v),
+        }
+    }
+}
+
+/// How a bound input reaches the arithmetic.
+enum Input {
+    /// Normal layouts: read at bind time into canonical form.
+    Captured(Operand),
+    /// Native layouts: read from the bound memory's device view at every run.
+    Live,
 }
 
 /// The state of one context.
@@ -62,12 +90,13 @@ pub(crate) struct Context {
     quant_n: usize,
     quant_k: usize,
     quant: [Option<QuantParams>; 3],
-    a: Option<Operand>,
-    /// B as read at bind time, and the (K, N) of the shape it was bound for: B stays bound
-    /// across `set_dynamic_shape` ("B can not be dynamic, only call set_io_mem once").
-    b: Option<(Operand, (usize, usize))>,
-    /// The memories A, B and C are bound to.
-    pub(crate) bound: [Option<MemRef>; 3],
+    a: Option<Input>,
+    /// B, and the (K, N) of the shape it was bound for: B stays bound across
+    /// `set_dynamic_shape` ("B can not be dynamic, only call set_io_mem once").
+    b: Option<(Input, (usize, usize))>,
+    /// The memories A, B and C are bound to. Holding them keeps their mappings alive during a
+    /// run even if another thread destroys them meanwhile (the next run then fails).
+    pub(crate) bound: [Option<Arc<Shared>>; 3],
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.
@@ -77,22 +106,93 @@ fn param(msg: impl Into<String>) -> (i32, String) {
     (sys::RKNN_ERR_PARAM_INVALID, msg.into())
 }
 
+fn oom<T>(len: usize) -> (i32, String) {
+    (
+        sys::RKNN_ERR_MALLOC_FAIL,
+        format!(
+            "out of host memory for {len} elements of {} bytes",
+            std::mem::size_of::<T>()
+        ),
+    )
+}
+
 /// `len` copies of `value`, or `RKNN_ERR_MALLOC_FAIL` when the host is out of memory: sizes
 /// come from the caller, and an allocation abort would kill the C caller's process.
 pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> CallResult<Vec<T>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| {
-        (
-            sys::RKNN_ERR_MALLOC_FAIL,
-            format!(
-                "out of host memory for {len} elements of {} bytes",
-                std::mem::size_of::<T>()
-            ),
-        )
-    })?;
+    v.try_reserve_exact(len).map_err(|_| oom::<T>(len))?;
     v.resize(len, value);
     Ok(v)
 }
+
+/// The first `len` elements of a reused buffer, grown if needed (its old contents stay: every
+/// user overwrites what it reads), or `RKNN_ERR_MALLOC_FAIL`.
+fn grow<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> CallResult<&mut [T]> {
+    if v.len() < len {
+        v.try_reserve_exact(len - v.len())
+            .map_err(|_| oom::<T>(len))?;
+        v.resize(len, T::default());
+    }
+    Ok(&mut v[..len])
+}
+
+/// Buffers a run needs, kept per thread (each emulated NPU core is one thread) so that runs
+/// allocate nothing once they have seen their largest shape, and no context holds buffers of
+/// its own between runs.
+#[derive(Default)]
+struct Scratch {
+    /// A's elements as read, before the native layout is undone.
+    raw_i8: Vec<i8>,
+    raw_f32: Vec<f32>,
+    /// A in canonical form, when read at run time.
+    a_i8: Vec<i8>,
+    a_f32: Vec<f32>,
+    /// A column panel of B in canonical form [w, K], unpacked from native B.
+    panel_i8: Vec<i8>,
+    panel_f32: Vec<f32>,
+    /// A panel of results [M, w].
+    sums_i32: Vec<i32>,
+    sums_f32: Vec<f32>,
+    /// B's bytes, when the same memory is also bound as C.
+    b_copy: Vec<u8>,
+}
+
+/// Scratch buffers larger than this are freed after the run that needed them, so that an
+/// occasional large run does not pin its memory on the thread.
+const KEEP_BYTES: usize = 8 << 20;
+
+impl Scratch {
+    fn trim(&mut self) {
+        fn trim<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        trim(&mut self.raw_i8);
+        trim(&mut self.raw_f32);
+        trim(&mut self.a_i8);
+        trim(&mut self.a_f32);
+        trim(&mut self.panel_i8);
+        trim(&mut self.panel_f32);
+        trim(&mut self.sums_i32);
+        trim(&mut self.sums_f32);
+        trim(&mut self.b_copy);
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Bytes of canonical B per column panel: a panel and its rows of results stay in a per-core
+/// L2 cache while every row of A goes past them.
+const PANEL_BYTES: usize = 256 * 1024;
+
+/// The native-B matrix-vector kernel serves runs of up to this many rows; from there the
+/// dot-product kernel over unpacked panels is faster (measured on the development machine:
+/// the native kernel streams B at the memory's speed at M = 1 and 2 and loses from M = 4 on,
+/// where its per-row reduction costs more than unpacking B once).
+const NATIVE_B_MAX_M: usize = 3;
 
 impl Context {
     pub(crate) fn new(
@@ -115,7 +215,7 @@ impl Context {
             quant: [None, None, None],
             a: None,
             b: None,
-            bound: [None; 3],
+            bound: [None, None, None],
         }
     }
 
@@ -225,51 +325,51 @@ impl Context {
         Ok((max, b.scale.iter().map(|s| s / max).collect()))
     }
 
-    /// Takes A or B from memory at bind time, as the runtime does (it may rearrange the data at
-    /// this point, so later writes are not seen until the next bind).
-    pub(crate) fn bind_input(
+    /// Binds A (`which` 0), B (1) or C (2) to a memory. A or B in a normal layout is read now,
+    /// as the runtime may rearrange data at this point (later writes are not seen until the
+    /// next bind); in a native layout it is read by every run.
+    pub(crate) fn bind(
         &mut self,
         platform: Platform,
         which: usize,
-        bytes: &[u8],
-        mem: MemRef,
+        mem: Arc<Shared>,
     ) -> CallResult {
+        if which == 2 {
+            self.bound[2] = Some(mem);
+            return Ok(());
+        }
         let cfg = self.cfg();
         let desc = self.current_descs()[which];
-        let tiles = platform
-            .tiles(cfg.t)
-            .ok_or_else(|| param("no tiles for this type"))?;
-        let count = desc.elements();
-        let operand = match desc.kind {
-            ElemKind::I8 | ElemKind::I4 => {
-                let mut v = try_vec(count, 0i8)?;
-                if desc.kind == ElemKind::I4 {
-                    layout::unpack_i4(bytes, &mut v);
-                } else {
-                    v.iter_mut().zip(bytes).for_each(|(d, &s)| *d = s as i8);
+        let input = if desc.layout == Layout::Native {
+            Input::Live
+        } else {
+            let tiles = platform
+                .tiles(cfg.t)
+                .ok_or_else(|| param("no tiles for this type"))?;
+            let view = mem.read();
+            let bytes = &view.bytes()[..desc.size_bytes()];
+            let operand = match elements(bytes, &desc)? {
+                Operand::Int(v) => {
+                    let mut d = Vec::new();
+                    canonical(&v, which, &desc, &cfg, tiles, platform.k_segment(), &mut d)?;
+                    Operand::Int(d)
                 }
-                Operand::Int(v)
-            }
-            ElemKind::F16 => {
-                let mut h = try_vec(count, f16::ZERO)?;
-                h.iter_mut()
-                    .zip(bytes.chunks_exact(2))
-                    .for_each(|(d, c)| *d = f16::from_le_bytes([c[0], c[1]]));
-                let mut v = try_vec(count, 0f32)?;
-                h.convert_to_f32_slice(&mut v);
-                Operand::Float(v)
-            }
-            other => return Err(param(format!("input of kind {other} cannot be bound"))),
-        };
-        let seg = platform.k_segment();
-        let operand = match operand {
-            Operand::Int(v) => Operand::Int(canonical(&v, which, &desc, &cfg, tiles, seg)?),
-            Operand::Float(v) => Operand::Float(canonical(&v, which, &desc, &cfg, tiles, seg)?),
+                Operand::Float(v) => {
+                    let mut d = Vec::new();
+                    canonical(&v, which, &desc, &cfg, tiles, platform.k_segment(), &mut d)?;
+                    Operand::Float(d)
+                }
+            };
+            Input::Captured(if which == 1 {
+                self.dequantise_b(operand)?
+            } else {
+                operand
+            })
         };
         if which == 0 {
-            self.a = Some(operand);
+            self.a = Some(input);
         } else {
-            self.b = Some((self.dequantise_b(operand)?, (cfg.k, cfg.n)));
+            self.b = Some((input, (cfg.k, cfg.n)));
         }
         self.bound[which] = Some(mem);
         Ok(())
@@ -280,34 +380,40 @@ impl Context {
         let cfg = self.cfg();
         Ok(match bt {
             Operand::Int(v) if cfg.t.a == ElemKind::F16 => {
-                let q = self.quant_or_default(1);
-                let (n, k) = (cfg.n, cfg.k);
                 let mut out = try_vec(v.len(), 0f32)?;
-                for col in 0..n {
-                    for kk in 0..k {
-                        let i = b_param_index(&cfg, self.quant_n, kk, col);
-                        out[col * k + kk] =
-                            (i32::from(v[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
-                    }
-                }
+                self.dequantise_panel(&cfg, &v, 0, cfg.n, &mut out);
                 Operand::Float(out)
             }
             other => other,
         })
     }
 
+    /// Dequantises columns `j0..j0 + w` of int B, given as `bt` [w, K], into `out` [w, K].
+    fn dequantise_panel(
+        &self,
+        cfg: &MatmulConfig,
+        bt: &[i8],
+        j0: usize,
+        w: usize,
+        out: &mut [f32],
+    ) {
+        let q = self.quant_or_default(1);
+        let k = cfg.k;
+        for col in 0..w {
+            for kk in 0..k {
+                let i = b_param_index(cfg, self.quant_n, kk, j0 + col);
+                out[col * k + kk] = (i32::from(bt[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
+            }
+        }
+    }
+
     pub(crate) fn unbind_all(&mut self) {
         self.a = None;
         self.b = None;
-        self.bound = [None; 3];
+        self.bound = [None, None, None];
     }
 
-    /// Checks that A and B are bound, for the current shape.
-    pub(crate) fn require_inputs(&self) -> CallResult {
-        self.inputs().map(|_| ())
-    }
-
-    fn inputs(&self) -> CallResult<(&Operand, &Operand)> {
+    fn inputs(&self) -> CallResult<(&Input, &Input)> {
         let cfg = self.cfg();
         Ok(match (&self.a, &self.b) {
             (Some(a), Some((b, (bk, bn)))) => {
@@ -331,75 +437,158 @@ impl Context {
         })
     }
 
-    /// Computes C for the bound inputs and returns it as bytes in C's layout.
-    pub(crate) fn run(&self, emu: &EmuConfig) -> CallResult<Vec<u8>> {
-        let cfg = self.cfg();
-        let (a, b) = self.inputs()?;
-        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
-        let out = match (a, b) {
-            (Operand::Int(a), Operand::Int(bt)) => self.run_int(emu, &cfg, a, bt)?,
-            (Operand::Float(a), Operand::Float(bt)) => {
-                let mut c = try_vec(m * n, 0f32)?;
-                kernels::gemm_f32(a, bt, &mut c, m, n, k);
-                match cfg.t.c {
-                    ElemKind::F16 => Out::F16(c.iter().map(|&x| f16::from_f32(x)).collect()),
-                    _ => Out::F32(c),
-                }
-            }
-            _ => {
+    /// `rknn_matmul_run`: computes C from the bound inputs and writes it into C's device view.
+    pub(crate) fn run(&self, emu: &EmuConfig) -> CallResult {
+        let (a_in, b_in) = self.inputs()?;
+        let c_mem = self.bound[2].as_ref().ok_or_else(|| {
+            (
+                sys::RKNN_ERR_OUTPUT_INVALID,
+                "C must be bound with set_io_mem before run".to_string(),
+            )
+        })?;
+        // Inputs taken at bind time would still be at hand, but the board reads its memories
+        // now: a memory destroyed since is a DMA from freed pages (an IOMMU fault).
+        for (i, name) in [(0, "A"), (1, "B")] {
+            if self.bound[i].as_ref().is_some_and(|m| m.is_destroyed()) {
                 return Err((
-                    sys::RKNN_ERR_FAIL,
-                    "operand kinds do not match the matmul type".into(),
+                    sys::RKNN_ERR_INPUT_INVALID,
+                    format!(
+                        "{name}'s memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)"
+                    ),
                 ));
             }
-        };
-        let desc = self.current_descs()[2];
-        let c_n = emu.platform.tiles(cfg.t).map_or(4, |t| t.c_n);
-        Ok(out.into_bytes(desc.layout == Layout::Native, m, n, c_n))
+        }
+        if c_mem.is_destroyed() {
+            return Err(destroyed_c());
+        }
+        SCRATCH.with(|s| {
+            // A run never calls back into the emulator, so the scratch is never borrowed twice.
+            let mut s = s.borrow_mut();
+            let r = self.compute(emu, a_in, b_in, c_mem, &mut s);
+            s.trim();
+            r
+        })
     }
 
-    fn run_int(&self, emu: &EmuConfig, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Out> {
-        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
-        let mut acc = try_vec(m * n, 0i32)?;
-        Ok(match cfg.t.c {
-            ElemKind::I32 => {
-                kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
-                Out::I32(acc)
-            }
-            ElemKind::I16 => {
-                kernels::gemm_i8_i32(a, bt, &mut acc, m, n, k);
-                Out::I16(
-                    acc.iter()
-                        .map(|&x| match emu.i16_overflow {
-                            Overflow::Saturate => x.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
-                            Overflow::Wrap => x as i16,
-                        })
-                        .collect(),
-                )
-            }
-            // i8 → f32 and i8 → i8: dequantised sums, per K group when B is per-group.
-            ElemKind::F32 | ElemKind::I8 => {
-                let real = self.dequantised_sums(cfg, a, bt)?;
-                if cfg.t.c == ElemKind::F32 {
-                    return Ok(Out::F32(real.iter().map(|&r| r as f32).collect()));
+    fn compute(
+        &self,
+        emu: &EmuConfig,
+        a_in: &Input,
+        b_in: &Input,
+        c_mem: &Arc<Shared>,
+        s: &mut Scratch,
+    ) -> CallResult {
+        let cfg = self.cfg();
+        let descs = *self.current_descs();
+        let tiles = emu
+            .platform
+            .tiles(cfg.t)
+            .ok_or_else(|| param("no tiles for this type"))?;
+        let seg = emu.platform.k_segment();
+        let Scratch {
+            raw_i8,
+            raw_f32,
+            a_i8,
+            a_f32,
+            panel_i8,
+            panel_f32,
+            sums_i32,
+            sums_f32,
+            b_copy,
+        } = s;
+        let a = match a_in {
+            Input::Captured(op) => op.as_ref(),
+            Input::Live => {
+                let mem = self.bound[0].as_ref().expect("a live input is bound");
+                let view = mem.read();
+                let bytes = &view.bytes()[..descs[0].size_bytes()];
+                // Native A [K / a_k, M, a_k] with one row is A itself (then zero padding).
+                let one_row = cfg.m == 1;
+                match descs[0].kind {
+                    ElemKind::I8 | ElemKind::I4 => {
+                        let raw = grow(raw_i8, descs[0].elements())?;
+                        read_ints(bytes, descs[0].kind, raw);
+                        if one_row {
+                            OperandRef::Int(&raw[..cfg.k])
+                        } else {
+                            canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_i8)?;
+                            OperandRef::Int(a_i8)
+                        }
+                    }
+                    ElemKind::F16 => {
+                        let raw = grow(raw_f32, descs[0].elements())?;
+                        read_f16(bytes, raw);
+                        if one_row {
+                            OperandRef::Float(&raw[..cfg.k])
+                        } else {
+                            canonical(raw, 0, &descs[0], &cfg, tiles, seg, a_f32)?;
+                            OperandRef::Float(a_f32)
+                        }
+                    }
+                    other => return Err(param(format!("input of kind {other} cannot be bound"))),
                 }
-                let qc = self.quant_or_default(2);
-                Out::I8(
-                    real.iter()
-                        .enumerate()
-                        .map(|(i, &r)| {
-                            let col = i % n;
-                            // Per-channel C has one entry per column (checked at set_quant_params).
-                            let ci = if qc.scale.len() > 1 { col } else { 0 };
-                            let q = round(r / f64::from(qc.scale(ci)), emu.rounding)
-                                + f64::from(qc.zp(ci));
-                            q.clamp(-128.0, 127.0) as i8
-                        })
-                        .collect(),
-                )
             }
-            _ => Out::I32(acc),
-        })
+        };
+        let mut work = Work {
+            ctx: self,
+            cfg,
+            a,
+            sums_i32,
+            sums_f32,
+        };
+        let c_len = descs[2].size_bytes();
+        match b_in {
+            Input::Captured(op) => {
+                let mut c = c_mem.write();
+                let mut out = CWriter::new(&mut c.bytes()[..c_len], self, emu, &descs[2], tiles);
+                let bt = op.as_ref();
+                let w = panel_width(cfg.n, cfg.k, 4, 1);
+                for j0 in (0..cfg.n).step_by(w) {
+                    let w = w.min(cfg.n - j0);
+                    let panel = match bt {
+                        OperandRef::Int(v) => OperandRef::Int(&v[j0 * cfg.k..(j0 + w) * cfg.k]),
+                        OperandRef::Float(v) => OperandRef::Float(&v[j0 * cfg.k..(j0 + w) * cfg.k]),
+                    };
+                    work.panel(panel, j0, w, &mut out)?;
+                }
+                out.finish();
+            }
+            Input::Live => {
+                let b_mem = self.bound[1].as_ref().expect("a live input is bound");
+                let b_len = descs[1].size_bytes();
+                let geo =
+                    NativeB::new(cfg.k, cfg.n, tiles.b_n, tiles.b_k, seg).ok_or_else(|| {
+                        param(format!("native B of K={} N={} has no layout", cfg.k, cfg.n))
+                    })?;
+                if Arc::ptr_eq(b_mem, c_mem) {
+                    // B and C are one memory: read B first, then write C over it.
+                    let b = grow(b_copy, b_len)?;
+                    b.copy_from_slice(&b_mem.read().bytes()[..b_len]);
+                    let mut c = c_mem.write();
+                    let mut out =
+                        CWriter::new(&mut c.bytes()[..c_len], self, emu, &descs[2], tiles);
+                    work.native_b(b, &geo, tiles, panel_i8, panel_f32, &mut out)?;
+                    out.finish();
+                } else {
+                    // Two runs on two threads may lock the same memories crosswise (one's B is
+                    // the other's C): take the locks in one global order.
+                    let (b_view, mut c_view);
+                    if Arc::as_ptr(b_mem) < Arc::as_ptr(c_mem) {
+                        b_view = b_mem.read();
+                        c_view = c_mem.write();
+                    } else {
+                        c_view = c_mem.write();
+                        b_view = b_mem.read();
+                    }
+                    let b = &b_view.bytes()[..b_len];
+                    let mut out =
+                        CWriter::new(&mut c_view.bytes()[..c_len], self, emu, &descs[2], tiles);
+                    work.native_b(b, &geo, tiles, panel_i8, panel_f32, &mut out)?;
+                    out.finish();
+                }
+            }
+        }
+        Ok(())
     }
 
     /// sA * sum over K groups of sB(g, n) * sum_{k in g} (a - zA)(b - zB(g, n)), exactly in the
@@ -407,8 +596,17 @@ impl Context {
     /// (sum (a-za)(b-zb) = sum ab - zb sum a - za sum b + K za zb) so the i8 kernel stays exact.
     /// Computed in f64, so that the i8 → i8 requantisation rounds the exact product of the
     /// integer sum and the scales (up to one f64 rounding), not an f32 approximation of it.
-    fn dequantised_sums(&self, cfg: &MatmulConfig, a: &[i8], bt: &[i8]) -> CallResult<Vec<f64>> {
-        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+    /// `bt` holds columns `j0..j0 + w` of B ([w, K]); the result is [M, w].
+    fn dequantised_sums(
+        &self,
+        cfg: &MatmulConfig,
+        a: &[i8],
+        bt: &[i8],
+        j0: usize,
+        w: usize,
+    ) -> CallResult<Vec<f64>> {
+        let (m, k) = (cfg.m, cfg.k);
+        let n = w;
         let qa = self.quant_or_default(0);
         let qb = self.quant_or_default(1);
         let group = if cfg.b_quant.granularity == QuantGranularity::PerGroup {
@@ -453,7 +651,7 @@ impl Context {
                 .collect();
             for r in 0..m {
                 for c in 0..n {
-                    let pi = b_param_index(cfg, self.quant_n, g0, c);
+                    let pi = b_param_index(cfg, self.quant_n, g0, j0 + c);
                     let zb = i64::from(qb.zp(pi));
                     let exact = i64::from(acc[r * n + c]) - zb * row_sums[r] - za * col_sums[c]
                         + group as i64 * za * zb;
@@ -463,6 +661,251 @@ impl Context {
             }
         }
         Ok(real)
+    }
+}
+
+fn destroyed_c() -> (i32, String) {
+    (
+        sys::RKNN_ERR_OUTPUT_INVALID,
+        "C's memory was destroyed after it was bound with set_io_mem (bound memories must stay alive until the context is destroyed)".into(),
+    )
+}
+
+/// One run's arithmetic: canonical A, and the buffers for a panel of results.
+struct Work<'a> {
+    ctx: &'a Context,
+    cfg: MatmulConfig,
+    a: OperandRef<'a>,
+    sums_i32: &'a mut Vec<i32>,
+    sums_f32: &'a mut Vec<f32>,
+}
+
+/// A panel of results, [M, w] row-major.
+enum Sums<'a> {
+    /// Exact integer sums.
+    I32(&'a [i32]),
+    /// Dequantised sums (the i8 → f32 and i8 → i8 types).
+    F64(&'a [f64]),
+    /// Float results.
+    F32(&'a [f32]),
+}
+
+impl Work<'_> {
+    /// Computes columns `j0..j0 + w` of C from `bt` (those columns of B, [w, K]) into `out`.
+    fn panel(
+        &mut self,
+        bt: OperandRef<'_>,
+        j0: usize,
+        w: usize,
+        out: &mut CWriter<'_>,
+    ) -> CallResult {
+        let (m, k) = (self.cfg.m, self.cfg.k);
+        match (self.a, bt) {
+            (OperandRef::Int(a), OperandRef::Int(bt)) => match self.cfg.t.c {
+                ElemKind::F32 | ElemKind::I8 => {
+                    let real = self.ctx.dequantised_sums(&self.cfg, a, bt, j0, w)?;
+                    out.put(Sums::F64(&real), j0, w);
+                }
+                _ => {
+                    let acc = grow(self.sums_i32, m * w)?;
+                    kernels::gemm_i8_i32(a, bt, acc, m, w, k);
+                    out.put(Sums::I32(acc), j0, w);
+                }
+            },
+            (OperandRef::Float(a), OperandRef::Float(bt)) => {
+                let c = grow(self.sums_f32, m * w)?;
+                kernels::gemm_f32(a, bt, c, m, w, k);
+                out.put(Sums::F32(c), j0, w);
+            }
+            _ => {
+                return Err((
+                    sys::RKNN_ERR_FAIL,
+                    "operand kinds do not match the matmul type".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes C from native B's bytes (`geo` describes them): the native matrix-vector
+    /// kernel straight from the bytes when it applies, else column panels unpacked one at a
+    /// time into canonical form.
+    fn native_b(
+        &mut self,
+        b: &[u8],
+        geo: &NativeB,
+        tiles: Tiles,
+        panel_i8: &mut Vec<i8>,
+        panel_f32: &mut Vec<f32>,
+        out: &mut CWriter<'_>,
+    ) -> CallResult {
+        let cfg = self.cfg;
+        let (m, k, n) = (cfg.m, cfg.k, cfg.n);
+        if let OperandRef::Int(a) = self.a {
+            let direct = cfg.t.b == ElemKind::I8
+                && matches!(cfg.t.c, ElemKind::I32 | ElemKind::I16)
+                && m <= NATIVE_B_MAX_M
+                && tiles.b_k == NATIVE_B_SK
+                && matches!(tiles.b_n, 8 | 16 | 24 | 32)
+                && n % tiles.b_n == 0
+                && k % NATIVE_B_SK == 0;
+            if direct {
+                let acc = grow(self.sums_i32, m * n)?;
+                for s in 0..geo.segments() {
+                    let k0 = s * geo.segment;
+                    let ks = geo.segment.min(k - k0);
+                    let start = geo.index(k0, 0);
+                    // SAFETY: i8 and u8 have the same size and alignment and every bit pattern
+                    // is valid for both; the bytes stay borrowed (and read-locked) meanwhile.
+                    let seg: &[i8] =
+                        unsafe { std::slice::from_raw_parts(b[start..].as_ptr().cast(), n * ks) };
+                    let shape = NativeBShape {
+                        m,
+                        n,
+                        k: ks,
+                        sn: tiles.b_n,
+                        lda: k,
+                    };
+                    kernels::gemm_i8_native_b(&a[k0..], seg, acc, shape, s > 0);
+                }
+                out.put(Sums::I32(acc), 0, n);
+                return Ok(());
+            }
+        }
+        let elem = if matches!(self.a, OperandRef::Int(_)) {
+            1
+        } else {
+            4
+        };
+        let width = panel_width(n, k, elem, tiles.b_n);
+        for j0 in (0..n).step_by(width) {
+            let w = width.min(n - j0);
+            let panel = match (self.a, cfg.t.b) {
+                (OperandRef::Int(_), kind) => {
+                    let p = grow(panel_i8, w * k)?;
+                    unpack_panel_int(b, geo, kind, j0, w, p);
+                    OperandRef::Int(p)
+                }
+                (OperandRef::Float(_), ElemKind::F16) => {
+                    let p = grow(panel_f32, w * k)?;
+                    unpack_panel_f16(b, geo, j0, w, p);
+                    OperandRef::Float(p)
+                }
+                (OperandRef::Float(_), kind) => {
+                    let q = grow(panel_i8, w * k)?;
+                    unpack_panel_int(b, geo, kind, j0, w, q);
+                    let p = grow(panel_f32, w * k)?;
+                    self.ctx.dequantise_panel(&cfg, q, j0, w, p);
+                    OperandRef::Float(p)
+                }
+            };
+            self.panel(panel, j0, w, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// Columns per panel: about [`PANEL_BYTES`] of canonical B with elements of `elem` bytes, a
+/// multiple of `align` (the native tile's N, so that a panel starts at a tile) unless all of N
+/// is smaller.
+fn panel_width(n: usize, k: usize, elem: usize, align: usize) -> usize {
+    let w = PANEL_BYTES / (k.max(1) * elem);
+    ((w / align).max(1) * align).min(n).max(1)
+}
+
+/// Calls `f(k0, n, start, len)` for each run of elements of one column of native B that are
+/// contiguous in its buffer: `B(k0.., n)` is at element `start`, `len` of them.
+fn for_each_run(
+    geo: &NativeB,
+    cols: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, usize, usize),
+) {
+    for n in cols {
+        let mut k0 = 0;
+        while k0 < geo.k {
+            let len = (geo.sk - k0 % geo.sk).min(geo.k - k0);
+            f(k0, n, geo.index(k0, n), len);
+            k0 += len;
+        }
+    }
+}
+
+/// Columns `j0..j0 + w` of native int B (i8, or i4 two per byte, low nibble first) into
+/// `dst` [w, K].
+fn unpack_panel_int(b: &[u8], geo: &NativeB, kind: ElemKind, j0: usize, w: usize, dst: &mut [i8]) {
+    let k = geo.k;
+    for_each_run(geo, j0..j0 + w, |k0, n, start, len| {
+        let d = &mut dst[(n - j0) * k + k0..][..len];
+        if kind == ElemKind::I4 {
+            for (e, d) in d.iter_mut().enumerate() {
+                *d = i4_at(b, start + e);
+            }
+        } else {
+            for (d, &s) in d.iter_mut().zip(&b[start..start + len]) {
+                *d = s as i8;
+            }
+        }
+    });
+}
+
+/// Columns `j0..j0 + w` of native f16 B into `dst` [w, K] as f32.
+fn unpack_panel_f16(b: &[u8], geo: &NativeB, j0: usize, w: usize, dst: &mut [f32]) {
+    let k = geo.k;
+    for_each_run(geo, j0..j0 + w, |k0, n, start, len| {
+        let d = &mut dst[(n - j0) * k + k0..][..len];
+        for (d, c) in d
+            .iter_mut()
+            .zip(b[2 * start..2 * (start + len)].chunks_exact(2))
+        {
+            *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
+        }
+    });
+}
+
+/// Element `i` of packed int4 data (two per byte, the even element in the low nibble).
+fn i4_at(bytes: &[u8], i: usize) -> i8 {
+    let byte = bytes[i / 2];
+    let nib = if i % 2 == 0 { byte << 4 } else { byte & 0xf0 };
+    (nib as i8) >> 4
+}
+
+/// An input's elements in memory order: i8 (i4 widened) or f16 widened to f32.
+fn elements(bytes: &[u8], desc: &TensorDesc) -> CallResult<Operand> {
+    let count = desc.elements();
+    Ok(match desc.kind {
+        ElemKind::I8 | ElemKind::I4 => {
+            let mut v = try_vec(count, 0i8)?;
+            read_ints(bytes, desc.kind, &mut v);
+            Operand::Int(v)
+        }
+        ElemKind::F16 => {
+            let mut v = try_vec(count, 0f32)?;
+            read_f16(bytes, &mut v);
+            Operand::Float(v)
+        }
+        other => return Err(param(format!("input of kind {other} cannot be bound"))),
+    })
+}
+
+/// i8 elements, or i4 widened (two per byte, low nibble first), into `dst`.
+fn read_ints(bytes: &[u8], kind: ElemKind, dst: &mut [i8]) {
+    if kind == ElemKind::I4 {
+        layout::unpack_i4(bytes, dst);
+    } else {
+        dst.iter_mut().zip(bytes).for_each(|(d, &s)| *d = s as i8);
+    }
+}
+
+/// f16 elements (little-endian, any alignment) widened into `dst`.
+fn read_f16(bytes: &[u8], dst: &mut [f32]) {
+    const CHUNK: usize = 256;
+    let mut h = [f16::ZERO; CHUNK];
+    for (d, b) in dst.chunks_mut(CHUNK).zip(bytes.chunks(2 * CHUNK)) {
+        let h = &mut h[..d.len()];
+        h.iter_mut()
+            .zip(b.chunks_exact(2))
+            .for_each(|(x, c)| *x = f16::from_le_bytes([c[0], c[1]]));
+        h.convert_to_f32_slice(d);
     }
 }
 
@@ -499,7 +942,8 @@ fn transpose<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [T]) {
     }
 }
 
-/// Reads A (`which` 0) into [M, K] or B (`which` 1) into [N, K] from the bound layout.
+/// Reads A (`which` 0) into [M, K] or B (`which` 1) into [N, K] from the bound layout, into
+/// `dst` (resized to exactly that).
 fn canonical<T: Copy + Default>(
     src: &[T],
     which: usize,
@@ -507,74 +951,174 @@ fn canonical<T: Copy + Default>(
     cfg: &MatmulConfig,
     tiles: Tiles,
     segment: Option<usize>,
-) -> CallResult<Vec<T>> {
+    dst: &mut Vec<T>,
+) -> CallResult {
     let (m, k, n) = (cfg.m, cfg.k, cfg.n);
     // The descriptor's element count was checked at creation; these products are below it.
     if which == 0 {
-        let mut d = try_vec(m * k, T::default())?;
+        let d = grow(dst, m * k)?;
         match desc.layout {
-            Layout::Native => layout::unpack_a_native(src, m, k, tiles.a_k, &mut d),
+            Layout::Native => layout::unpack_a_native(src, m, k, tiles.a_k, d),
             _ => d.copy_from_slice(&src[..m * k]),
         }
-        Ok(d)
+        dst.truncate(m * k);
     } else {
-        let mut d = try_vec(k * n, T::default())?;
+        let d = grow(dst, k * n)?;
         match desc.layout {
             Layout::Native => NativeB::new(k, n, tiles.b_n, tiles.b_k, segment)
                 .ok_or_else(|| param(format!("native B of K={k} N={n} has no layout")))?
-                .unpack_to_nk(src, &mut d),
+                .unpack_to_nk(src, d),
             Layout::TpNorm => d.copy_from_slice(&src[..k * n]),
-            Layout::Norm => transpose(src, k, n, &mut d),
+            Layout::Norm => transpose(src, k, n, d),
         }
-        Ok(d)
+        dst.truncate(k * n);
     }
+    Ok(())
 }
 
-/// The result of a run in row-major [M, N], before layout and serialisation.
-enum Out {
-    I32(Vec<i32>),
-    I16(Vec<i16>),
-    I8(Vec<i8>),
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+/// Writes results into C's bytes in C's layout and element type, panel by panel.
+struct CWriter<'a> {
+    bytes: &'a mut [u8],
+    kind: ElemKind,
+    native: bool,
+    m: usize,
+    n: usize,
+    c_n: usize,
+    overflow: Overflow,
+    rounding: Rounding,
+    /// C's quant params (i8 output).
+    qc: &'a QuantParams,
 }
 
-impl Out {
-    fn into_bytes(self, native: bool, m: usize, n: usize, c_n: usize) -> Vec<u8> {
-        fn lay<T: Copy + Default>(
-            v: Vec<T>,
-            native: bool,
-            m: usize,
-            n: usize,
-            c_n: usize,
-        ) -> Vec<T> {
-            if !native {
-                return v;
+impl<'a> CWriter<'a> {
+    fn new(
+        bytes: &'a mut [u8],
+        ctx: &'a Context,
+        emu: &EmuConfig,
+        desc: &TensorDesc,
+        tiles: Tiles,
+    ) -> CWriter<'a> {
+        let cfg = ctx.cfg();
+        CWriter {
+            bytes,
+            kind: cfg.t.c,
+            native: desc.layout == Layout::Native,
+            m: cfg.m,
+            n: cfg.n,
+            c_n: tiles.c_n,
+            overflow: emu.i16_overflow,
+            rounding: emu.rounding,
+            qc: ctx.quant_or_default(2),
+        }
+    }
+
+    /// Calls `f(row, col, index, len)` for every run of elements of columns `j0..j0 + w` that
+    /// are contiguous in C: row `row`, columns `col..col + len`, from element `index` of C's
+    /// layout on.
+    fn runs(&self, j0: usize, w: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+        let (m, n, c_n) = (self.m, self.n, self.c_n);
+        if !self.native {
+            for i in 0..m {
+                f(i, j0, i * n + j0, w);
             }
-            // C's descriptor (checked at creation) has exactly this many elements.
-            let len = layout::native_c_len(m, n, c_n).unwrap_or(0);
-            let mut d = vec![T::default(); len];
-            layout::pack_c_native(&v, m, n, c_n, &mut d);
-            d
+            return;
         }
-        match self {
-            Out::I32(v) => lay(v, native, m, n, c_n)
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            Out::I16(v) => lay(v, native, m, n, c_n)
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            Out::I8(v) => lay(v, native, m, n, c_n).iter().map(|&x| x as u8).collect(),
-            Out::F32(v) => lay(v, native, m, n, c_n)
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            Out::F16(v) => lay(v, native, m, n, c_n)
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
+        if m == 1 {
+            // [ceil(N / c_n), 1, c_n] is row-major.
+            f(0, j0, j0, w);
+            return;
         }
+        // Native C [ceil(N / c_n), M, c_n]: runs of columns within one block.
+        let mut col = j0;
+        while col < j0 + w {
+            let (block, within) = (col / c_n, col % c_n);
+            let len = (c_n - within).min(j0 + w - col);
+            for i in 0..m {
+                f(i, col, (block * m + i) * c_n + within, len);
+            }
+            col += len;
+        }
+    }
+
+    /// Writes a panel of results: columns `j0..j0 + w`, `sums` being [M, w].
+    fn put(&mut self, sums: Sums<'_>, j0: usize, w: usize) {
+        /// Converts `src` element by element into `N`-byte little-endian values in `dst`.
+        fn store<S: Copy, const N: usize>(dst: &mut [u8], src: &[S], f: impl Fn(S) -> [u8; N]) {
+            for (d, &s) in dst.chunks_exact_mut(N).zip(src) {
+                d.copy_from_slice(&f(s));
+            }
+        }
+        let kind = self.kind;
+        let (overflow, rounding, qc) = (self.overflow, self.rounding, self.qc);
+        let mut bytes = std::mem::take(&mut self.bytes);
+        self.runs(j0, w, |i, col, idx, len| {
+            let from = i * w + col - j0;
+            match sums {
+                Sums::I32(v) => {
+                    let src = &v[from..from + len];
+                    match kind {
+                        ElemKind::I16 => store(&mut bytes[2 * idx..2 * (idx + len)], src, |x| {
+                            match overflow {
+                                Overflow::Saturate => {
+                                    x.clamp(i16::MIN.into(), i16::MAX.into()) as i16
+                                }
+                                Overflow::Wrap => x as i16,
+                            }
+                            .to_le_bytes()
+                        }),
+                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, i32::to_le_bytes),
+                    }
+                }
+                Sums::F64(v) => {
+                    let src = &v[from..from + len];
+                    match kind {
+                        ElemKind::I8 => {
+                            for (r, (d, &x)) in
+                                bytes[idx..idx + len].iter_mut().zip(src).enumerate()
+                            {
+                                // Per-channel C has one entry per column (checked at
+                                // set_quant_params).
+                                let ci = if qc.scale.len() > 1 { col + r } else { 0 };
+                                let q = round(x / f64::from(qc.scale(ci)), rounding)
+                                    + f64::from(qc.zp(ci));
+                                *d = q.clamp(-128.0, 127.0) as i8 as u8;
+                            }
+                        }
+                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, |x| {
+                            (x as f32).to_le_bytes()
+                        }),
+                    }
+                }
+                Sums::F32(v) => {
+                    let src = &v[from..from + len];
+                    match kind {
+                        ElemKind::F16 => store(&mut bytes[2 * idx..2 * (idx + len)], src, |x| {
+                            f16::from_f32(x).to_le_bytes()
+                        }),
+                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, f32::to_le_bytes),
+                    }
+                }
+            }
+        });
+        std::mem::swap(&mut self.bytes, &mut bytes);
+    }
+
+    /// Zeroes the padding of native C (the columns past N in its last block).
+    fn finish(&mut self) {
+        let (n, c_n) = (self.n, self.c_n);
+        if !self.native || n % c_n == 0 {
+            return;
+        }
+        let esize = match self.kind {
+            ElemKind::I8 => 1,
+            ElemKind::I16 | ElemKind::F16 | ElemKind::Bf16 => 2,
+            _ => 4,
+        };
+        let pad = c_n - n % c_n;
+        let mut bytes = std::mem::take(&mut self.bytes);
+        self.runs(n, pad, |_, _, idx, len| {
+            bytes[esize * idx..esize * (idx + len)].fill(0);
+        });
+        std::mem::swap(&mut self.bytes, &mut bytes);
     }
 }

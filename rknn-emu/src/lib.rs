@@ -14,8 +14,11 @@
 //!   `rknn_B_normal_layout_to_native_layout` with K segmentation (aliasing refused);
 //! * arithmetic: i8 × i8 → i32 bit-exact, i4 × i4 → i16 exact with a configurable overflow
 //!   policy, f16 with f32 accumulation, quantised types with per-layer/channel/group params;
-//! * `set_io_mem` takes A and B at bind time, as the docs say the runtime may, yet a run after a
-//!   bound memory was destroyed fails, as the board would fault;
+//! * `set_io_mem` takes A and B in a normal layout at bind time, as the docs say the runtime
+//!   may (it "may rearrange" them then); A and B in a native layout, already in the device's
+//!   order, are read from the memory by every run, as the NPU reads its DMA buffers (no copy of
+//!   native B, the weights, is kept); a run after a bound memory was destroyed fails, as the
+//!   board would fault;
 //! * dynamic shapes as the vendor uses them: B bound once, A and C per shape;
 //! * field hazards: the handle budget (~1020), 4 GiB per IOMMU domain and no binding across
 //!   domains, concurrent use of one context (refused with an error; the real device has panicked

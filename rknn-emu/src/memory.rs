@@ -2,6 +2,8 @@
 //! that reproduces the device's limits (handle budget, 4 GiB per IOMMU domain).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rknn_sys as sys;
 
@@ -108,43 +110,71 @@ impl Drop for Buffer {
     }
 }
 
-/// What the emulator knows about one live memory.
-pub(crate) struct Memory {
-    /// The struct handed to C; freed when the memory is destroyed.
-    desc: *mut sys::rknn_tensor_mem,
+/// The bytes of one memory: its mappings and the device's view of them. The registry holds
+/// one reference and each context that binds the memory another, so a context reads the
+/// memory at run time without the instance's lock, and a memory destroyed during a run stays
+/// mapped until the run ends (the run after it fails, as the board would fault).
+pub(crate) struct Shared {
     /// The CPU view, when the runtime allocated the memory (None for wrapped fd/phys memory).
     cpu: Option<Buffer>,
     /// The device view under strict cache emulation.
     device: Option<Buffer>,
-    /// Unique over the process's life (a new memory may reuse a destroyed one's address).
-    pub(crate) id: u64,
-    /// The context the memory was created on (0 for `ALLOC_NO_CONTEXT`).
-    pub(crate) ctx: u64,
-    /// The IOMMU domain charged.
-    pub(crate) domain: i32,
-    /// Bytes charged.
-    pub(crate) size: usize,
     /// Where the data starts for the CPU (virt_addr + offset).
     data: *mut u8,
+    /// Bytes of the memory.
+    size: usize,
+    /// Orders the emulator's own accesses to the device view: runs read A and B and write C,
+    /// syncs copy between the views. (The CPU view belongs to the C program, which writes it
+    /// through `virt_addr` whenever it likes, as on a board.)
+    lock: RwLock<()>,
+    /// Set by `rknn_destroy_mem`: a context bound to it fails its next run.
+    destroyed: AtomicBool,
 }
 
-// SAFETY: the raw pointers are owned allocations (or caller-owned memory that the C contract
-// keeps alive while the memory exists); access is serialised by the instance's mutex.
-unsafe impl Send for Memory {}
+// SAFETY: the pointers are owned mappings (or caller memory that the C contract keeps alive
+// while the memory exists); the emulator's accesses to the device view go through `lock`.
+unsafe impl Send for Shared {}
+// SAFETY: as above; shared references only read the pointers and take the lock.
+unsafe impl Sync for Shared {}
 
-impl Memory {
+impl Shared {
     /// The bytes the device reads and writes: the device copy under strict cache emulation,
     /// otherwise the CPU bytes.
-    pub(crate) fn device_ptr(&self) -> *mut u8 {
+    fn device_ptr(&self) -> *mut u8 {
         self.device.as_ref().map_or(self.data, Buffer::as_mut_ptr)
     }
 
-    /// Copies between the CPU and device views (strict cache emulation only).
+    /// Whether `rknn_destroy_mem` was called on it.
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// The device view for reading, while the returned guard lives.
+    pub(crate) fn read(&self) -> DeviceRead<'_> {
+        DeviceRead {
+            _guard: self.lock.read().unwrap_or_else(PoisonError::into_inner),
+            shared: self,
+        }
+    }
+
+    /// The device view for writing, while the returned guard lives.
+    pub(crate) fn write(&self) -> DeviceWrite<'_> {
+        DeviceWrite {
+            _guard: self.lock.write().unwrap_or_else(PoisonError::into_inner),
+            shared: self,
+        }
+    }
+
+    /// Copies between the CPU and device views (strict cache emulation only), excluding runs
+    /// and other syncs of this memory meanwhile (two syncs from the device both write the CPU
+    /// view).
     pub(crate) fn sync(&self, to_device: bool, from_device: bool) {
         if let Some(dev) = &self.device {
             let (cpu, dev) = (self.data, dev.as_mut_ptr());
+            let _w = self.lock.write().unwrap_or_else(PoisonError::into_inner);
             if to_device {
-                // SAFETY: both buffers are at least `size` bytes and distinct allocations.
+                // SAFETY: both buffers are at least `size` bytes and distinct allocations; the
+                // write lock keeps the emulator's other accesses off both meanwhile.
                 unsafe { std::ptr::copy_nonoverlapping(cpu, dev, self.size) };
             }
             if from_device {
@@ -154,6 +184,54 @@ impl Memory {
         }
     }
 }
+
+/// The device view of a memory, read-locked.
+pub(crate) struct DeviceRead<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+    shared: &'a Shared,
+}
+
+impl DeviceRead<'_> {
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping holds `size` bytes and lives as long as `shared` (owned, or kept
+        // alive by the C contract for wrapped memory); the emulator does not write it while
+        // the read lock is held.
+        unsafe { std::slice::from_raw_parts(self.shared.device_ptr(), self.shared.size) }
+    }
+}
+
+/// The device view of a memory, write-locked.
+pub(crate) struct DeviceWrite<'a> {
+    _guard: RwLockWriteGuard<'a, ()>,
+    shared: &'a Shared,
+}
+
+impl DeviceWrite<'_> {
+    /// The bytes.
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: as in `DeviceRead::bytes`; the write lock excludes every other access of the
+        // emulator, and `&mut self` this guard's other views.
+        unsafe { std::slice::from_raw_parts_mut(self.shared.device_ptr(), self.shared.size) }
+    }
+}
+
+/// What the emulator knows about one live memory.
+pub(crate) struct Memory {
+    /// The struct handed to C; freed when the memory is destroyed.
+    desc: *mut sys::rknn_tensor_mem,
+    /// The bytes, shared with the contexts it is bound to.
+    pub(crate) shared: Arc<Shared>,
+    /// The context the memory was created on (0 for `ALLOC_NO_CONTEXT`).
+    pub(crate) ctx: u64,
+    /// The IOMMU domain charged.
+    pub(crate) domain: i32,
+    /// Bytes charged.
+    pub(crate) size: usize,
+}
+
+// SAFETY: `desc` is an owned allocation; access is serialised by the instance's mutex.
+unsafe impl Send for Memory {}
 
 /// Why an allocation failed; each maps to a NULL return and a diagnostic.
 #[derive(Debug, PartialEq, Eq)]
@@ -295,6 +373,14 @@ impl Memories {
             }
         };
         let charged = cpu.is_some();
+        let shared = Arc::new(Shared {
+            cpu,
+            device,
+            data,
+            size,
+            lock: RwLock::new(()),
+            destroyed: AtomicBool::new(false),
+        });
         let desc = Box::into_raw(Box::new(desc));
         // SAFETY: `desc` was just created from a Box and is valid.
         unsafe { (*desc).priv_data = desc.cast() };
@@ -305,13 +391,10 @@ impl Memories {
             key(desc),
             Memory {
                 desc,
-                cpu,
-                device,
-                id: crate::instance::next_handle(),
+                shared,
                 ctx,
                 domain,
                 size,
-                data,
             },
         );
         Ok(desc)
@@ -334,15 +417,16 @@ impl Memories {
 
     fn destroy_key(&mut self, k: usize) -> Option<()> {
         let m = self.live.remove(&k)?;
-        if m.cpu.is_some() {
+        m.shared.destroyed.store(true, Ordering::Release);
+        if m.shared.cpu.is_some() {
             if let Some(used) = self.domain_bytes.get_mut(&m.domain) {
                 *used -= m.size as u64;
             }
         }
         // SAFETY: `desc` came from `Box::into_raw` in `create` and is freed once, here.
         drop(unsafe { Box::from_raw(m.desc) });
-        drop(m.cpu);
-        drop(m.device);
+        // The mappings go with the last context that still holds them.
+        drop(m.shared);
         Some(())
     }
 

@@ -12,13 +12,14 @@
 // functions. The blocks always also contain raw-pointer accesses, so they are never unused.
 
 use std::arch::aarch64::{
-    float32x4_t, int8x16_t, int32x4_t, vaddvq_f32, vaddvq_s32, vdupq_n_f32, vdupq_n_s8,
-    vdupq_n_s32, vfmaq_f32, vget_low_s8, vld1q_f32, vld1q_s8, vmull_high_s8, vmull_s8, vpadalq_s16,
+    float32x4_t, int8x16_t, int32x4_t, vaddq_s32, vaddvq_f32, vaddvq_s32, vdupq_n_f32, vdupq_n_s8,
+    vdupq_n_s32, vfmaq_f32, vget_low_s8, vld1q_f32, vld1q_s8, vld1q_s32, vmull_high_s8, vmull_s8,
+    vpadalq_s16, vpaddq_s32, vst1q_s32,
 };
 use std::arch::asm;
 
 use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, with_tile_shape};
-use super::check_shapes;
+use super::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the i8 kernels: 4 x 4 (16 accumulators of the 32 vector registers), 1 x 8 for a
 /// lone row. B is never packed, as on x86-64.
@@ -346,6 +347,114 @@ unsafe fn step_f32_neon<const R: usize, const C: usize>(
             let bv = vld1q_f32(b.add(q * ldb));
             for (acc_row, &x) in acc.iter_mut().zip(&av) {
                 acc_row[q] = vfmaq_f32(acc_row[q], x, bv);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8 with native B (the matrix-vector product), NEON and NEON + dotprod
+// ---------------------------------------------------------------------------------------------
+
+/// The NEON native-B kernel (see [`super::gemm_i8_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support NEON; the caller has checked the shape and the slice lengths
+/// ([`NativeBShape`]).
+#[target_feature(enable = "neon")]
+pub(super) unsafe fn native_b_neon(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { native_b::<false>(a, b, c, shape, accumulate) }
+}
+
+/// The `sdot` native-B kernel (see [`super::gemm_i8_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support NEON and the dot-product extension; the caller has checked the shape
+/// and the slice lengths ([`NativeBShape`]).
+#[target_feature(enable = "neon,dotprod")]
+pub(super) unsafe fn native_b_sdot(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { native_b::<true>(a, b, c, shape, accumulate) }
+}
+
+/// The native-B loop (inlined into the two entry points, so that `sdot` is inlined where the
+/// dot-product feature is enabled): for each column block of `sn`, for each row of A, every
+/// 32 x 32 tile is reduced in groups of 4 columns (one 32-byte row of the tile per column) into
+/// one vector of 4 sums, so B is read once, front to back.
+///
+/// # Safety
+///
+/// NEON, and dotprod when `DOT`; the shape and lengths checked by the caller.
+#[inline(always)]
+unsafe fn native_b<const DOT: bool>(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    const SK: usize = NATIVE_B_SK;
+    let NativeBShape { m, n, k, sn, lda } = shape;
+    let groups = sn / 4;
+    // SAFETY: by the checked shape, row `i` of A has `k` readable bytes at `i * lda`, B has
+    // `n * k` bytes (tile block `jb` at `jb * k * sn`, tile `t` of it `t * sn * 32` further,
+    // tile row `r` 32 bytes at `r * 32`), and C has `m * n` elements; every load and store
+    // below stays inside those ranges (`g * 4 + 4 <= sn`). The caller guarantees the features.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        for jb in 0..n / sn {
+            let block = b.as_ptr().add(jb * k * sn);
+            for i in 0..m {
+                let row = a.as_ptr().add(i * lda);
+                let mut acc = [zero; 8];
+                for t in 0..k / SK {
+                    let a0 = vld1q_s8(row.add(t * SK));
+                    let a1 = vld1q_s8(row.add(t * SK + 16));
+                    let tile = block.add(t * sn * SK);
+                    for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+                        let mut v = [zero; 4];
+                        for (r, v) in v.iter_mut().enumerate() {
+                            let bp = tile.add((g * 4 + r) * SK);
+                            let (b0, b1) = (vld1q_s8(bp), vld1q_s8(bp.add(16)));
+                            *v = if DOT {
+                                sdot(sdot(zero, a0, b0), a1, b1)
+                            } else {
+                                // i8 x i8 products fit in i16; `sadalp` adds them in pairs.
+                                let mut p =
+                                    vpadalq_s16(zero, vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
+                                p = vpadalq_s16(p, vmull_high_s8(a0, b0));
+                                p = vpadalq_s16(p, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
+                                vpadalq_s16(p, vmull_high_s8(a1, b1))
+                            };
+                        }
+                        let sums = vpaddq_s32(vpaddq_s32(v[0], v[1]), vpaddq_s32(v[2], v[3]));
+                        *acc = vaddq_s32(*acc, sums);
+                    }
+                }
+                for (g, acc) in acc.iter().enumerate().take(groups) {
+                    let dst = c.as_mut_ptr().add(i * n + jb * sn + g * 4);
+                    let sum = if accumulate {
+                        vaddq_s32(vld1q_s32(dst), *acc)
+                    } else {
+                        *acc
+                    };
+                    vst1q_s32(dst, sum);
+                }
             }
         }
     }

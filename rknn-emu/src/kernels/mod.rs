@@ -398,3 +398,132 @@ fn run_f32(
         },
     }
 }
+
+/// The operands of [`gemm_i8_native_b`]: A row-major with a row stride, B in the NPU's native
+/// int8 layout, C row-major `[m, n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NativeBShape {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C; a multiple of `sn`.
+    pub n: usize,
+    /// The shared dimension; a multiple of [`NATIVE_B_SK`].
+    pub k: usize,
+    /// Columns per native tile of B (`Tiles::b_n` of the chip: 32 on RK3588 and RK3576, 16 on
+    /// the others); one of 8, 16, 24 or 32.
+    pub sn: usize,
+    /// Row stride of A, at least `k` (A may be a column block of a wider matrix).
+    pub lda: usize,
+}
+
+/// K per native tile of int8 B on every chip (`Tiles::b_k`).
+pub const NATIVE_B_SK: usize = 32;
+
+impl NativeBShape {
+    /// Panics unless the shape is one the kernel takes and the slices hold it.
+    fn check(&self, a_len: usize, b_len: usize, c_len: usize) {
+        let NativeBShape { m, n, k, sn, lda } = *self;
+        assert!(
+            matches!(sn, 8 | 16 | 24 | 32) && n % sn == 0 && k % NATIVE_B_SK == 0 && lda >= k,
+            "gemm_i8_native_b: unsupported shape {self:?} (sn in 8, 16, 24, 32; n % sn == 0; \
+             k % 32 == 0; lda >= k)"
+        );
+        let a_need = match m {
+            0 => 0,
+            m => (m - 1)
+                .checked_mul(lda)
+                .and_then(|x| x.checked_add(k))
+                .expect("gemm_i8_native_b: A size overflows usize"),
+        };
+        let b_need = n
+            .checked_mul(k)
+            .expect("gemm_i8_native_b: B size overflows usize");
+        let c_need = m
+            .checked_mul(n)
+            .expect("gemm_i8_native_b: C size overflows usize");
+        assert!(
+            a_len >= a_need && b_len >= b_need && c_len >= c_need,
+            "gemm_i8_native_b: slices too short for {self:?}: A has {a_len} (needs {a_need}), \
+             B has {b_len} (needs {b_need}), C has {c_len} (needs {c_need})"
+        );
+    }
+}
+
+/// `C[i, j] (+)= sum_p A[i, p] * B(p, j)`, exactly in wrapping i32, with B in the NPU's native
+/// int8 layout `[n / sn][k / 32][sn][32]` (one K segment of it), read in its storage order.
+///
+/// This is the emulator's matrix-vector product: at small `m` it is bound by reading B, and
+/// the native layout read front to back is one sequential stream, which the hardware
+/// prefetchers follow at the full memory bandwidth (the dot-product kernel over `[N, K]`,
+/// reading eight rows at once, reached about a third of it on the development machine). Each
+/// 32 x 32-byte tile is reduced in registers for every row of A while it is in L1, so B is
+/// read from memory once whatever `m`; the cost per row is larger than [`gemm_i8_i32`]'s, which
+/// is the better choice from a few rows on.
+///
+/// With `accumulate` the sums are added to C (wrapping), otherwise they overwrite it. Exact
+/// for `k <= 131071` like [`gemm_i8_i32`], and bit-identical on every backend.
+///
+/// # Panics
+///
+/// If the shape breaks a rule of [`NativeBShape`] or a slice is shorter than its matrix.
+pub fn gemm_i8_native_b(a: &[i8], b: &[i8], c: &mut [i32], shape: NativeBShape, accumulate: bool) {
+    run_native_b(selected_backend(), a, b, c, shape, accumulate);
+}
+
+/// [`gemm_i8_native_b`] with the given backend.
+///
+/// # Errors
+///
+/// [`BackendUnavailable`] (and `c` untouched) if this CPU cannot run `backend`.
+///
+/// # Panics
+///
+/// As [`gemm_i8_native_b`].
+pub fn gemm_i8_native_b_with(
+    backend: KernelBackend,
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) -> Result<(), BackendUnavailable> {
+    if !backend.is_available() {
+        return Err(BackendUnavailable(backend));
+    }
+    run_native_b(backend, a, b, c, shape, accumulate);
+    Ok(())
+}
+
+/// Runs the native-B kernel of `backend`, which the caller has checked is available.
+fn run_native_b(
+    backend: KernelBackend,
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    shape.check(a.len(), b.len(), c.len());
+    debug_assert!(backend.is_available());
+    if shape.m == 0 || shape.n == 0 {
+        return;
+    }
+    match backend {
+        KernelBackend::Scalar => scalar::gemm_i8_native_b(a, b, c, shape, accumulate),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available (checked by every caller), i.e. the CPU has AVX2;
+        // the shape and lengths are checked above.
+        KernelBackend::Avx2 => unsafe { x86::native_b_avx2(a, b, c, shape, accumulate) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available, i.e. the CPU has AVX2, AVX512-VL and AVX512-VNNI;
+        // the shape and lengths are checked above.
+        KernelBackend::Avx512Vnni => unsafe { x86::native_b_vnni(a, b, c, shape, accumulate) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON; shape and lengths checked.
+        KernelBackend::Neon => unsafe { aarch64::native_b_neon(a, b, c, shape, accumulate) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON and the dot-product
+        // extension; shape and lengths checked.
+        KernelBackend::NeonDotprod => unsafe { aarch64::native_b_sdot(a, b, c, shape, accumulate) },
+    }
+}

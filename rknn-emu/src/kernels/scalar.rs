@@ -36,3 +36,30 @@ pub(super) fn gemm_f32(a: &[f32], bt: &[f32], c: &mut [f32], m: usize, n: usize,
         }
     }
 }
+
+/// See [`super::gemm_i8_native_b`]; the caller has checked the shape and the slice lengths.
+pub(super) fn gemm_i8_native_b(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: super::NativeBShape,
+    accumulate: bool,
+) {
+    let super::NativeBShape { m, n, k, sn, lda } = shape;
+    let sk = super::NATIVE_B_SK;
+    for i in 0..m {
+        let row = &a[i * lda..i * lda + k];
+        for j in 0..n {
+            let sum = (0..k).fold(0i32, |s, p| {
+                let at = (j / sn) * k * sn + (p / sk) * sn * sk + (j % sn) * sk + p % sk;
+                s.wrapping_add(i32::from(row[p]) * i32::from(b[at]))
+            });
+            let dst = &mut c[i * n + j];
+            *dst = if accumulate {
+                dst.wrapping_add(sum)
+            } else {
+                sum
+            };
+        }
+    }
+}

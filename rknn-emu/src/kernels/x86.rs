@@ -14,14 +14,16 @@
 use std::arch::asm;
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_add_epi32, _mm_add_ps, _mm_loadu_si128, _mm_storeu_ps,
-    _mm_storeu_si128, _mm256_add_epi32, _mm256_castps256_ps128, _mm256_castsi256_si128,
-    _mm256_cvtepi8_epi16, _mm256_extractf128_ps, _mm256_extracti128_si256, _mm256_fmadd_ps,
-    _mm256_hadd_epi32, _mm256_hadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_madd_epi16,
-    _mm256_set1_epi8, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_xor_si256,
+    _mm_storeu_si128, _mm256_add_epi32, _mm256_broadcastd_epi32, _mm256_castps256_ps128,
+    _mm256_castsi256_si128, _mm256_cvtepi8_epi16, _mm256_extractf128_ps, _mm256_extracti128_si256,
+    _mm256_fmadd_ps, _mm256_hadd_epi32, _mm256_hadd_ps, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_madd_epi16, _mm256_permute2x128_si256, _mm256_set1_epi8, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_slli_epi32, _mm256_storeu_si256, _mm256_sub_epi32,
+    _mm256_xor_si256,
 };
 
 use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, with_tile_shape};
-use super::check_shapes;
+use super::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the AVX2 i8 kernel: 3 x 3 (9 accumulators + 3 rows of A + 1 column of B + 1
 /// product of the 16 `ymm` registers; each B chunk, the part that comes from L2, serves 3
@@ -437,6 +439,157 @@ unsafe fn step_f32_fma<const R: usize, const C: usize>(
             let bv = _mm256_loadu_ps(b.add(q * ldb));
             for (acc_row, &x) in acc.iter_mut().zip(&av) {
                 acc_row[q] = _mm256_fmadd_ps(x, bv, acc_row[q]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8 with native B (the matrix-vector product), AVX2 and AVX512-VNNI
+// ---------------------------------------------------------------------------------------------
+
+/// The AVX2 native-B kernel (see [`super::gemm_i8_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support AVX2; the caller has checked the shape and the slice lengths
+/// ([`NativeBShape`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn native_b_avx2(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { native_b::<false>(a, b, c, shape, accumulate) }
+}
+
+/// The AVX512-VNNI native-B kernel (see [`super::gemm_i8_native_b`]): `vpdpbusd` with B
+/// offset to unsigned, as in [`gemm_i8_i32_vnni`].
+///
+/// # Safety
+///
+/// The CPU must support AVX2, AVX512-VL and AVX512-VNNI; the caller has checked the shape and
+/// the slice lengths ([`NativeBShape`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn native_b_vnni(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { native_b::<true>(a, b, c, shape, accumulate) }
+}
+
+/// The sums of eight vectors of i32 lanes, as one vector (lane `r` = sum of `v[r]`), wrapping.
+///
+/// # Safety
+///
+/// AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
+    // Register-only intrinsics: `unsafe fn`s at the MSRV (1.85), safe inside this function
+    // for newer compilers, hence the allowance.
+    // SAFETY: AVX2 is available.
+    #[allow(unused_unsafe)]
+    unsafe {
+        // Per 128-bit half: q0 = [sum v0, sum v1, sum v2, sum v3] of that half's lanes.
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        let low_halves = _mm256_permute2x128_si256::<0x20>(q0, q1);
+        let high_halves = _mm256_permute2x128_si256::<0x31>(q0, q1);
+        _mm256_add_epi32(low_halves, high_halves)
+    }
+}
+
+/// The native-B loop: for each column block of `sn`, for each row of A, every 32 x 32 tile
+/// is reduced in groups of 8 columns (one 32-byte row of the tile per column) into one vector
+/// of 8 sums, so B is read once, front to back.
+///
+/// # Safety
+///
+/// AVX2, and AVX512-VL + AVX512-VNNI when `VNNI`; the shape and lengths checked by the caller.
+#[target_feature(enable = "avx2")]
+unsafe fn native_b<const VNNI: bool>(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    const SK: usize = NATIVE_B_SK;
+    let NativeBShape { m, n, k, sn, lda } = shape;
+    let groups = sn / 8;
+    // SAFETY: by the checked shape, row `i` of A has `k` readable bytes at `i * lda`, B has
+    // `n * k` bytes (tile block `jb` at `jb * k * sn`, tile `t` of it `t * sn * 32` further,
+    // tile row `r` 32 bytes at `r * 32`), and C has `m * n` elements; every load and store
+    // below stays inside those ranges (`g * 8 + 8 <= sn`).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let flip = _mm256_set1_epi8(i8::MIN);
+        let ones = _mm256_set1_epi8(1);
+        for jb in 0..n / sn {
+            let block = b.as_ptr().add(jb * k * sn);
+            for i in 0..m {
+                let row = a.as_ptr().add(i * lda);
+                let mut acc = [zero; 4];
+                // VNNI: the lanes of `row_sum` add up to the sum of the row of A.
+                let mut row_sum = zero;
+                for t in 0..k / SK {
+                    let ap = row.add(t * SK);
+                    let tile = block.add(t * sn * SK);
+                    if VNNI {
+                        let av = _mm256_loadu_si256(ap.cast());
+                        row_sum = vpdpbusd(row_sum, ones, av);
+                        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+                            let mut v = [zero; 8];
+                            for (r, v) in v.iter_mut().enumerate() {
+                                let bp = tile.add((g * 8 + r) * SK);
+                                let bu = _mm256_xor_si256(_mm256_loadu_si256(bp.cast()), flip);
+                                *v = vpdpbusd(zero, bu, av);
+                            }
+                            *acc = _mm256_add_epi32(*acc, reduce8(v));
+                        }
+                    } else {
+                        let a_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(ap.cast()));
+                        let a_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(ap.add(16).cast()));
+                        for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+                            let mut v = [zero; 8];
+                            for (r, v) in v.iter_mut().enumerate() {
+                                let bp = tile.add((g * 8 + r) * SK);
+                                let b_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(bp.cast()));
+                                let b_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(bp.add(16).cast()));
+                                // Pairs of i8 x i8 products: at most 2^15, exact in i32.
+                                *v = _mm256_add_epi32(
+                                    _mm256_madd_epi16(b_lo, a_lo),
+                                    _mm256_madd_epi16(b_hi, a_hi),
+                                );
+                            }
+                            *acc = _mm256_add_epi32(*acc, reduce8(v));
+                        }
+                    }
+                }
+                // sum (b + 128) a = sum b a + 128 sum a: every lane subtracts 128 sum a.
+                let offset = if VNNI {
+                    let s = reduce8([row_sum, zero, zero, zero, zero, zero, zero, zero]);
+                    let total = _mm256_broadcastd_epi32(_mm256_castsi256_si128(s));
+                    _mm256_slli_epi32::<7>(total)
+                } else {
+                    zero
+                };
+                for (g, acc) in acc.iter().enumerate().take(groups) {
+                    let dst = c.as_mut_ptr().add(i * n + jb * sn + g * 8);
+                    let mut sum = _mm256_sub_epi32(*acc, offset);
+                    if accumulate {
+                        sum = _mm256_add_epi32(_mm256_loadu_si256(dst.cast()), sum);
+                    }
+                    _mm256_storeu_si256(dst.cast(), sum);
+                }
             }
         }
     }
