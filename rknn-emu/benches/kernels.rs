@@ -329,6 +329,14 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
         gemm_i8_native_b(black_box(&a), black_box(&native), &mut c, shape, false);
         black_box(&c);
     }));
+    // Two rows, as a linear whose activations are quantised twice (row and residual) runs.
+    let a2: Vec<i8> = (0..2 * k).map(|_| rng.i8(..)).collect();
+    let mut c2 = vec![0i32; 2 * n];
+    let shape2 = NativeBShape { m: 2, ..shape };
+    let nat2 = gbs(time(&mut || {
+        gemm_i8_native_b(black_box(&a2), black_box(&native), &mut c2, shape2, false);
+        black_box(&c2);
+    }));
     println!();
     println!(
         "M = 1, N = {n}, K = {k}: B is {} MiB, beyond the caches (selected backend `{}`)",
@@ -342,6 +350,7 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
         ("streaming read (sum of u64 words)", stream),
         ("gemm_i8_i32 (B as [N, K])", dot),
         ("gemm_i8_native_b (native B)", nat),
+        ("gemm_i8_native_b (native B), M = 2", nat2),
     ] {
         println!("| {name} | {g:.2} | {:.2} |", g / stream);
     }

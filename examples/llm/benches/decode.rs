@@ -1,40 +1,101 @@
-//! Decode and prefill speed of the host f32 path, shaped like llama-bench's `tg` and `pp`
-//! tests so the two can be compared on the same model and thread count:
+//! Decode and prefill speed of `rknn-llm`, shaped like llama-bench's `tg` and `pp` tests so the
+//! two can be compared on the same model and thread count, with the machine's streaming-read
+//! bandwidth measured in the same run (decode is bound by reading the weights):
 //!
 //! ```sh
-//! cargo bench -p rknn-llm --bench decode -- MODEL.gguf [-t THREADS] [-n TG] [-p PP] [-r REPS]
+//! cargo bench -p rknn-llm --bench decode -- MODEL.gguf [--backend f32|emulator|npu]
+//!     [--cores NPU_CORES] [-t THREADS] [-n TG] [-p PP] [-r REPS] [--json]
 //! ```
 //!
 //! `tg`: N tokens decoded one at a time from an empty cache; `pp`: a prompt of P tokens in one
 //! forward call. Token ids are arbitrary (as in llama-bench). Each test runs `-r` times after a
-//! warm-up; the mean and standard deviation of tokens per second are printed.
+//! warm-up; the mean and standard deviation of tokens per second are printed. `scripts/bench/
+//! llm-vs-llama-cpp.sh` runs this beside llama-bench and writes the comparison.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{HostF32Factory, Logits, Model};
+use rknn_llm::model::{
+    EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model, Residual,
+};
+use rknn_matmul::engine::{Engine, EngineConfig};
+use rknn_matmul::{Backend, Platform, Runtime};
+
+/// GB/s of a plain read of a buffer far larger than the caches, split over `threads`.
+fn stream_read(threads: usize) -> f64 {
+    let words = (512usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let per = words / threads;
+    let read = |slice: &[u64]| -> u64 {
+        let mut lanes = [0u64; 8];
+        for c in slice.chunks_exact(8) {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                *l = l.wrapping_add(v);
+            }
+        }
+        lanes.iter().fold(0, |a, &b| a.wrapping_add(b))
+    };
+    let mut best = 0f64;
+    for _ in 0..4 {
+        let t = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(per)
+                .take(threads)
+                .map(|c| s.spawn(move || read(c)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max((per * threads * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+fn mean_sd(rates: &[f64]) -> (f64, f64) {
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let sd = (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
+    (mean, sd)
+}
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let mut path = None;
     let (mut threads, mut tg, mut pp, mut reps) = (2usize, 128usize, 0usize, 5usize);
+    let (mut backend, mut json, mut cores) = ("f32".to_string(), false, None);
+    let mut opts = EngineOptions::default();
     while let Some(a) = args.next() {
-        let mut num = |what: &str| -> usize {
+        let mut next = |what: &str| {
             args.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{what} needs a number"))
+                .unwrap_or_else(|| panic!("{what} needs a value"))
         };
         match a.as_str() {
-            "-t" => threads = num("-t"),
-            "-n" => tg = num("-n"),
-            "-p" => pp = num("-p"),
-            "-r" => reps = num("-r"),
+            "-t" => threads = next("-t").parse().expect("-t number"),
+            "-n" => tg = next("-n").parse().expect("-n number"),
+            "-p" => pp = next("-p").parse().expect("-p number"),
+            "-r" => reps = next("-r").parse().expect("-r number"),
+            "--backend" => backend = next("--backend"),
+            "--cores" => cores = Some(next("--cores").parse().expect("--cores number")),
+            "--json" => json = true,
+            "--residual" => {
+                opts.residual = match next("--residual").as_str() {
+                    "none" => Residual::None,
+                    "output" => Residual::Output,
+                    "all" => Residual::All,
+                    other => panic!("--residual none|output|all, not {other}"),
+                }
+            }
+            "--no-rotation" => opts.rotate = false,
             _ => path = Some(a),
         }
     }
     let Some(path) = path else {
-        eprintln!("usage: decode MODEL.gguf [-t THREADS] [-n TG] [-p PP] [-r REPS]");
+        eprintln!(
+            "usage: decode MODEL.gguf [--backend f32|emulator|npu] [-t THREADS] [-n TG] [-p PP] [-r REPS] [--json]"
+        );
         return;
     };
     let pool = Arc::new(
@@ -44,42 +105,46 @@ fn main() {
             .unwrap(),
     );
     let file = GgufFile::open(&path).unwrap();
-    let t = Instant::now();
-    let mut model = Model::load(
-        &file,
-        &mut HostF32Factory::new(pool.clone()),
-        pool,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    eprintln!(
-        "loaded {path} in {:.2} s, kernel {}, {threads} threads",
-        t.elapsed().as_secs_f64(),
-        rknn_llm::model::kernels::selected().name()
-    );
-    let n_vocab = model.config().n_vocab as u32;
-    let report = |name: &str, n: usize, secs: &[f64]| {
-        let rates: Vec<f64> = secs.iter().map(|s| n as f64 / s).collect();
-        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-        let sd =
-            (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
-        println!("{name}{n}: {mean:.2} ± {sd:.2} tok/s");
+    let engine = match backend.as_str() {
+        "f32" => None,
+        "emulator" => Some(Runtime::emulator(Platform::Rk3588).unwrap()),
+        "npu" => Some(Runtime::open(Backend::Npu, Default::default()).unwrap()),
+        other => panic!("unknown backend {other}"),
+    }
+    .map(|rt| {
+        let cfg = EngineConfig {
+            cores,
+            ..EngineConfig::default()
+        };
+        Engine::new(&rt, cfg).unwrap()
+    });
+    let mut factory: Box<dyn LinearFactory> = match &engine {
+        None => Box::new(HostF32Factory::new(pool.clone())),
+        Some(e) => Box::new(EngineFactory::new(e.clone(), opts)),
     };
+    let t = Instant::now();
+    let mut model = Model::load(&file, factory.as_mut(), pool, &mut |_, _| {}).unwrap();
+    let load_s = t.elapsed().as_secs_f64();
+    eprintln!("loaded {path} in {load_s:.2} s, backend {backend}, {threads} threads");
+    let n_vocab = model.config().n_vocab as u32;
+    let mut results = serde_json::Map::new();
     if pp > 0 {
         let tokens: Vec<u32> = (0..pp as u32).map(|i| (i * 7919 + 1) % n_vocab).collect();
-        let mut secs = Vec::new();
+        let mut rates = Vec::new();
         for r in 0..=reps {
             model.reset();
             let t = Instant::now();
             model.forward(&tokens, 0, Logits::Last).unwrap();
             if r > 0 {
-                secs.push(t.elapsed().as_secs_f64());
+                rates.push(pp as f64 / t.elapsed().as_secs_f64());
             }
         }
-        report("pp", pp, &secs);
+        let (m, sd) = mean_sd(&rates);
+        println!("pp{pp}: {m:.2} ± {sd:.2} tok/s");
+        results.insert(format!("pp{pp}"), serde_json::json!({"mean": m, "sd": sd}));
     }
     if tg > 0 {
-        let mut secs = Vec::new();
+        let mut rates = Vec::new();
         for r in 0..=reps {
             model.reset();
             let t = Instant::now();
@@ -89,11 +154,16 @@ fn main() {
                 tok = (l.len() as u32 + pos as u32 * 31) % n_vocab;
             }
             if r > 0 {
-                secs.push(t.elapsed().as_secs_f64());
+                rates.push(tg as f64 / t.elapsed().as_secs_f64());
             }
         }
-        report("tg", tg, &secs);
+        let (m, sd) = mean_sd(&rates);
+        println!("tg{tg}: {m:.2} ± {sd:.2} tok/s");
+        results.insert(format!("tg{tg}"), serde_json::json!({"mean": m, "sd": sd}));
     }
+    let bw = stream_read(threads);
+    println!("stream read, {threads} threads: {bw:.2} GB/s");
+    results.insert("stream_read_gb_s".into(), bw.into());
     let s = model.stats();
     eprintln!(
         "time split: matmul {:.2} s, attention {:.2} s, other {:.2} s",
@@ -101,4 +171,21 @@ fn main() {
         s.attention.as_secs_f64(),
         s.other.as_secs_f64()
     );
+    if let Some(e) = &engine {
+        let st = e.stats();
+        eprintln!(
+            "engine: quantize {:.2} s, pack {:.2} s, run {:.2} s, collect {:.2} s over {} forwards",
+            st.quantize.time.as_secs_f64(),
+            st.pack.time.as_secs_f64(),
+            st.run.time.as_secs_f64(),
+            st.collect.time.as_secs_f64(),
+            st.forwards
+        );
+    }
+    if json {
+        results.insert("backend".into(), backend.into());
+        results.insert("threads".into(), threads.into());
+        results.insert("load_s".into(), load_s.into());
+        println!("{}", serde_json::Value::Object(results));
+    }
 }

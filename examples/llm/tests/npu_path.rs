@@ -207,3 +207,34 @@ fn w8a8_stays_within_the_accuracy_bar_on_english_text() {
     assert!(top1 >= 0.96, "top-1 agreement {top1}");
     assert!(rel.abs() <= 0.01, "perplexity {ppl_q} vs {ppl_ref}");
 }
+
+/// The demo model's linears on all three RK3588 cores fit the handle budget of a board under
+/// `ulimit -n 1024` (~1020 dma-buf handles, which the emulator enforces): fused linears and
+/// one shared A and C per core.
+#[test]
+fn the_demo_model_fits_the_handle_budget_on_three_cores() {
+    let Some(path) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let cfg = EngineConfig {
+        cores: Some(3),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(&rt, cfg).unwrap();
+    let budget = rt.handle_budget().budget();
+    assert!(budget <= 1020);
+    let model = Model::load(
+        &file,
+        &mut EngineFactory::new(engine.clone(), EngineOptions::default()),
+        pool(2),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let live = rt.handle_budget().live();
+    let contexts = rt.emulator_instance().unwrap().stats().contexts;
+    eprintln!("{live} memories + {contexts} contexts of a budget of {budget}");
+    assert!(live + contexts <= budget, "{live} + {contexts} > {budget}");
+    drop(model);
+}

@@ -103,7 +103,8 @@ impl EngineKind for I8xI8ToI32 {
     }
 
     /// With `per = 1`: `out = (acc · row_scale) · ch_scale` ([`glue::scale_out`]). With
-    /// `per = 2`: `out = (acc₀ · s₀ + acc₁ · s₁) · ch_scale`, in exactly this order.
+    /// `per = 2`: `out = (acc₀ · s₀ + acc₁ · s₁) · ch_scale`, in exactly this order (`per` is 1
+    /// or 2).
     fn finish(
         acc: &[i32],
         m: usize,
@@ -114,15 +115,15 @@ impl EngineKind for I8xI8ToI32 {
         ch_scales: &[f32],
         out: &mut [f32],
     ) {
-        if per > 1 {
+        if per == 2 {
             for (r, o) in out.chunks_exact_mut(valid).take(m).enumerate() {
-                for (j, (o, &ch)) in o.iter_mut().zip(&ch_scales[..valid]).enumerate() {
-                    let mut v = 0f32;
-                    for p in 0..per {
-                        let i = r * per + p;
-                        v += acc[i * width + j] as f32 * row_scales[i];
-                    }
-                    *o = v * ch;
+                let (i0, i1) = (2 * r, 2 * r + 1);
+                let (s0, s1) = (row_scales[i0], row_scales[i1]);
+                let a0 = &acc[i0 * width..i0 * width + valid];
+                let a1 = &acc[i1 * width..i1 * width + valid];
+                for (((o, &x0), &x1), &ch) in o.iter_mut().zip(a0).zip(a1).zip(&ch_scales[..valid])
+                {
+                    *o = (x0 as f32 * s0 + x1 as f32 * s1) * ch;
                 }
             }
             return;

@@ -23,7 +23,7 @@ use serde_json::json;
 
 use rknn_llm::chat::ChatFormat;
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model};
+use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual};
 use rknn_llm::sample::{Sampler, SamplerConfig};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
@@ -42,6 +42,18 @@ enum Backend {
     Emulator,
     /// The host f32 reference path (no NPU).
     F32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ResidualArg {
+    /// None.
+    None,
+    /// The output head only (faster prefill; top-1 agreement with f32 about 0.5 point lower).
+    Output,
+    /// The output head and the feed-forward down projections.
+    OutputDown,
+    /// Every linear (default).
+    All,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,14 +99,17 @@ struct Args {
     /// W8A8 close to f32; on by default).
     #[arg(long)]
     no_rotation: bool,
-    /// W8A8 with each activation row quantised once (by default twice: the row and its
-    /// residual, about 15 bits of precision from int8 arithmetic).
-    #[arg(long)]
-    no_residual: bool,
+    /// Which W8A8 linears quantise each activation row twice (the row, then its residual: about
+    /// 15 bits of precision from int8 arithmetic, for a second row through the NPU).
+    #[arg(long, value_enum, default_value_t = ResidualArg::All)]
+    residual: ResidualArg,
     /// W8A8 weight scales from each row's maximum (by default: the scale of least squared
     /// error).
     #[arg(long)]
     minmax_scales: bool,
+    /// Seed of the W8A8 input rotations.
+    #[arg(long, default_value_t = EngineOptions::default().seed)]
+    rotation_seed: u64,
     /// The chip: the one the emulator plays (default rk3588), or the one to assume on the NPU
     /// instead of reading the device tree.
     #[arg(long)]
@@ -429,8 +444,14 @@ fn load_model(
                     WType::F16 => WeightFormat::F16,
                 },
                 rotate: !args.no_rotation,
-                residual_activations: !args.no_residual,
+                residual: match args.residual {
+                    ResidualArg::None => Residual::None,
+                    ResidualArg::Output => Residual::Output,
+                    ResidualArg::OutputDown => Residual::OutputAndDown,
+                    ResidualArg::All => Residual::All,
+                },
                 mse_weight_scales: !args.minmax_scales,
+                seed: args.rotation_seed,
                 ..EngineOptions::default()
             };
             Model::load(

@@ -35,12 +35,33 @@ pub trait LinearOp: Send + Sync {
     fn kind(&self) -> &'static str;
 }
 
+/// Which linear of the model a weight is, so a backend can treat them differently (the output
+/// head decides the next token directly, for instance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearRole {
+    /// q, k and v, fused.
+    Qkv,
+    /// The attention output projection.
+    AttnOutput,
+    /// gate and up, fused.
+    GateUp,
+    /// The feed-forward down projection.
+    Down,
+    /// The output head (the vocabulary's logits).
+    Output,
+}
+
 /// Builds the [`LinearOp`] of each weight matrix as the model loads.
 pub trait LinearFactory {
     /// Converts the weight made of `parts` stacked along the output features (one tensor for
     /// most linears; q, k and v, or gate and up, for the fused linears that read the same
-    /// input). Each part has dimensions `[in_features, out_i]` and any dequantizable type.
-    fn build(&mut self, parts: &[TensorView<'_>]) -> Result<Box<dyn LinearOp>, BackendError>;
+    /// input) for the linear `role`. Each part has dimensions `[in_features, out_i]` and any
+    /// dequantizable type.
+    fn build(
+        &mut self,
+        role: LinearRole,
+        parts: &[TensorView<'_>],
+    ) -> Result<Box<dyn LinearOp>, BackendError>;
 }
 
 /// `(in_features, out_features)` of `parts` stacked along the output features, checked.
@@ -88,7 +109,11 @@ impl HostF32Factory {
 }
 
 impl LinearFactory for HostF32Factory {
-    fn build(&mut self, parts: &[TensorView<'_>]) -> Result<Box<dyn LinearOp>, BackendError> {
+    fn build(
+        &mut self,
+        _role: LinearRole,
+        parts: &[TensorView<'_>],
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
         let (k, n) = stacked_shape(parts)?;
         let mut w = Vec::with_capacity(n * k);
         for t in parts {

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorView, Value};
-pub use linear::{BackendError, F32Linear, HostF32Factory, LinearFactory, LinearOp};
-pub use npu::{EngineFactory, EngineLinear, EngineOptions};
+pub use linear::{BackendError, F32Linear, HostF32Factory, LinearFactory, LinearOp, LinearRole};
+pub use npu::{EngineFactory, EngineLinear, EngineOptions, Residual};
 
 /// What went wrong building or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -492,22 +492,25 @@ impl Model {
             Ok(t.to_f32()?)
         };
         // A linear of the tensors `parts` (name, out_features) stacked along the outputs.
-        let mut linear =
-            |parts: &[(&str, u64)], k: u64, done: &mut u64| -> Result<Linear, ModelError> {
-                let views = parts
-                    .iter()
-                    .map(|&(name, n)| tensor(name, &[k, n]))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join("+");
-                let op = factory
-                    .build(&views)
-                    .map_err(|source| ModelError::Backend {
-                        tensor: name.clone(),
-                        source,
-                    })?;
-                *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
-                Ok(Linear { name, op })
-            };
+        let mut linear = |role: LinearRole,
+                          parts: &[(&str, u64)],
+                          k: u64,
+                          done: &mut u64|
+         -> Result<Linear, ModelError> {
+            let views = parts
+                .iter()
+                .map(|&(name, n)| tensor(name, &[k, n]))
+                .collect::<Result<Vec<_>, _>>()?;
+            let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join("+");
+            let op = factory
+                .build(role, &views)
+                .map_err(|source| ModelError::Backend {
+                    tensor: name.clone(),
+                    source,
+                })?;
+            *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
+            Ok(Linear { name, op })
+        };
 
         let embd = tensor("token_embd.weight", &[e, c.n_vocab as u64])?;
         done += embd.data().len() as u64;
@@ -532,14 +535,29 @@ impl Model {
             let (wg, wu) = (n("ffn_gate.weight"), n("ffn_up.weight"));
             let layer = Layer {
                 attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
-                wqkv: linear(&[(&wq, q), (&wk, kv), (&wv, kv)], e, &mut done)?,
+                wqkv: linear(
+                    LinearRole::Qkv,
+                    &[(&wq, q), (&wk, kv), (&wv, kv)],
+                    e,
+                    &mut done,
+                )?,
                 bq: bias("attn_q.bias", q, &mut done)?,
                 bk: bias("attn_k.bias", kv, &mut done)?,
                 bv: bias("attn_v.bias", kv, &mut done)?,
-                wo: linear(&[(&n("attn_output.weight"), e)], q, &mut done)?,
+                wo: linear(
+                    LinearRole::AttnOutput,
+                    &[(&n("attn_output.weight"), e)],
+                    q,
+                    &mut done,
+                )?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                w_gate_up: linear(&[(&wg, ff), (&wu, ff)], e, &mut done)?,
-                w_down: linear(&[(&n("ffn_down.weight"), e)], ff, &mut done)?,
+                w_gate_up: linear(LinearRole::GateUp, &[(&wg, ff), (&wu, ff)], e, &mut done)?,
+                w_down: linear(
+                    LinearRole::Down,
+                    &[(&n("ffn_down.weight"), e)],
+                    ff,
+                    &mut done,
+                )?,
             };
             layers.push(layer);
             progress(done, total);
@@ -550,7 +568,12 @@ impl Model {
         } else {
             "token_embd.weight"
         };
-        let output = linear(&[(output_name, c.n_vocab as u64)], e, &mut done)?;
+        let output = linear(
+            LinearRole::Output,
+            &[(output_name, c.n_vocab as u64)],
+            e,
+            &mut done,
+        )?;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             Some(_) => Some(vector(
                 "rope_freqs.weight",

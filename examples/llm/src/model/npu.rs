@@ -24,7 +24,7 @@
 
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat, glue};
 
-use super::linear::{BackendError, LinearFactory, LinearOp, stacked_shape};
+use super::linear::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
 use crate::gguf::TensorView;
 
 /// How the engine backend converts weights and treats activations. The defaults are what it
@@ -37,9 +37,11 @@ pub struct EngineOptions {
     /// Rotate each linear's input by a randomized Hadamard transform over 64-channel blocks,
     /// mixed across blocks by a random orthogonal matrix (default: yes).
     pub rotate: bool,
-    /// Quantise each activation row twice, as itself and as its residual (default: yes): about
-    /// 15 bits of activation precision from int8 arithmetic, for a second row of A.
-    pub residual_activations: bool,
+    /// Which linears quantise each activation row twice, as itself and as its residual: about
+    /// 15 bits of activation precision from int8 arithmetic, for a second row of A (default:
+    /// all; decode, bound by reading the weights, pays little for it, prefill twice the NPU
+    /// work).
+    pub residual: Residual,
     /// Choose each weight row's int8 scale to minimise the squared error (searching clipped
     /// fractions of the row's maximum) instead of taking the maximum (default: yes).
     pub mse_weight_scales: bool,
@@ -52,9 +54,34 @@ impl Default for EngineOptions {
         EngineOptions {
             format: WeightFormat::W8A8,
             rotate: true,
-            residual_activations: true,
+            residual: Residual::All,
             mse_weight_scales: true,
             seed: 0x5EED,
+        }
+    }
+}
+
+/// Which linears quantise their activations twice ([`EngineOptions::residual`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// None.
+    None,
+    /// The output head only.
+    Output,
+    /// The output head and the feed-forward down projections (whose inputs, SwiGLU outputs,
+    /// are the most heavy-tailed).
+    OutputAndDown,
+    /// Every linear.
+    All,
+}
+
+impl Residual {
+    fn applies(self, role: LinearRole) -> bool {
+        match self {
+            Residual::None => false,
+            Residual::Output => role == LinearRole::Output,
+            Residual::OutputAndDown => matches!(role, LinearRole::Output | LinearRole::Down),
+            Residual::All => true,
         }
     }
 }
@@ -82,13 +109,22 @@ impl EngineFactory {
 }
 
 impl LinearFactory for EngineFactory {
-    fn build(&mut self, parts: &[TensorView<'_>]) -> Result<Box<dyn LinearOp>, BackendError> {
+    fn build(
+        &mut self,
+        role: LinearRole,
+        parts: &[TensorView<'_>],
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
         let (k, n) = stacked_shape(parts)?;
         let o = self.opts;
-        let rotation = o.rotate.then(|| Rotation::hadamard_mixed(k, o.seed));
+        // Each linear its own rotation (seeded by its first tensor's name), so the rounding
+        // errors of different layers are independent instead of aligned.
+        let seed = parts
+            .first()
+            .map_or(o.seed, |t| name_seed(o.seed, t.name()));
+        let rotation = o.rotate.then(|| Rotation::hadamard_mixed(k, seed));
         let opts = LinearOptions {
             rotation: rotation.clone(),
-            residual_activations: o.residual_activations,
+            residual_activations: o.residual.applies(role),
         };
         let linear = match o.format {
             WeightFormat::W8A8 => {
@@ -136,6 +172,13 @@ impl LinearFactory for EngineFactory {
     }
 }
 
+/// A rotation seed from the base seed and a tensor name (FNV-1a over the name).
+fn name_seed(base: u64, name: &str) -> u64 {
+    name.bytes().fold(base ^ 0xCBF2_9CE4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
 /// Quantises one weight row to int8 (-127..=127) with the scale that minimises the squared
 /// error among `amax · (1 - i/100) / 127` for `i` in 0..=20 (searched coarsely, then refined
 /// around the best), and returns the scale. Clipping the few largest weights a little makes the
@@ -157,7 +200,10 @@ pub fn quantize_row_mse(row: &[f32], q: &mut [i8]) -> f32 {
         }
         *slot
     };
-    let mut best = (0..=20).step_by(4).min_by(|&a, &b| err(a).total_cmp(&err(b))).unwrap_or(0);
+    let mut best = (0..=20)
+        .step_by(4)
+        .min_by(|&a, &b| err(a).total_cmp(&err(b)))
+        .unwrap_or(0);
     for i in (best - 3).max(0)..=(best + 3).min(20) {
         if err(i) < err(best) {
             best = i;
