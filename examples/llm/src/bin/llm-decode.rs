@@ -452,7 +452,6 @@ fn load_model(
                 },
                 mse_weight_scales: !args.minmax_scales,
                 seed: args.rotation_seed,
-                ..EngineOptions::default()
             };
             Model::load(
                 file,
