@@ -103,10 +103,6 @@ struct Args {
     /// 15 bits of precision from int8 arithmetic, for a second row through the NPU).
     #[arg(long, value_enum, default_value_t = ResidualArg::All)]
     residual: ResidualArg,
-    /// W8A8 weight scales from each row's maximum (by default: the scale of least squared
-    /// error).
-    #[arg(long)]
-    minmax_scales: bool,
     /// Seed of the W8A8 input rotations.
     #[arg(long, default_value_t = EngineOptions::default().seed)]
     rotation_seed: u64,
@@ -450,7 +446,6 @@ fn load_model(
                     ResidualArg::OutputDown => Residual::OutputAndDown,
                     ResidualArg::All => Residual::All,
                 },
-                mse_weight_scales: !args.minmax_scales,
                 seed: args.rotation_seed,
             };
             Model::load(

@@ -5,18 +5,17 @@
 //! W8A8 (the default): each weight row is quantised to int8 with one scale per output channel,
 //! each activation row to int8 with one scale per row; the NPU sums exactly in i32 and the
 //! scales are applied on the host. Plain W8A8 loses too much on a small model (SmolLM2-135M:
-//! 88 % top-1 agreement with the f32 path). Three changes, all in int8 arithmetic on the NPU,
+//! 88 % top-1 agreement with the f32 path). Two changes, both in int8 arithmetic on the NPU,
 //! bring it within 1 % of f32's perplexity and above 96 % agreement (docs/llm.md):
 //!
-//! * every linear's input is rotated by a random orthogonal transform (random signs, a
-//!   Walsh–Hadamard transform per 64-channel block, a random orthogonal mix across the blocks):
-//!   the weights once at load, the activations by the engine, so outlier channels no longer
-//!   set the row's int8 scale;
+//! * every linear's input is rotated by its own random orthogonal transform (random signs, a
+//!   Walsh–Hadamard transform per 64-channel block, a random orthogonal mix across the
+//!   blocks): the weights once at load, the activations by the engine, so outlier channels no
+//!   longer set the row's int8 scale, and the rounding errors of different layers do not line
+//!   up;
 //! * each activation row is quantised twice, as itself and as its residual, and both rows go
 //!   through the NPU (about 15 bits of activation precision; decode, bound by reading the
-//!   weights, pays nothing for the second row);
-//! * each weight row's scale minimises its squared quantisation error instead of fitting its
-//!   maximum.
+//!   weights, pays little for the second row; prefill pays twice the NPU work).
 //!
 //! F16 weights and activations are the higher-precision option. Weights are converted a few
 //! rows at a time (dequantise, rotate, quantise), so loading never holds a whole matrix in f32
@@ -42,9 +41,6 @@ pub struct EngineOptions {
     /// all; decode, bound by reading the weights, pays little for it, prefill twice the NPU
     /// work).
     pub residual: Residual,
-    /// Choose each weight row's int8 scale to minimise the squared error (searching clipped
-    /// fractions of the row's maximum) instead of taking the maximum (default: yes).
-    pub mse_weight_scales: bool,
     /// Seed of the rotations.
     pub seed: u64,
 }
@@ -55,7 +51,6 @@ impl Default for EngineOptions {
             format: WeightFormat::W8A8,
             rotate: true,
             residual: Residual::All,
-            mse_weight_scales: true,
             seed: 0x5EED,
         }
     }
@@ -142,19 +137,14 @@ impl LinearFactory for EngineFactory {
                             r.apply_rows(buf);
                         }
                         let at = r0 + first;
-                        let (q, scales) = (
+                        glue::quantize_rows(
+                            buf,
+                            count,
+                            k,
+                            k,
                             &mut q[at * k..(at + count) * k],
                             &mut scales[at..at + count],
                         );
-                        if o.mse_weight_scales {
-                            for ((row, qr), s) in
-                                buf.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(scales)
-                            {
-                                *s = quantize_row_mse(row, qr);
-                            }
-                        } else {
-                            glue::quantize_rows(buf, count, k, k, q, scales);
-                        }
                     }
                     r0 += tn;
                 }
@@ -177,75 +167,6 @@ fn name_seed(base: u64, name: &str) -> u64 {
     name.bytes().fold(base ^ 0xCBF2_9CE4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
     })
-}
-
-/// Quantises one weight row to int8 (-127..=127) with the scale that minimises the squared
-/// error among `amax · (1 - i/100) / 127` for `i` in 0..=20 (searched coarsely, then refined
-/// around the best), and returns the scale. Clipping the few largest weights a little makes the
-/// step finer for all the others.
-pub fn quantize_row_mse(row: &[f32], q: &mut [i8]) -> f32 {
-    let amax = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
-    if amax == 0.0 || !amax.is_finite() {
-        // Zero rows quantise to zero; a row with an infinity or NaN keeps the plain rule.
-        let mut s = [0f32];
-        glue::quantize_rows(row, 1, row.len(), row.len(), q, &mut s);
-        return s[0];
-    }
-    let scale_of = |i: i32| amax * (1.0 - i as f32 / 100.0) / 127.0;
-    let mut errs = [f32::INFINITY; 21];
-    let mut err = |i: i32| -> f32 {
-        let slot = &mut errs[i as usize];
-        if slot.is_infinite() {
-            *slot = squared_error(row, scale_of(i));
-        }
-        *slot
-    };
-    let mut best = (0..=20)
-        .step_by(4)
-        .min_by(|&a, &b| err(a).total_cmp(&err(b)))
-        .unwrap_or(0);
-    for i in (best - 3).max(0)..=(best + 3).min(20) {
-        if err(i) < err(best) {
-            best = i;
-        }
-    }
-    let scale = scale_of(best);
-    let inv = 1.0 / scale;
-    for (d, &v) in q.iter_mut().zip(row) {
-        *d = round_even((v * inv).clamp(-127.0, 127.0)) as i8;
-    }
-    scale
-}
-
-/// Round half to even of a value in -127..=127 (adding and removing 1.5 · 2²³ leaves the
-/// nearest integer, ties to even, under the default rounding mode): one add and one subtract
-/// that vectorise, where `round_ties_even` may be a library call per element.
-#[inline(always)]
-fn round_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
-}
-
-/// The squared error of quantising `row` with `scale`, summed in 8 lanes.
-fn squared_error(row: &[f32], scale: f32) -> f32 {
-    let inv = 1.0 / scale;
-    let mut acc = [0f32; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            let e = v - round_even((v * inv).clamp(-127.0, 127.0)) * scale;
-            *a += e * e;
-        }
-    }
-    let tail: f32 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| {
-            let e = v - round_even((v * inv).clamp(-127.0, 127.0)) * scale;
-            e * e
-        })
-        .sum();
-    acc.iter().sum::<f32>() + tail
 }
 
 /// A weight resident on the NPU.
@@ -272,53 +193,5 @@ impl LinearOp for EngineLinear {
             WeightFormat::W8A8 => "w8a8",
             WeightFormat::F16 => "f16",
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn magic_rounding_is_round_half_even_on_the_int8_range() {
-        let mut v = -127.0f32;
-        while v <= 127.0 {
-            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
-            v += 0.125;
-        }
-        for v in [0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -126.5, 0.49999997] {
-            assert_eq!(round_even(v), v.round_ties_even(), "{v}");
-        }
-    }
-
-    #[test]
-    fn least_squares_scales_never_lose_to_the_maximum() {
-        let mut rng = fastrand::Rng::with_seed(8);
-        for k in [7, 64, 576] {
-            // Heavy-tailed rows, where clipping pays.
-            let row: Vec<f32> = (0..k)
-                .map(|_| {
-                    let u = rng.f32() - 0.5;
-                    u * u * u * 8.0
-                })
-                .collect();
-            let mut q = vec![0i8; k];
-            let s = quantize_row_mse(&row, &mut q);
-            let amax = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
-            assert!(s <= amax / 127.0 && s >= 0.8 * amax / 127.0 - 1e-12);
-            let err = |scale: f32, q: &[i8]| -> f64 {
-                row.iter()
-                    .zip(q)
-                    .map(|(&v, &qv)| f64::from(v - f32::from(qv) * scale).powi(2))
-                    .sum()
-            };
-            let mut qm = vec![0i8; k];
-            let mut sm = [0f32];
-            glue::quantize_rows(&row, 1, k, k, &mut qm, &mut sm);
-            assert!(err(s, &q) <= err(sm[0], &qm) + 1e-12, "k={k}");
-        }
-        let mut q = [1i8; 4];
-        assert_eq!(quantize_row_mse(&[0.0; 4], &mut q), 0.0);
-        assert_eq!(q, [0; 4]);
     }
 }
