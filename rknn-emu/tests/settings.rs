@@ -100,7 +100,7 @@ fn high_first_nibbles_swap_the_converter_output_and_are_read_back() {
     let low = convert(&emulator(|_| {}));
     let high_emu = emulator(|c| c.native_b_nibbles = NibbleOrder::HighFirst);
     let high = convert(&high_emu);
-    let swapped: Vec<u8> = low.iter().map(|b| (b >> 4) | (b << 4)).collect();
+    let swapped: Vec<u8> = low.iter().map(|b| (b & 0x0f) << 4 | b >> 4).collect();
     assert_eq!(high, swapped);
     assert_ne!(high, low);
 
