@@ -103,6 +103,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The drop-in plays the chip RKNN_EMU_PLATFORM names; checking it as another chip would
+    // report the chips' differences, not the runtime's.
+    if let (false, Some(v)) = (subject.is_hardware(), subject.versions()) {
+        let name = subject.platform().name();
+        if v.driver.starts_with("emulated ") && !v.driver.contains(name) {
+            eprintln!(
+                "rknn-conformance: warning: the runtime says {:?} but the checks assume {name} (--platform / RKNN_EMU_PLATFORM)",
+                v.driver
+            );
+        }
+    }
     let run_opts = Options {
         mode: if args.full { Mode::Full } else { Mode::Quick },
         seed: args.seed,
