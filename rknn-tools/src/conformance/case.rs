@@ -28,6 +28,26 @@ pub enum BQuant {
     Group(usize, Vec<f32>, Vec<i32>),
 }
 
+impl BQuant {
+    /// A short JSON description: the kind, the lengths and the first values.
+    fn describe(&self) -> serde_json::Value {
+        let first = |v: &[f32]| v.iter().take(8).copied().collect::<Vec<f32>>();
+        let first_zp = |v: &[i32]| v.iter().take(8).copied().collect::<Vec<i32>>();
+        match self {
+            BQuant::Unset => serde_json::Value::Null,
+            BQuant::Layer(s, z) => json!({"per": "layer", "scale": s, "zp": z}),
+            BQuant::Channel(s, z) => json!({
+                "per": "channel", "scales": s.len(), "first_scales": first(s),
+                "zps": z.len(), "first_zps": first_zp(z),
+            }),
+            BQuant::Group(g, s, z) => json!({
+                "per": "group", "group_size": g, "order": "[K/G][N]", "scales": s.len(),
+                "first_scales": first(s), "zps": z.len(), "first_zps": first_zp(z),
+            }),
+        }
+    }
+}
+
 /// One matmul configuration with its inputs.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -146,7 +166,7 @@ impl Case {
                 "b_layout": layout_name(self.b_layout),
                 "ac_layout": layout_name(self.ac_layout),
                 "quant_a": self.qa.map(|q| json!([q.0, q.1])),
-                "quant_b": format!("{:?}", self.qb),
+                "quant_b": self.qb.describe(),
                 "quant_c": self.qc.map(|q| json!([q.0, q.1])),
                 "seed": self.seed,
             }),

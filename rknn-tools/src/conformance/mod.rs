@@ -36,7 +36,7 @@ use rknn_matmul::{Backend, GuardPolicy, Platform, Runtime, RuntimeOptions};
 
 pub use checks::CHECKS;
 use observe::{Difference, Observation};
-pub use report::{Report, SubjectInfo};
+pub use report::{Report, SubjectInfo, Timing};
 
 /// Where a fact comes from (the labels of `docs/hardware-facts.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -242,10 +242,11 @@ fn first_difference(s: &Value, r: &Value) -> Option<Found> {
                 rel,
             },
         ) if ss == rs && sd.len() == rd.len() => {
-            let i = sd.iter().zip(rd).position(|(a, b)| {
+            let close = |a: f64, b: f64| {
                 // NaN anywhere is a difference unless both are NaN.
-                !(a.is_nan() && b.is_nan()) && !((a - b).abs() <= rel * b.abs().max(1.0))
-            })?;
+                (a.is_nan() && b.is_nan()) || (a - b).abs() <= rel * b.abs().max(1.0)
+            };
+            let i = sd.iter().zip(rd).position(|(&a, &b)| !close(a, b))?;
             Some((
                 Some((i / rs.1, i % rs.1)),
                 sd[i].to_string(),
