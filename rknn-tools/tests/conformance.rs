@@ -329,3 +329,64 @@ fn full_mode_adds_cases_and_timings() {
     }
     assert!(report.to_text().contains("TOPS"));
 }
+
+fn doc(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The check ids a line of a doc names, as `` `area.name` ``.
+fn named_checks(line: &str) -> Vec<&str> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| CHECKS.iter().any(|c| c.id == *w))
+        .collect()
+}
+
+#[test]
+fn every_open_fact_names_the_check_that_settles_it() {
+    let facts = doc("hardware-facts.md");
+    let open_rows: Vec<&str> = facts
+        .lines()
+        .filter(|l| l.starts_with('|') && l.contains("[open]"))
+        .collect();
+    assert!(open_rows.len() >= 15, "{} [open] rows", open_rows.len());
+    for row in open_rows {
+        assert!(
+            row.contains("conformance: `") && !named_checks(row).is_empty(),
+            "an [open] fact without its rknn-conformance check: {row}"
+        );
+    }
+    // Every id the fact sheet cites exists.
+    for part in facts.split("conformance: ").skip(1) {
+        let cited = part.split('|').next().unwrap();
+        for id in cited.split('`').skip(1).step_by(2) {
+            assert!(CHECKS.iter().any(|c| c.id == id), "no check {id}");
+        }
+    }
+}
+
+#[test]
+fn the_conformance_doc_lists_every_check_and_setting() {
+    let text = doc("conformance.md");
+    for c in CHECKS {
+        assert!(
+            text.contains(&format!("| `{}` |", c.id)),
+            "{} not in docs/conformance.md",
+            c.id
+        );
+        for s in c.settings {
+            assert!(
+                text.contains(&format!("| `{}` |", s.env)),
+                "{} not in the settings table",
+                s.env
+            );
+        }
+        if let Some(h) = c.hazard {
+            assert!(text.contains(h), "{}: hazard not documented", c.id);
+        }
+    }
+}

@@ -354,7 +354,9 @@ pub static CHECKS: &[Check] = &[
         id: "hazard.handle_budget",
         fact: "about 1020 live NPU memories (dma-buf fds under ulimit -n 1024) before allocation fails",
         label: Label::Hw,
-        hazard: None,
+        hazard: Some(
+            "allocates 1100 NPU memories; the runtime crashes if the fd limit runs out first",
+        ),
         settings: &[Setting {
             env: "RKNN_EMU_HANDLE_BUDGET",
             values: Values::FromSubject(first_int),
