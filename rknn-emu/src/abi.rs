@@ -216,6 +216,7 @@ unsafe extern "C" fn matmul_create<const S: usize>(
             vec![(cfg.m, cfg.k, cfg.n)],
             vec![descs],
             info.iommu_domain_id,
+            inst.cfg.group_order,
         );
         inst.state().add_context(handle, c);
         fill_io(io_attr, &descs);
@@ -291,7 +292,13 @@ unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
         }
         let handle = next_handle();
         let shapes = cfgs.iter().map(|c| (c.m, c.k, c.n)).collect();
-        let c = Context::new(cfgs[0], shapes, all_descs, info.iommu_domain_id);
+        let c = Context::new(
+            cfgs[0],
+            shapes,
+            all_descs,
+            info.iommu_domain_id,
+            inst.cfg.group_order,
+        );
         inst.state().add_context(handle, c);
         // SAFETY: checked non-null.
         unsafe { *ctx = handle as rknn_matmul_ctx };
@@ -381,7 +388,7 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                 }
                 m.shared.clone()
             };
-            c.bind(platform, which, shared)
+            c.bind(&inst.cfg, which, shared)
         })
     })
 }
@@ -605,6 +612,9 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
                 if kind == ElemKind::I4 {
                     // Values outside -8..=7 (one per byte) keep their low nibble.
                     layout::pack_i4(&native, out);
+                    if inst.cfg.native_b_nibbles == crate::NibbleOrder::HighFirst {
+                        crate::context::swap_nibbles(out);
+                    }
                 } else {
                     out.iter_mut().zip(&native).for_each(|(d, &s)| *d = s as u8);
                 }
@@ -800,6 +810,12 @@ unsafe extern "C" fn query<const S: usize>(
         let inst = inst(S)?;
         if ctx != 0 {
             context(&inst, handle(ctx))?;
+            if !inst.cfg.sdk_version_on_matmul {
+                return Err(err(
+                    sys::RKNN_ERR_CTX_INVALID,
+                    "RKNN_QUERY_SDK_VERSION is not answered on a matmul context (RKNN_EMU_SDK_VERSION_ON_MATMUL=0)",
+                ));
+            }
         }
         if cmd != sys::RKNN_QUERY_SDK_VERSION {
             return Err(param(format!(

@@ -48,6 +48,39 @@ pub enum Rounding {
     HalfEven,
 }
 
+/// The nibble order of int4 B in the native layout, as `rknn_B_normal_layout_to_native_layout`
+/// writes it and a run reads it (\[open\]; normal and native A are low nibble first \[hw\]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NibbleOrder {
+    /// The even element of each byte in the low nibble, as in every other int4 layout (default).
+    #[default]
+    LowFirst,
+    /// The even element in the high nibble.
+    HighFirst,
+}
+
+/// When an input bound in the native layout is read (\[open\]: whether the runtime copies or
+/// rearranges it at `set_io_mem`, or the NPU reads the memory when it runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NativeInputs {
+    /// By every run, from the memory's device view: a write synced after the bind is seen
+    /// without binding again (default).
+    #[default]
+    AtRun,
+    /// Once, at `set_io_mem`, like an input in a normal layout.
+    AtBind,
+}
+
+/// The order of per-group quantisation parameters of B (\[open\]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GroupOrder {
+    /// `[K/G][N]`: the parameter of element (k, n) at `(k / G) * N + n` (default).
+    #[default]
+    KMajor,
+    /// `[N][K/G]`: at `n * (K / G) + k / G`.
+    NMajor,
+}
+
 /// Everything an emulator instance can be told.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmuConfig {
@@ -75,6 +108,16 @@ pub struct EmuConfig {
     /// How `rknn_B_normal_layout_to_native_layout` reads int4 B (\[open\], default packed two
     /// per byte as Rockchip's demos do; see [`Int4ConverterInput`]).
     pub int4_converter_input: Int4ConverterInput,
+    /// Nibble order of native int4 B (\[open\], default low nibble first).
+    pub native_b_nibbles: NibbleOrder,
+    /// When native inputs are read (\[open\], default by every run).
+    pub native_inputs: NativeInputs,
+    /// Order of per-group B quantisation parameters (\[open\], default `[K/G][N]`).
+    pub group_order: GroupOrder,
+    /// Whether `rknn_query(RKNN_QUERY_SDK_VERSION)` answers on a matmul context (\[open\],
+    /// default yes). When not, it fails with `RKNN_ERR_CTX_INVALID`, as for a handle the
+    /// model API does not know.
+    pub sdk_version_on_matmul: bool,
     /// Print every error on stderr as the real runtime logs its reasons (`E RKNN: ...`), so a C
     /// program that gets -5 sees why (default on; `RKNN_EMU_LOG=0` turns the drop-in's off).
     /// The message is also kept for `rknn_emu_last_error` either way.
@@ -93,6 +136,10 @@ impl EmuConfig {
             iommu_domain_bytes: 4 << 30,
             strict_cache: false,
             int4_converter_input: Int4ConverterInput::Packed,
+            native_b_nibbles: NibbleOrder::LowFirst,
+            native_inputs: NativeInputs::AtRun,
+            group_order: GroupOrder::KMajor,
+            sdk_version_on_matmul: true,
             log_errors: true,
         }
     }
@@ -106,14 +153,33 @@ impl EmuConfig {
     /// | `RKNN_EMU_I16_OVERFLOW` | saturate, wrap | saturate |
     /// | `RKNN_EMU_ROUNDING` | half-away, half-even | half-away |
     /// | `RKNN_EMU_HANDLE_BUDGET` | live memories | 1020 |
+    /// | `RKNN_EMU_IOMMU_DOMAIN_BYTES` | bytes one IOMMU domain holds | 4294967296 |
     /// | `RKNN_EMU_STRICT_CACHE` | 1 = non-coherent cache emulation | 0 |
     /// | `RKNN_INT4_B_CONVERTER_INPUT` ([`rknn_chip::INT4_CONVERTER_INPUT_ENV`], shared with the safe layer) | packed, one-per-byte | packed |
+    /// | `RKNN_EMU_NATIVE_B_NIBBLES` | low-first, high-first | low-first |
+    /// | `RKNN_EMU_NATIVE_INPUTS` | run, bind | run |
+    /// | `RKNN_EMU_GROUP_ORDER` | k-major, n-major | k-major |
+    /// | `RKNN_EMU_SDK_VERSION_ON_MATMUL` | 1 = answered, 0 = refused | 1 |
     /// | `RKNN_EMU_LOG` | 0 = no error lines on stderr | 1 |
     ///
     /// Unknown values are reported on stderr and replaced by the default, since a C caller has
     /// no other channel for the error.
     pub fn from_env() -> EmuConfig {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        EmuConfig::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration that the variables of [`EmuConfig::from_env`] describe, read through
+    /// `var` instead of the environment: how a program builds the configuration a drop-in
+    /// library would have under given settings without changing its own environment.
+    ///
+    /// ```
+    /// use rknn_emu::{EmuConfig, Overflow};
+    /// let cfg = EmuConfig::from_vars(|name| (name == "RKNN_EMU_I16_OVERFLOW").then(|| "wrap".into()));
+    /// assert_eq!(cfg.i16_overflow, Overflow::Wrap);
+    /// assert_eq!(EmuConfig::from_vars(|_| None), EmuConfig::default());
+    /// ```
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> EmuConfig {
+        let var = |name: &str| var(name).filter(|v| !v.is_empty());
         let warn =
             |name: &str, v: &str| eprintln!("rknn-emu: ignoring {name}={v:?} (see rknn-emu docs)");
         let platform = match var("RKNN_EMU_PLATFORM") {
@@ -143,10 +209,37 @@ impl EmuConfig {
                 Err(_) => warn("RKNN_EMU_HANDLE_BUDGET", &v),
             }
         }
+        if let Some(v) = var("RKNN_EMU_IOMMU_DOMAIN_BYTES") {
+            match v.parse() {
+                Ok(n) => cfg.iommu_domain_bytes = n,
+                Err(_) => warn("RKNN_EMU_IOMMU_DOMAIN_BYTES", &v),
+            }
+        }
         cfg.strict_cache = var("RKNN_EMU_STRICT_CACHE").as_deref() == Some("1");
-        match Int4ConverterInput::from_env() {
-            Ok(v) => cfg.int4_converter_input = v,
-            Err(e) => eprintln!("rknn-emu: {e}; using packed"),
+        match var(rknn_chip::INT4_CONVERTER_INPUT_ENV).map(|v| v.parse::<Int4ConverterInput>()) {
+            None => {}
+            Some(Ok(v)) => cfg.int4_converter_input = v,
+            Some(Err(e)) => eprintln!("rknn-emu: {e}; using packed"),
+        }
+        match var("RKNN_EMU_NATIVE_B_NIBBLES").as_deref() {
+            None | Some("low-first") => {}
+            Some("high-first") => cfg.native_b_nibbles = NibbleOrder::HighFirst,
+            Some(v) => warn("RKNN_EMU_NATIVE_B_NIBBLES", v),
+        }
+        match var("RKNN_EMU_NATIVE_INPUTS").as_deref() {
+            None | Some("run") => {}
+            Some("bind") => cfg.native_inputs = NativeInputs::AtBind,
+            Some(v) => warn("RKNN_EMU_NATIVE_INPUTS", v),
+        }
+        match var("RKNN_EMU_GROUP_ORDER").as_deref() {
+            None | Some("k-major") => {}
+            Some("n-major") => cfg.group_order = GroupOrder::NMajor,
+            Some(v) => warn("RKNN_EMU_GROUP_ORDER", v),
+        }
+        match var("RKNN_EMU_SDK_VERSION_ON_MATMUL").as_deref() {
+            None | Some("1") => {}
+            Some("0") => cfg.sdk_version_on_matmul = false,
+            Some(v) => warn("RKNN_EMU_SDK_VERSION_ON_MATMUL", v),
         }
         match var("RKNN_EMU_LOG").as_deref() {
             None | Some("1") => {}

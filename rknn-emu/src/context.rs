@@ -15,10 +15,10 @@ use std::sync::Arc;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rknn_chip::layout::{self, NativeB, TensorDesc};
-use rknn_chip::{ElemKind, Layout, MatmulConfig, MatmulType, Platform, QuantGranularity, Tiles};
+use rknn_chip::{ElemKind, Layout, MatmulConfig, MatmulType, QuantGranularity, Tiles};
 use rknn_sys as sys;
 
-use crate::config::{EmuConfig, Overflow, Rounding};
+use crate::config::{EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding};
 use crate::kernels::{self, NATIVE_B_SK, NativeBShape};
 use crate::memory::Shared;
 
@@ -84,6 +84,8 @@ pub(crate) struct Context {
     pub(crate) descs: Vec<[TensorDesc; 3]>,
     pub(crate) domain: i32,
     pub(crate) core_mask: u32,
+    /// The order of per-group B quantisation parameters (\[open\], from the configuration).
+    group_order: GroupOrder,
     /// N and K that the quantisation parameters describe: the context's (every shape's when B
     /// is NORM or NATIVE, which fixes them; the largest for TP_NORM B, as the vendor's
     /// dynamic-shape demo sizes its arrays).
@@ -200,6 +202,7 @@ impl Context {
         shapes: Vec<(usize, usize, usize)>,
         descs: Vec<[TensorDesc; 3]>,
         domain: i32,
+        group_order: GroupOrder,
     ) -> Context {
         let quant_n = shapes.iter().map(|s| s.2).max().unwrap_or(base.n);
         let quant_k = shapes.iter().map(|s| s.1).max().unwrap_or(base.k);
@@ -210,6 +213,7 @@ impl Context {
             descs,
             domain,
             core_mask: 0,
+            group_order,
             quant_n,
             quant_k,
             quant: [None, None, None],
@@ -327,27 +331,32 @@ impl Context {
 
     /// Binds A (`which` 0), B (1) or C (2) to a memory. A or B in a normal layout is read now,
     /// as the runtime may rearrange data at this point (later writes are not seen until the
-    /// next bind); in a native layout it is read by every run.
-    pub(crate) fn bind(
-        &mut self,
-        platform: Platform,
-        which: usize,
-        mem: Arc<Shared>,
-    ) -> CallResult {
+    /// next bind); in a native layout it is read by every run, unless the configuration says
+    /// native inputs are read at bind too ([`NativeInputs`], \[open\]).
+    pub(crate) fn bind(&mut self, emu: &EmuConfig, which: usize, mem: Arc<Shared>) -> CallResult {
         if which == 2 {
             self.bound[2] = Some(mem);
             return Ok(());
         }
+        let platform = emu.platform;
         let cfg = self.cfg();
         let desc = self.current_descs()[which];
-        let input = if desc.layout == Layout::Native {
+        let input = if desc.layout == Layout::Native && emu.native_inputs == NativeInputs::AtRun {
             Input::Live
         } else {
             let tiles = platform
                 .tiles(cfg.t)
                 .ok_or_else(|| param("no tiles for this type"))?;
             let view = mem.read();
-            let bytes = &view.bytes()[..desc.size_bytes()];
+            let mut bytes = &view.bytes()[..desc.size_bytes()];
+            let swapped;
+            if swaps_nibbles(emu, &desc) {
+                let mut copy = try_vec(bytes.len(), 0u8)?;
+                copy.copy_from_slice(bytes);
+                swap_nibbles(&mut copy);
+                swapped = copy;
+                bytes = &swapped;
+            }
             let operand = match elements(bytes, &desc)? {
                 Operand::Int(v) => {
                     let mut d = Vec::new();
@@ -401,7 +410,7 @@ impl Context {
         let k = cfg.k;
         for col in 0..w {
             for kk in 0..k {
-                let i = b_param_index(cfg, self.quant_n, kk, j0 + col);
+                let i = b_param_index(self, cfg, kk, j0 + col);
                 out[col * k + kk] = (i32::from(bt[col * k + kk]) - q.zp(i)) as f32 * q.scale(i);
             }
         }
@@ -560,10 +569,15 @@ impl Context {
                     NativeB::new(cfg.k, cfg.n, tiles.b_n, tiles.b_k, seg).ok_or_else(|| {
                         param(format!("native B of K={} N={} has no layout", cfg.k, cfg.n))
                     })?;
-                if Arc::ptr_eq(b_mem, c_mem) {
-                    // B and C are one memory: read B first, then write C over it.
+                let swap = swaps_nibbles(emu, &descs[1]);
+                if Arc::ptr_eq(b_mem, c_mem) || swap {
+                    // B and C are one memory: read B first, then write C over it. (Or B's
+                    // nibbles are stored high first: a copy in the kernels' order.)
                     let b = grow(b_copy, b_len)?;
                     b.copy_from_slice(&b_mem.read().bytes()[..b_len]);
+                    if swap {
+                        swap_nibbles(b);
+                    }
                     let mut c = c_mem.write();
                     let mut out =
                         CWriter::new(&mut c.bytes()[..c_len], self, emu, &descs[2], tiles);
@@ -651,7 +665,7 @@ impl Context {
                 .collect();
             for r in 0..m {
                 for c in 0..n {
-                    let pi = b_param_index(cfg, self.quant_n, g0, j0 + c);
+                    let pi = b_param_index(self, cfg, g0, j0 + c);
                     let zb = i64::from(qb.zp(pi));
                     let exact = i64::from(acc[r * n + c]) - zb * row_sums[r] - za * col_sums[c]
                         + group as i64 * za * zb;
@@ -911,13 +925,30 @@ fn read_f16(bytes: &[u8], dst: &mut [f32]) {
 
 /// Index into B's quant arrays for element (k, n): per-layer 0, per-channel n, per-group
 /// `(k / G) * stride_n + n` (order `[K/G][N]`, inferred: \[open\]; `stride_n` is the context's
-/// N, which the arrays were sized for).
-fn b_param_index(cfg: &MatmulConfig, stride_n: usize, k: usize, n: usize) -> usize {
+/// N, which the arrays were sized for), or `n * (stride_k / G) + k / G` for [`GroupOrder::NMajor`].
+fn b_param_index(ctx: &Context, cfg: &MatmulConfig, k: usize, n: usize) -> usize {
     match cfg.b_quant.granularity {
         QuantGranularity::PerLayer => 0,
         QuantGranularity::PerChannel => n,
-        QuantGranularity::PerGroup => (k / cfg.group_size) * stride_n + n,
+        QuantGranularity::PerGroup => match ctx.group_order {
+            GroupOrder::KMajor => (k / cfg.group_size) * ctx.quant_n + n,
+            GroupOrder::NMajor => n * (ctx.quant_k / cfg.group_size) + k / cfg.group_size,
+        },
     }
+}
+
+/// Whether an input of this descriptor is int4 B in the native layout stored high nibble
+/// first, which the kernels read after [`swap_nibbles`].
+fn swaps_nibbles(emu: &EmuConfig, desc: &TensorDesc) -> bool {
+    desc.name == "B"
+        && desc.kind == ElemKind::I4
+        && desc.layout == Layout::Native
+        && emu.native_b_nibbles == NibbleOrder::HighFirst
+}
+
+/// Exchanges the two nibbles of every byte: high-first int4 data into low-first and back.
+pub(crate) fn swap_nibbles(bytes: &mut [u8]) {
+    bytes.iter_mut().for_each(|b| *b = b.rotate_left(4));
 }
 
 fn round(x: f64, mode: Rounding) -> f64 {

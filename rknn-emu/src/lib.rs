@@ -57,6 +57,8 @@ pub mod kernels;
 mod memory;
 
 pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
-pub use config::{EmuConfig, Overflow, Rounding, RulesPolicy};
+pub use config::{
+    EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding, RulesPolicy,
+};
 pub use instance::{EmuError, EmuStats, Emulator};
 pub use rknn_chip;

@@ -3,8 +3,12 @@
 //!
 //! * `rknn-info`: the backend, chip, NPU cores, runtime and driver versions, file-descriptor
 //!   limits, NPU lock state and the matmul capability table, as text or JSON.
+//! * `rknn-conformance`: the emulator's facts checked against a runtime, side by side on the
+//!   same inputs ([`conformance`]).
 
 use std::io::Write;
+
+pub mod conformance;
 
 /// Writes `text` to stdout, treating a closed pipe (`rknn-info | head`) as the end of output
 /// rather than an error: returns `false` when the reader has gone.
