@@ -7,10 +7,12 @@
 //!   with the model's pre-tokenizer), producing llama.cpp's ids.
 //! * [`model`]: the llama / qwen2 forward pass with a KV cache.
 //! * [`sample`]: greedy, temperature, top-k, top-p, repetition penalty.
+//! * [`spec`]: lossless speculative decoding by prompt lookup.
 //! * [`chat`]: the ChatML, Llama-3 and Llama-2 chat formats.
 
 pub mod chat;
 pub mod gguf;
 pub mod model;
 pub mod sample;
+pub mod spec;
 pub mod tokenizer;

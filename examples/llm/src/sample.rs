@@ -107,6 +107,47 @@ impl Sampler {
 
     /// Picks the next token from one row of logits (ids are positions in `logits`).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        match self.distribution(logits) {
+            Dist::Greedy(t) => t,
+            Dist::Probs(probs) => {
+                let u = self.rng.next_f64();
+                draw(&probs, &self.candidates, u, None)
+            }
+        }
+    }
+
+    /// Decides whether the token `drafted` (proposed by a draft that gave it all its
+    /// probability, as prompt lookup does) stands at the position of `logits`, by the
+    /// speculative-sampling rule, which leaves the output distribution exactly that of
+    /// [`Sampler::sample`]: greedy keeps it if it is the argmax, else the argmax replaces it;
+    /// with sampling it is kept with probability `p(drafted)`, else the replacement is drawn
+    /// from `p` without `drafted`, renormalised.
+    pub fn verify(&mut self, logits: &[f32], drafted: u32) -> Verdict {
+        match self.distribution(logits) {
+            Dist::Greedy(t) if t == drafted => Verdict::Accept,
+            Dist::Greedy(t) => Verdict::Reject(t),
+            Dist::Probs(probs) => {
+                let p_draft = self
+                    .candidates
+                    .iter()
+                    .zip(&probs)
+                    .find(|(c, _)| c.0 == drafted)
+                    .map_or(0.0, |(_, &p)| p);
+                if self.rng.next_f64() < p_draft {
+                    return Verdict::Accept;
+                }
+                // The residual max(0, p - q) with q a point mass on `drafted`: p without it.
+                let rest = 1.0 - p_draft;
+                let u = self.rng.next_f64() * rest;
+                Verdict::Reject(draw(&probs, &self.candidates, u, Some(drafted)))
+            }
+        }
+    }
+
+    /// The distribution the next token is drawn from: the argmax (temperature 0), or the
+    /// candidates (left in `self.candidates`) with their probabilities after the repetition
+    /// penalty, top-k, top-p and temperature, in llama.cpp's order.
+    fn distribution(&mut self, logits: &[f32]) -> Dist {
         let c = &self.config;
         self.candidates.clear();
         self.candidates
@@ -127,7 +168,7 @@ impl Sampler {
             }
         }
         if c.temperature <= 0.0 {
-            return greedy(&self.candidates);
+            return Dist::Greedy(greedy(&self.candidates));
         }
         // Largest first, lowest id first among equals; NaN logits sort last.
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| {
@@ -155,18 +196,41 @@ impl Sampler {
             }
             self.candidates.truncate(keep.max(1));
         }
-        let probs = softmax(&self.candidates, c.temperature);
-        let u = self.rng.next_f64();
-        let mut cum = 0.0;
-        for (p, cand) in probs.iter().zip(&self.candidates) {
-            cum += p;
-            if u < cum {
-                return cand.0;
-            }
-        }
-        // Rounding left `cum` a hair below 1 and `u` above it: the last candidate.
-        self.candidates.last().map_or(0, |c| c.0)
+        Dist::Probs(softmax(&self.candidates, c.temperature))
     }
+}
+
+/// The outcome of [`Sampler::verify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The drafted token stands.
+    Accept,
+    /// It does not; this token takes its place.
+    Reject(u32),
+}
+
+/// A next-token distribution.
+enum Dist {
+    Greedy(u32),
+    Probs(Vec<f64>),
+}
+
+/// The candidate where the cumulative probability (skipping `skip`) passes `u`.
+fn draw(probs: &[f64], candidates: &[(u32, f32)], u: f64, skip: Option<u32>) -> u32 {
+    let mut cum = 0.0;
+    let mut last = None;
+    for (p, cand) in probs.iter().zip(candidates) {
+        if Some(cand.0) == skip {
+            continue;
+        }
+        cum += p;
+        last = Some(cand.0);
+        if u < cum {
+            return cand.0;
+        }
+    }
+    // Rounding left `cum` a hair below the total and `u` above it: the last candidate.
+    last.unwrap_or(0)
 }
 
 /// The id of the largest logit, the lowest among equals (NaN never wins).
@@ -296,5 +360,48 @@ mod tests {
         assert!(v.iter().all(|&x| (0.0..1.0).contains(&x)));
         let mean = v.iter().sum::<f64>() / 1000.0;
         assert!((mean - 0.5).abs() < 0.05);
+    }
+
+    #[test]
+    fn verify_is_exact_for_greedy() {
+        let mut s = Sampler::new(cfg(0.0, 0, 1.0));
+        let logits = [0.1f32, 2.0, 0.5];
+        assert_eq!(s.verify(&logits, 1), Verdict::Accept);
+        assert_eq!(s.verify(&logits, 2), Verdict::Reject(1));
+    }
+
+    /// Speculative sampling leaves the distribution unchanged: the token at a position is
+    /// distributed as `p` whatever the drafted token was.
+    #[test]
+    fn verify_keeps_the_distribution_for_any_draft() {
+        let logits = [1.0f32, 0.5, -0.3, 0.0];
+        let mut s = Sampler::new(cfg(0.8, 0, 1.0));
+        let p = match s.distribution(&logits) {
+            Dist::Probs(p) => p,
+            Dist::Greedy(_) => unreachable!(),
+        };
+        let ids: Vec<u32> = s.candidates.iter().map(|c| c.0).collect();
+        let n = 200_000;
+        for drafted in [0u32, 2, 3] {
+            let mut s = Sampler::new(SamplerConfig {
+                seed: 9 + u64::from(drafted),
+                ..cfg(0.8, 0, 1.0)
+            });
+            let mut counts = [0usize; 4];
+            for _ in 0..n {
+                let t = match s.verify(&logits, drafted) {
+                    Verdict::Accept => drafted,
+                    Verdict::Reject(t) => {
+                        assert_ne!(t, drafted);
+                        t
+                    }
+                };
+                counts[t as usize] += 1;
+            }
+            for (id, &pi) in ids.iter().zip(&p) {
+                let f = counts[*id as usize] as f64 / n as f64;
+                assert!((f - pi).abs() < 0.005, "draft {drafted}: token {id} {f} vs {pi}");
+            }
+        }
     }
 }

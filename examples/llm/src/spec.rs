@@ -1,0 +1,117 @@
+//! Lossless speculative decoding by prompt lookup: no draft model. The context often already
+//! contains what comes next (re-emitting a file with a small edit, quoting the prompt), so the
+//! tokens that followed the latest earlier occurrence of the last few tokens are proposed, and
+//! the model checks all of them in one forward pass of `1 + k` rows, which costs an NPU (bound
+//! by reading the weights) little more than one row.
+//!
+//! Lossless: with greedy decoding a drafted token is kept only if it is the model's own argmax
+//! at its position, and the forward pass gives bit-identical logits for a position whatever the
+//! batch it is computed in (every reduction has a fixed order, and W8A8 quantises each row on
+//! its own), so the output is token-identical to plain greedy decoding. With sampling, the
+//! standard speculative-sampling rule ([`crate::sample::Sampler::verify`]) keeps the output
+//! distribution unchanged.
+
+/// n-gram prompt lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptLookup {
+    /// The longest n-gram matched (tried first).
+    pub ngram_max: usize,
+    /// The shortest n-gram matched when no longer one is found.
+    pub ngram_min: usize,
+    /// Tokens proposed at most.
+    pub draft_max: usize,
+}
+
+impl Default for PromptLookup {
+    fn default() -> Self {
+        PromptLookup {
+            ngram_max: 3,
+            ngram_min: 2,
+            draft_max: 8,
+        }
+    }
+}
+
+impl PromptLookup {
+    /// The tokens that followed the latest earlier occurrence of the last `n` tokens of
+    /// `context` (`n` from `ngram_max` down to `ngram_min`), at most `min(draft_max, max)`;
+    /// empty when nothing matches.
+    pub fn draft<'c>(&self, context: &'c [u32], max: usize) -> &'c [u32] {
+        let max = self.draft_max.min(max);
+        if max == 0 {
+            return &[];
+        }
+        let len = context.len();
+        for n in (self.ngram_min.max(1)..=self.ngram_max).rev() {
+            if len <= n {
+                continue;
+            }
+            let tail = &context[len - n..];
+            // The latest earlier occurrence: start positions before the tail itself.
+            if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == tail) {
+                let from = i + n;
+                return &context[from..(from + max).min(len)];
+            }
+        }
+        &[]
+    }
+}
+
+/// What speculation did during one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verify passes that carried at least one drafted token.
+    pub passes: usize,
+    /// Tokens proposed.
+    pub drafted: usize,
+    /// Proposed tokens the model agreed with.
+    pub accepted: usize,
+}
+
+impl SpecStats {
+    /// Accepted over drafted (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proposes_what_followed_the_latest_earlier_occurrence() {
+        let l = PromptLookup::default();
+        // ... 7 8 9 [1 2 3] 4 5 ... 1 2 3 6 ... [1 2 3] -> the latest earlier match is "6 ...".
+        let ctx = [7, 8, 9, 1, 2, 3, 4, 5, 1, 2, 3, 6, 0, 1, 2, 3];
+        assert_eq!(l.draft(&ctx, 100), &[6, 0, 1, 2, 3]);
+        assert_eq!(l.draft(&ctx, 2), &[6, 0]);
+        // No 3-gram match, but a 2-gram one.
+        assert_eq!(l.draft(&[5, 6, 7, 9, 6, 7], 100), &[9, 6, 7]);
+        // Nothing matches, or nothing may be proposed.
+        assert!(l.draft(&[1, 2, 3, 4], 100).is_empty());
+        assert!(l.draft(&ctx, 0).is_empty());
+        assert!(l.draft(&[], 10).is_empty());
+        assert!(l.draft(&[3], 10).is_empty());
+        let short = PromptLookup {
+            draft_max: 1,
+            ..l
+        };
+        assert_eq!(short.draft(&ctx, 100), &[6]);
+    }
+
+    #[test]
+    fn acceptance_rate() {
+        let s = SpecStats {
+            passes: 2,
+            drafted: 8,
+            accepted: 6,
+        };
+        assert_eq!(s.acceptance(), 0.75);
+        assert_eq!(SpecStats::default().acceptance(), 0.0);
+    }
+}
