@@ -52,11 +52,12 @@
 mod abi;
 mod config;
 mod context;
+pub mod cost;
 mod instance;
 pub mod kernels;
 mod memory;
 
 pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
-pub use config::{EmuConfig, Overflow, Rounding, RulesPolicy};
-pub use instance::{EmuError, EmuStats, Emulator};
+pub use config::{BusyCores, CostPolicy, EmuConfig, Overflow, Rounding, RulesPolicy};
+pub use instance::{ContextModelled, EmuError, EmuStats, Emulator, ModelledTime};
 pub use rknn_chip;
