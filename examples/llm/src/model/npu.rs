@@ -157,7 +157,10 @@ pub fn quantize_row_mse(row: &[f32], q: &mut [i8]) -> f32 {
         }
         *slot
     };
-    let mut best = (0..=20).step_by(4).min_by(|&a, &b| err(a).total_cmp(&err(b))).unwrap_or(0);
+    let mut best = (0..=20)
+        .step_by(4)
+        .min_by(|&a, &b| err(a).total_cmp(&err(b)))
+        .unwrap_or(0);
     for i in (best - 3).max(0)..=(best + 3).min(20) {
         if err(i) < err(best) {
             best = i;
