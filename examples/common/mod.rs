@@ -872,3 +872,169 @@ pub fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rknn_matmul::{Core, Platform};
+
+    fn emulator() -> Runtime {
+        Runtime::emulator(Platform::Rk3588).unwrap()
+    }
+
+    fn case(m: usize, k: usize, n: usize, dtype: Dtype, layout: LayoutArg) -> Case {
+        Case {
+            shape: Shape { m, k, n },
+            dtype,
+            layout,
+            quant: QuantArg::PerLayer,
+        }
+    }
+
+    #[test]
+    fn shapes_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            "4096x512x32".parse::<Shape>(),
+            Ok(Shape {
+                m: 4096,
+                k: 512,
+                n: 32
+            })
+        );
+        let e = "4096x0x32".parse::<Shape>().unwrap_err();
+        assert!(e.contains("\"0\"") && e.contains("positive"), "{e}");
+        assert!("64x64".parse::<Shape>().unwrap_err().contains("MxKxN"));
+    }
+
+    #[test]
+    fn every_type_and_layout_is_verified_against_the_host_reference() {
+        let rt = emulator();
+        for (dtype, layout) in [
+            (Dtype::I8, LayoutArg::Native),
+            (Dtype::I8, LayoutArg::Norm),
+            (Dtype::I8, LayoutArg::TpNorm),
+            (Dtype::F16, LayoutArg::Native),
+            (Dtype::F16, LayoutArg::Norm),
+            (Dtype::I4, LayoutArg::Native),
+        ] {
+            let c = case(5, 96, 128, dtype, layout);
+            let check = match dtype {
+                Dtype::I8 => prepare::<I8xI8ToI32>(&rt, &c, Core::Index(1), 0).map(|r| r.check),
+                Dtype::F16 => prepare::<F16xF16ToF32>(&rt, &c, Core::Auto, 0).map(|r| r.check),
+                Dtype::I4 => prepare::<I4xI4ToI16>(&rt, &c, Core::Auto, 0).map(|r| r.check),
+            }
+            .unwrap();
+            assert!(check.ok, "{c:?}: {}", check.text);
+            assert_eq!(check.text, "verified (all 640 entries)");
+        }
+    }
+
+    #[test]
+    fn a_wrong_entry_is_caught() {
+        let s = Shape { m: 3, k: 64, n: 32 };
+        let mut rng = fastrand::Rng::with_seed(7);
+        let ops = I8xI8ToI32::operands(&mut rng, s);
+        // The reference, computed independently of `verify`.
+        let mut c: Vec<i32> = (0..s.m * s.n)
+            .map(|idx| {
+                let (i, j) = (idx / s.n, idx % s.n);
+                (0..s.k)
+                    .map(|kk| ops.a[i * s.k + kk] as i32 * ops.b[kk * s.n + j] as i32)
+                    .sum()
+            })
+            .collect();
+        assert!(verify::<I8xI8ToI32>(&ops, s, &c, &mut rng).ok);
+        c[2 * s.n + 5] += 1;
+        let check = verify::<I8xI8ToI32>(&ops, s, &c, &mut rng);
+        assert!(!check.ok);
+        assert!(check.text.contains("C[2][5]"), "{}", check.text);
+        // f16: an error far beyond f32 accumulation is caught, rounding is not.
+        let ops = F16xF16ToF32::operands(&mut rng, s);
+        let mut c: Vec<f32> = (0..s.m * s.n)
+            .map(|idx| {
+                let (i, j) = (idx / s.n, idx % s.n);
+                (0..s.k)
+                    .map(|kk| ops.a[i * s.k + kk] * ops.b[kk * s.n + j])
+                    .sum()
+            })
+            .collect();
+        assert!(verify::<F16xF16ToF32>(&ops, s, &c, &mut rng).ok);
+        c[0] += 0.01;
+        assert!(!verify::<F16xF16ToF32>(&ops, s, &c, &mut rng).ok);
+    }
+
+    #[test]
+    fn large_results_are_sampled() {
+        let rt = emulator();
+        let r = prepare::<I8xI8ToI32>(
+            &rt,
+            &case(512, 1024, 512, Dtype::I8, LayoutArg::Native),
+            Core::Auto,
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.check.text, "verified (2048 sampled entries)");
+    }
+
+    #[test]
+    fn int4_stays_within_i16() {
+        // 64·K > 32767 from K = 512 on: narrower values keep every sum exact.
+        let mut rng = fastrand::Rng::with_seed(1);
+        for k in [64, 1024, 8704] {
+            let ops = I4xI4ToI16::operands(&mut rng, Shape { m: 1, k, n: 1 });
+            let max = ops.a.iter().chain(&ops.b).fold(0f32, |m, v| m.max(v.abs()));
+            assert!(f64::from(max * max) * k as f64 <= 32767.0, "k={k}");
+        }
+    }
+
+    #[test]
+    fn json_has_exactly_the_fields_of_the_issue() {
+        let m = Measured {
+            case: case(1, 64, 32, Dtype::I8, LayoutArg::Native),
+            contexts: 2,
+            ms_per_run: 1.0,
+            tops: 0.5,
+            rated: Some(4.0),
+            field: None,
+            modelled_ms: Some(2.0),
+            verified: true,
+            check: String::new(),
+        };
+        let v = m.json();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        let mut want = [
+            "m",
+            "k",
+            "n",
+            "type",
+            "layout",
+            "contexts",
+            "ms_per_run",
+            "tops",
+            "pct_of_rated",
+            "verified",
+            "modelled_ms",
+        ];
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        assert_eq!(v["pct_of_rated"], 12.5);
+        assert_eq!(v["type"], "i8");
+        assert_eq!(v["layout"], "native");
+        // The model's throughput is aggregated over the contexts: 2 × 4096 ops in 2 ms.
+        assert!((m.modelled_tops().unwrap() - 2.0 * 4096.0 / 2e-3 / 1e12).abs() < 1e-12);
+    }
+
+    #[test]
+    fn field_figures_only_for_the_measured_cases() {
+        let sq = case(4096, 4096, 4096, Dtype::I8, LayoutArg::Norm);
+        assert_eq!(field_tops(&sq, 1).unwrap().0, 0.69);
+        assert_eq!(field_tops(&sq, 3).unwrap().0, 1.83);
+        let f16 = Case {
+            dtype: Dtype::F16,
+            ..sq
+        };
+        assert!(field_tops(&f16, 1).is_none());
+        assert!(field_tops(&case(256, 256, 256, Dtype::I8, LayoutArg::Norm), 1).is_none());
+    }
+}
