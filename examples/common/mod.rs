@@ -825,25 +825,43 @@ pub fn plot(
     let modelled = series(&|r| r.modelled_tops());
     let field = series(&|r| r.field);
     let rated = series(&|r| r.rated);
-    let colors = [
-        (ours, BLUE, ours_label.to_string()),
-        (modelled, RED, "RK3588 cost model".to_string()),
-        (field, GREEN, "field (librknnrt 2.3.2)".to_string()),
-        (rated, BLACK, "rated (2 TOPS per core, i8)".to_string()),
+    // Field figures are hollow rings drawn around the points (the model matches them where it
+    // was calibrated); lines only guide the eye between the cases.
+    let styles = [
+        (ours, BLUE, ours_label.to_string(), false),
+        (modelled, RED, "RK3588 cost model".to_string(), false),
+        (field, GREEN, "field (librknnrt 2.3.2)".to_string(), true),
+        (
+            rated,
+            BLACK,
+            "rated (2 TOPS per core, i8)".to_string(),
+            false,
+        ),
     ];
-    for (points, color, name) in colors {
+    for (points, color, name, ring) in styles {
         if points.is_empty() {
             continue;
         }
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.mix(0.4)))?
-            .label(name)
-            .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(move |p| Circle::new(p, 5, color.filled())),
-        )?;
+        if ring {
+            chart
+                .draw_series(
+                    points
+                        .into_iter()
+                        .map(move |p| Circle::new(p, 9, color.stroke_width(3))),
+                )?
+                .label(name)
+                .legend(move |(x, y)| Circle::new((x + 10, y), 6, color.stroke_width(2)));
+        } else {
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.mix(0.4)))?
+                .label(name)
+                .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(move |p| Circle::new(p, 5, color.filled())),
+            )?;
+        }
     }
     chart
         .configure_series_labels()
