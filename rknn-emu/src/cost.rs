@@ -196,32 +196,46 @@ impl CostModel {
         cores: usize,
         t: MatmulType,
     ) -> PassCost {
-        let cores = cores.clamp(1, self.cores.max(1));
         let mut total = PassCost::default();
         let mut linear = |n: usize, k: usize, m: usize, count: usize| {
-            let shard = n.div_ceil(cores).next_multiple_of(32);
-            let segs = match self.k_segment {
-                Some(s) if k > s => k.div_ceil(s),
-                _ => 1,
-            };
-            let ks = k.div_ceil(segs).next_multiple_of(32);
-            let one = self.run(&Run {
-                m,
-                k: ks,
-                n: shard,
-                t,
-                busy_cores: cores,
-            });
-            // Every core runs its shard at once: the linear takes as long as one shard.
-            total.npu_s += count as f64 * segs as f64 * one.total_s;
-            total.runs_per_core += (count * segs) as u64;
-            total.weight_bytes += count as f64 * (k * n) as f64 * t.b.bits() as f64 / 8.0;
+            let one = self.linear(n, k, m, cores, t);
+            total.npu_s += count as f64 * one.npu_s;
+            total.runs_per_core += count as u64 * one.runs_per_core;
+            total.weight_bytes += count as f64 * one.weight_bytes;
         };
         for (n, k) in d.layer_linears() {
             linear(n, k, rows, d.layers);
         }
         linear(d.vocab, d.hidden, head_rows, 1);
         total
+    }
+}
+
+impl CostModel {
+    /// The modelled NPU time of one linear y[M, N] = x[M, K] × W[N, K]ᵀ split as the engine
+    /// splits it: N in `cores` shards aligned to 32 (one context per core, all running at once),
+    /// K in segments of at most the chip's segment size, run one after another on each core.
+    pub fn linear(&self, n: usize, k: usize, m: usize, cores: usize, t: MatmulType) -> PassCost {
+        let cores = cores.clamp(1, self.cores.max(1));
+        let shard = n.div_ceil(cores).next_multiple_of(32);
+        let segs = match self.k_segment {
+            Some(s) if k > s => k.div_ceil(s),
+            _ => 1,
+        };
+        let ks = k.div_ceil(segs).next_multiple_of(32);
+        let one = self.run(&Run {
+            m,
+            k: ks,
+            n: shard,
+            t,
+            busy_cores: cores,
+        });
+        PassCost {
+            // Every core runs its shard at once: the linear takes as long as one shard.
+            npu_s: segs as f64 * one.total_s,
+            runs_per_core: segs as u64,
+            weight_bytes: (k * n) as f64 * t.b.bits() as f64 / 8.0,
+        }
     }
 }
 

@@ -309,3 +309,24 @@ fn busy_cores_can_be_fixed_and_the_model_replaced() {
     assert!(got.total > std::time::Duration::from_secs(1));
     assert_eq!(emu.modelled().per_core[1], got.total);
 }
+
+#[test]
+fn a_linear_split_over_the_cores_costs_what_the_model_says() {
+    // The engine's split of a 96 × 4096 linear at M = 4: one 32-column shard per core.
+    let emu = common::emulator(Platform::Rk3588);
+    let (m, k, n) = (4, 4096, 96);
+    let shards: Vec<Ctx> = [RKNN_NPU_CORE_0, RKNN_NPU_CORE_1, RKNN_NPU_CORE_2]
+        .into_iter()
+        .map(|core| Ctx::new(&emu, core, m, k, n / 3))
+        .collect();
+    // Every context runs once before timing, as an engine's first forward does.
+    shards.iter().for_each(Ctx::run);
+    let before = emu.modelled();
+    shards.iter().for_each(Ctx::run);
+    let got = emu.modelled().since(&before);
+    let want = RK3588.linear(n, k, m, 3, MatmulType::I8_I8_I32);
+    assert_eq!(got.runs, 3);
+    assert!((got.busiest_core().as_secs_f64() - want.npu_s).abs() < 1e-9);
+    assert_eq!(want.runs_per_core, 1);
+    assert_eq!(want.weight_bytes, (k * n) as f64);
+}
