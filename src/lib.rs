@@ -6,3 +6,8 @@
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeSnippets;
+
+/// The Rust snippets of docs/npu-matmul-performance.md, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/npu-matmul-performance.md")]
+pub struct PerformanceDocSnippets;

@@ -524,7 +524,12 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
-        with_context(&inst, handle(ctx), |c| c.run(&inst.cfg))
+        let (cfg, mask) = with_context(&inst, handle(ctx), |c| {
+            c.run(&inst.cfg)?;
+            Ok((c.cfg(), c.core_mask))
+        })?;
+        inst.account_run(handle(ctx), mask, cfg.m, cfg.k, cfg.n, cfg.t);
+        Ok(())
     })
 }
 
@@ -536,6 +541,7 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
             c.unbind_all();
             Ok(())
         })?;
+        inst.forget_context(handle(ctx));
         let mut st = inst.state();
         st.contexts.remove(&handle(ctx));
         st.domains.remove(&handle(ctx));

@@ -3,6 +3,48 @@
 
 use rknn_chip::{Int4ConverterInput, Platform, ShapeRules};
 
+use crate::cost::CostModel;
+
+/// Which cost model an instance keeps modelled device time with (see [`crate::cost`]). A
+/// policy resolved against [`EmuConfig::platform`] when the instance is created, like
+/// [`RulesPolicy`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum CostPolicy {
+    /// The platform's calibrated model, if it has one (RK3588; default).
+    #[default]
+    Calibrated,
+    /// This model, whatever the platform.
+    Custom(CostModel),
+    /// No modelled time.
+    Off,
+}
+
+impl CostPolicy {
+    /// The model this policy means on `platform`.
+    pub fn resolve(self, platform: Platform) -> Option<CostModel> {
+        match self {
+            CostPolicy::Calibrated => CostModel::for_platform(platform).copied(),
+            CostPolicy::Custom(m) => Some(m),
+            CostPolicy::Off => None,
+        }
+    }
+}
+
+/// How many NPU cores the cost model takes to be streaming at once during a run (they share
+/// the DDR bandwidth). The emulator cannot observe the device's concurrency (the host's threads
+/// are not the NPU's cores), so it infers it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BusyCores {
+    /// The distinct cores among the live contexts that have run at least once (default): one
+    /// context alone is one core; one context per core driven from one thread each, as the
+    /// engine and `mm_concurrent` do, is all of them. A context on the automatic core (mask 0)
+    /// counts as core 0.
+    #[default]
+    ActiveContexts,
+    /// Always this many.
+    Fixed(usize),
+}
+
 /// Which shape limits an instance enforces beyond the per-chip tables. A policy, not the
 /// limits themselves: it is resolved against [`EmuConfig::platform`] when the instance is
 /// created, so changing only the platform never keeps another chip's limits.
@@ -122,6 +164,11 @@ pub struct EmuConfig {
     /// program that gets -5 sees why (default on; `RKNN_EMU_LOG=0` turns the drop-in's off).
     /// The message is also kept for `rknn_emu_last_error` either way.
     pub log_errors: bool,
+    /// The cost model that keeps a modelled device time for every run (default: the platform's
+    /// calibrated model; [`crate::Emulator::modelled`] reads it).
+    pub cost: CostPolicy,
+    /// How the cost model counts the cores running at once (default: from the active contexts).
+    pub busy_cores: BusyCores,
 }
 
 impl EmuConfig {
@@ -141,6 +188,8 @@ impl EmuConfig {
             group_order: GroupOrder::KMajor,
             sdk_version_on_matmul: true,
             log_errors: true,
+            cost: CostPolicy::Calibrated,
+            busy_cores: BusyCores::ActiveContexts,
         }
     }
 

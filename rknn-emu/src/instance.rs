@@ -5,12 +5,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
 
 use rknn_chip::ShapeRules;
 use rknn_sys::RknnApi;
 
-use crate::config::EmuConfig;
+use crate::config::{BusyCores, EmuConfig};
 use crate::context::Context;
+use crate::cost::{CostModel, Run, RunCost};
 use crate::memory::Memories;
 
 /// Slot 0 is the drop-in library's; the others are handed to [`Emulator::new`].
@@ -32,6 +34,19 @@ pub(crate) struct Instance {
     pub(crate) orphaned: AtomicUsize,
     /// Calls refused because another thread was using the same context.
     pub(crate) concurrent_uses: AtomicUsize,
+    /// `cfg.cost` resolved for `cfg.platform`.
+    pub(crate) cost: Option<CostModel>,
+    /// Modelled device time, kept apart from the state so that a run never waits for it
+    /// longer than an addition.
+    modelled: Mutex<Modelled>,
+}
+
+/// The modelled device time of the runs made so far.
+#[derive(Default)]
+struct Modelled {
+    /// Per live context that has run: its core and its totals.
+    contexts: HashMap<u64, ContextModelled>,
+    total: ModelledTime,
 }
 
 #[derive(Default)]
@@ -55,6 +70,7 @@ impl Instance {
     fn new(cfg: EmuConfig) -> Instance {
         Instance {
             rules: cfg.rules.resolve(cfg.platform),
+            cost: cfg.cost.resolve(cfg.platform),
             cfg,
             state: Mutex::new(State {
                 next_fd: 100,
@@ -62,7 +78,63 @@ impl Instance {
             }),
             orphaned: AtomicUsize::new(0),
             concurrent_uses: AtomicUsize::new(0),
+            modelled: Mutex::new(Modelled::default()),
         }
+    }
+
+    fn modelled(&self) -> MutexGuard<'_, Modelled> {
+        // Every update is a few additions that cannot panic half-way.
+        self.modelled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds the modelled time of a run that context `ctx` made on the core of `core_mask`.
+    pub(crate) fn account_run(
+        &self,
+        ctx: u64,
+        core_mask: u32,
+        m: usize,
+        k: usize,
+        n: usize,
+        t: rknn_chip::MatmulType,
+    ) {
+        let Some(model) = &self.cost else {
+            return;
+        };
+        let cores = self.cfg.platform.npu_cores().max(1);
+        // Mask 0 lets the runtime choose; the model has to put the run somewhere.
+        let core = if core_mask == 0 {
+            0
+        } else {
+            (core_mask.trailing_zeros() as usize).min(cores - 1)
+        };
+        let mut md = self.modelled();
+        let entry = md.contexts.entry(ctx).or_default();
+        entry.core = core;
+        let busy = match self.cfg.busy_cores {
+            BusyCores::Fixed(b) => b,
+            BusyCores::ActiveContexts => {
+                let mut seen = [false; 64];
+                for c in md.contexts.values() {
+                    seen[c.core.min(63)] = true;
+                }
+                seen.iter().filter(|&&s| s).count()
+            }
+        };
+        let cost = model.run(&Run {
+            m,
+            k,
+            n,
+            t,
+            busy_cores: busy.clamp(1, cores),
+        });
+        let entry = md.contexts.get_mut(&ctx).expect("inserted above");
+        entry.add(&cost);
+        md.total.add(core, cores, &cost);
+    }
+
+    /// Forgets a destroyed context (it no longer counts as an active core).
+    pub(crate) fn forget_context(&self, ctx: u64) {
+        self.modelled().contexts.remove(&ctx);
     }
 
     /// The instance's state. A panic inside a call is caught at the ABI boundary and leaves
@@ -123,6 +195,78 @@ pub struct EmuStats {
     pub orphaned_memories: usize,
     /// Calls refused because another thread was inside a call on the same context.
     pub concurrent_uses: usize,
+}
+
+/// Modelled device time of the runs an emulator made ([`crate::cost`]): a model of the chip,
+/// not a measurement.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelledTime {
+    /// Runs counted.
+    pub runs: u64,
+    /// Their modelled device time, summed over every core.
+    pub total: Duration,
+    /// Per NPU core, the modelled time of the runs made on it.
+    pub per_core: Vec<Duration>,
+    /// Operations (2 per multiply-accumulate) of the runs.
+    pub ops: f64,
+}
+
+impl ModelledTime {
+    fn add(&mut self, core: usize, cores: usize, c: &RunCost) {
+        if self.per_core.len() < cores {
+            self.per_core.resize(cores, Duration::ZERO);
+        }
+        let t = c.time();
+        self.runs += 1;
+        self.total += t;
+        self.per_core[core] += t;
+        self.ops += c.ops;
+    }
+
+    /// The modelled device time of the busiest core: the NPU's wall time for work split
+    /// evenly over the cores and run on all of them at once (as the engine's linears are).
+    pub fn busiest_core(&self) -> Duration {
+        self.per_core.iter().copied().max().unwrap_or_default()
+    }
+
+    /// The difference since an earlier snapshot of the same emulator (for timing one phase,
+    /// e.g. prefill then decode).
+    pub fn since(&self, earlier: &ModelledTime) -> ModelledTime {
+        ModelledTime {
+            runs: self.runs.saturating_sub(earlier.runs),
+            total: self.total.saturating_sub(earlier.total),
+            per_core: self
+                .per_core
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    t.saturating_sub(earlier.per_core.get(i).copied().unwrap_or_default())
+                })
+                .collect(),
+            ops: (self.ops - earlier.ops).max(0.0),
+        }
+    }
+}
+
+/// Modelled device time of one context's runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ContextModelled {
+    /// The core its runs were put on.
+    pub core: usize,
+    /// Runs counted.
+    pub runs: u64,
+    /// Their modelled device time.
+    pub total: Duration,
+    /// The cost of its last run.
+    pub last: Option<RunCost>,
+}
+
+impl ContextModelled {
+    fn add(&mut self, c: &RunCost) {
+        self.runs += 1;
+        self.total += c.time();
+        self.last = Some(*c);
+    }
 }
 
 /// An emulated RKNN runtime with its own configuration, contexts and memories.
@@ -192,6 +336,41 @@ impl Emulator {
             memories: st.memories.len(),
             orphaned_memories: self.instance.orphaned.load(Ordering::Relaxed),
             concurrent_uses: self.instance.concurrent_uses.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The cost model keeping modelled device time, if any ([`EmuConfig::cost`]).
+    pub fn cost_model(&self) -> Option<&CostModel> {
+        self.instance.cost.as_ref()
+    }
+
+    /// The modelled device time of every run since the emulator started (or since
+    /// [`Emulator::reset_modelled`]): what the chip would have taken, per the cost model. Zero
+    /// without a model.
+    pub fn modelled(&self) -> ModelledTime {
+        let mut t = self.instance.modelled().total.clone();
+        t.per_core.resize(
+            self.instance.cfg.platform.npu_cores().max(1),
+            Duration::ZERO,
+        );
+        t
+    }
+
+    /// The modelled device time of one live context's runs (`None` if it has not run or has
+    /// been destroyed). `ctx` is the handle `rknn_matmul_create` returned.
+    pub fn context_modelled(&self, ctx: u64) -> Option<ContextModelled> {
+        self.instance.modelled().contexts.get(&ctx).copied()
+    }
+
+    /// Zeroes the modelled totals (per-context totals too; contexts stay active).
+    pub fn reset_modelled(&self) {
+        let mut md = self.instance.modelled();
+        md.total = ModelledTime::default();
+        for c in md.contexts.values_mut() {
+            *c = ContextModelled {
+                core: c.core,
+                ..ContextModelled::default()
+            };
         }
     }
 

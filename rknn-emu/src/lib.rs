@@ -27,6 +27,9 @@
 //! * errors: the runtime's codes, an `E RKNN: ...` line on stderr ([`EmuConfig::log_errors`]),
 //!   and the reason through the table's `rknn_emu_last_error` extension entry.
 //!
+//! It also keeps, for every run, the device time a calibrated cost model of the chip gives it
+//! ([`cost`], [`Emulator::modelled`]): what RK3588 would take, not what the host took.
+//!
 //! Behaviour the public sources leave open (\[open\] in the docs) is configurable in
 //! [`EmuConfig`] and never presented as the hardware's.
 //!
@@ -52,13 +55,15 @@
 mod abi;
 mod config;
 mod context;
+pub mod cost;
 mod instance;
 pub mod kernels;
 mod memory;
 
 pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
 pub use config::{
-    EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding, RulesPolicy,
+    BusyCores, CostPolicy, EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding,
+    RulesPolicy,
 };
-pub use instance::{EmuError, EmuStats, Emulator};
+pub use instance::{ContextModelled, EmuError, EmuStats, Emulator, ModelledTime};
 pub use rknn_chip;
