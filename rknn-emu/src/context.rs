@@ -194,7 +194,7 @@ const PANEL_BYTES: usize = 256 * 1024;
 /// dot-product kernel over unpacked panels is faster (measured on the development machine:
 /// the native kernel streams B at the memory's speed at M = 1 and 2 and loses from M = 4 on,
 /// where its per-row reduction costs more than unpacking B once).
-const NATIVE_B_MAX_M: usize = 3;
+const NATIVE_B_MAX_M: usize = 32;
 
 impl Context {
     pub(crate) fn new(

@@ -172,16 +172,24 @@ fn results_are_identical_whatever_the_number_of_cores() {
 }
 
 #[test]
-fn m_buckets_are_small_powers_of_two_then_multiples_of_128() {
+fn m_buckets_are_exact_when_small_then_multiples_of_128() {
     let cfg = EngineConfig::default();
+    assert_eq!(cfg.bucket(0), 1);
     assert_eq!(cfg.bucket(1), 1);
     assert_eq!(cfg.bucket(2), 2);
-    assert_eq!(cfg.bucket(5), 8);
-    assert_eq!(cfg.bucket(64), 64);
+    assert_eq!(cfg.bucket(5), 5);
+    assert_eq!(cfg.bucket(32), 32);
+    assert_eq!(cfg.bucket(33), 64);
     assert_eq!(cfg.bucket(65), 128);
     assert_eq!(cfg.bucket(300), 384);
     assert_eq!(cfg.bucket(512), 512);
-    assert_eq!(cfg.buckets(), [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]);
+    let b = cfg.buckets();
+    assert_eq!(b.len(), 32 + 1 + 4);
+    assert_eq!(&b[30..], [31, 32, 64, 128, 256, 384, 512]);
+    for m in 1..=512 {
+        assert!(b.contains(&cfg.bucket(m)), "bucket of {m}");
+        assert!(cfg.bucket(m) >= m);
+    }
 }
 
 #[test]

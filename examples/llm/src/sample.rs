@@ -400,7 +400,10 @@ mod tests {
             }
             for (id, &pi) in ids.iter().zip(&p) {
                 let f = counts[*id as usize] as f64 / n as f64;
-                assert!((f - pi).abs() < 0.005, "draft {drafted}: token {id} {f} vs {pi}");
+                assert!(
+                    (f - pi).abs() < 0.005,
+                    "draft {drafted}: token {id} {f} vs {pi}"
+                );
             }
         }
     }

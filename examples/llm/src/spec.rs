@@ -97,10 +97,7 @@ mod tests {
         assert!(l.draft(&ctx, 0).is_empty());
         assert!(l.draft(&[], 10).is_empty());
         assert!(l.draft(&[3], 10).is_empty());
-        let short = PromptLookup {
-            draft_max: 1,
-            ..l
-        };
+        let short = PromptLookup { draft_max: 1, ..l };
         assert_eq!(short.draft(&ctx, 100), &[6]);
     }
 

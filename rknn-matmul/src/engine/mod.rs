@@ -13,8 +13,8 @@
 //! Any number of threads may use one engine: a round (post to every worker, wait for every
 //! reply) holds the pool's lock, so forwards, registrations and drops take turns.
 //!
-//! M handling: contexts are dynamic-shape contexts whose M values are the powers of two up to
-//! 64 (decode, speculative verify passes) and the multiples of 128 up to
+//! M handling: contexts are dynamic-shape contexts whose M values are every M up to 32 (decode,
+//! speculative verify passes), 64, and the multiples of 128 up to
 //! [`EngineConfig::max_m`] (rounding 300 up to 384, not to 512: the field measured +19 %
 //! prefill from that alone); larger M is processed in chunks of `max_m`. One context per
 //! (core, segment) serves every bucket, so the weights are resident once.
@@ -46,13 +46,12 @@ use scheduler::{MAX_WORKERS, Pool, Worker};
 use stats::Counters;
 use topology::{CpuTopology, Pinning};
 
-/// Below this many rows, buckets are powers of two.
-const SMALL_BUCKETS_UP_TO: usize = 64;
+/// Up to this many rows, every M is its own bucket.
+const EXACT_BUCKETS_UP_TO: usize = 32;
 
 /// The largest `max_m`: the runtime takes at most 512 shapes per dynamic-shape context
-/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are the 7 powers of two up to 64 and the
-/// multiples of 128.
-pub const MAX_M_LIMIT: usize = (512 - 7) * 128;
+/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1..=32, 64 and the multiples of 128.
+pub const MAX_M_LIMIT: usize = (512 - 33) * 128;
 
 /// The largest K of an exact W8A8 linear: |q| <= 127 on both sides, so the i32 sum over K
 /// stays exact while 127 × 127 × K < 2^31.
@@ -102,25 +101,25 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// The context M for `m` rows: the next power of two up to 64 (decode is 1; a speculative
-    /// verify pass of a few rows stays small), else `m` rounded up to a multiple of 128 (prefill
-    /// chunks: 300 rows run at 384, not 512, which the field measured as +19 % prefill).
+    /// The context M for `m` rows: `m` itself up to 32 (decode is 1, or 2 with residual
+    /// activations; a speculative verify pass a few more: padding rows would cost as much as
+    /// real ones), 64 up to 64, else `m` rounded up to a multiple of 128 (prefill chunks: 300
+    /// rows run at 384, not 512, which the field measured as +19 % prefill).
     pub fn bucket(&self, m: usize) -> usize {
-        if m <= SMALL_BUCKETS_UP_TO {
-            m.max(1).next_power_of_two()
-        } else {
-            m.div_ceil(128) * 128
+        match m {
+            0..=EXACT_BUCKETS_UP_TO => m.max(1),
+            ..=64 => 64,
+            _ => m.div_ceil(128) * 128,
         }
         .min(self.max_m)
     }
 
-    /// Every bucket: 1, 2, 4, ..., 64, then 128, 256, ..., `max_m`.
+    /// Every bucket: 1, 2, 3, ..., 32, 64, then 128, 256, ..., `max_m`.
     pub fn buckets(&self) -> Vec<usize> {
-        std::iter::successors(Some(1usize), |&b| {
-            (b < SMALL_BUCKETS_UP_TO).then_some(2 * b)
-        })
-        .chain((128..=self.max_m).step_by(128))
-        .collect()
+        (1..=EXACT_BUCKETS_UP_TO)
+            .chain(std::iter::once(64))
+            .chain((128..=self.max_m).step_by(128))
+            .collect()
     }
 
     fn validate(&self) -> Result<()> {

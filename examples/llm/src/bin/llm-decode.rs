@@ -24,7 +24,8 @@ use serde_json::json;
 use rknn_llm::chat::ChatFormat;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual};
-use rknn_llm::sample::{Sampler, SamplerConfig};
+use rknn_llm::sample::{Sampler, SamplerConfig, Verdict};
+use rknn_llm::spec::{PromptLookup, SpecStats};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::{Platform, Runtime, RuntimeOptions};
@@ -42,6 +43,15 @@ enum Backend {
     Emulator,
     /// The host f32 reference path (no NPU).
     F32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SpecArg {
+    /// No speculation.
+    None,
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the last
+    /// n-gram, verified in one forward pass (lossless).
+    Lookup,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -103,6 +113,16 @@ struct Args {
     /// 15 bits of precision from int8 arithmetic, for a second row through the NPU).
     #[arg(long, value_enum, default_value_t = ResidualArg::All)]
     residual: ResidualArg,
+    /// Speculative decoding (lossless: greedy output is token-identical, sampling keeps the
+    /// output distribution).
+    #[arg(long, value_enum, default_value_t = SpecArg::None)]
+    spec: SpecArg,
+    /// Drafted tokens per verify pass at most.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    draft_max: u16,
+    /// The longest n-gram prompt lookup matches (falls back to 2).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    ngram: u16,
     /// Seed of the W8A8 input rotations.
     #[arg(long, default_value_t = EngineOptions::default().seed)]
     rotation_seed: u64,
@@ -241,8 +261,22 @@ fn run(args: Args) -> Result<(), Error> {
         repeat_last_n: args.repeat_last_n,
         seed,
     });
+    let emulator = engine
+        .as_ref()
+        .and_then(|e| e.runtime().emulator_instance());
+    let lookup = match args.spec {
+        SpecArg::None => None,
+        SpecArg::Lookup => Some(PromptLookup {
+            draft_max: usize::from(args.draft_max),
+            ngram_max: usize::from(args.ngram),
+            ngram_min: usize::from(args.ngram).min(3),
+        }),
+    };
     let mut run = Run {
         model: &mut model,
+        emulator,
+        lookup,
+        history: Vec::new(),
         tok: &tok,
         sampler: &mut sampler,
         batch: args.batch_size,
@@ -286,6 +320,7 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let stats = model.stats().clone();
     let summary = Summary {
+        speculating: args.spec != SpecArg::None,
         load_time,
         prompt_tokens: prompt_ids.len(),
         out: &out,
@@ -297,15 +332,30 @@ fn run(args: Args) -> Result<(), Error> {
     if let Some(e) = &engine {
         eprintln!("{}", engine_line(e));
     }
+    let modelled = out.modelled.map(|(p, d)| {
+        let cores = engine.as_ref().map_or(0, Engine::workers);
+        (rate(prompt_ids.len(), p), rate(out.decisions, d), cores)
+    });
+    if let Some((p, d, cores)) = modelled {
+        eprintln!(
+            "modelled RK3588 (cost model of the NPU time only, {cores} cores): prefill {p:.1} tok/s, decode {d:.1} tok/s"
+        );
+    }
     if args.json {
         let doc = json!({
             "prompt_ids": prompt_ids,
             "generated_ids": out.generated,
             "text": out.text,
             "prefill_tok_s": rate(prompt_ids.len(), out.prefill_time),
-            "decode_tok_s": rate(out.decode_forwards, out.decode_time),
+            "decode_tok_s": rate(out.decisions, out.decode_time),
             "backend": backend_name(engine.as_ref()),
             "stats": {
+                "modelled_rk3588": modelled.map(|(p, d, cores)| json!({
+                    "prefill_tok_s": p,
+                    "decode_tok_s": d,
+                    "cores": cores,
+                    "note": "rknn_emu::cost model of the NPU time only (docs/npu-matmul-performance.md)",
+                })),
                 "wtype": model.backend_kind(),
                 "engine": engine.as_ref().map(engine_json),
                 "load_s": load_time.as_secs_f64(),
@@ -314,6 +364,7 @@ fn run(args: Args) -> Result<(), Error> {
                 "prefill_s": out.prefill_time.as_secs_f64(),
                 "decode_s": out.decode_time.as_secs_f64(),
                 "decode_forwards": out.decode_forwards,
+                "spec": spec_json(&args, &out),
                 "stop": out.stop.name(),
                 "threads": threads,
                 "kernel": rknn_llm::model::kernels::selected().name(),
@@ -507,6 +558,13 @@ struct Generated {
     prefill_time: Duration,
     decode_time: Duration,
     decode_forwards: usize,
+    /// Token decisions made from decode passes' logits (one per pass without speculation).
+    decisions: usize,
+    /// What speculation did.
+    spec: SpecStats,
+    /// The emulator's modelled RK3588 NPU time of prefill and decode (busiest core), when the
+    /// matmuls ran on the emulator.
+    modelled: Option<(Duration, Duration)>,
     stop: Stop,
     /// The position after the last token fed to the model.
     end_pos: usize,
@@ -515,6 +573,12 @@ struct Generated {
 /// One generation session's state.
 struct Run<'a> {
     model: &'a mut Model,
+    /// The emulator running the matmuls, whose cost model times them as an RK3588 would.
+    emulator: Option<&'a rknn_matmul::rknn_emu::Emulator>,
+    /// Prompt lookup, when speculating.
+    lookup: Option<PromptLookup>,
+    /// Every token fed so far (the context drafts are looked up in).
+    history: Vec<u32>,
     tok: &'a Tokenizer,
     sampler: &'a mut Sampler,
     batch: usize,
@@ -529,6 +593,7 @@ impl Run<'_> {
     fn generate(&mut self, prompt: &[u32], pos: usize) -> Result<Generated, Error> {
         let n_ctx = self.model.config().n_ctx;
         let n_vocab = self.model.config().n_vocab;
+        let m0 = self.emulator.map(|e| e.modelled());
         let t = Instant::now();
         let mut last = Vec::new();
         for (c, chunk) in prompt.chunks(self.batch).enumerate() {
@@ -548,43 +613,126 @@ impl Run<'_> {
         }
         prompt.iter().for_each(|&t| self.sampler.accept(t));
         let prefill_time = t.elapsed();
+        let m1 = self.emulator.map(|e| e.modelled());
 
         let mut pos = pos + prompt.len();
+        self.history.extend_from_slice(prompt);
         let mut generated = Vec::new();
         let mut text = String::new();
         let mut decoder = StreamDecoder::new(self.tok);
         let mut decode_time = Duration::ZERO;
-        let mut decode_forwards = 0;
+        let (mut decode_forwards, mut decisions) = (0usize, 0usize);
+        let mut spec = SpecStats::default();
+        // Drafts shrink after a miss and grow back after a full hit, so text that repeats
+        // little (prose) pays for few long verify passes.
+        let mut draft_len = self.lookup.map_or(0, |l| l.draft_max);
         let limit = usize::try_from(self.n_predict).unwrap_or(usize::MAX);
         let t = Instant::now();
-        let stop = loop {
+        // The token decided for position `pos`, emitted, then fed with any drafted tokens.
+        let mut token = self.sampler.sample(&last);
+        let stop = 'generate: loop {
             if generated.len() >= limit {
                 break Stop::NPredict;
             }
-            let token = self.sampler.sample(&last);
             if self.tok.is_eog(token) {
                 break Stop::Eog;
             }
-            generated.push(token);
-            self.sampler.accept(token);
-            let piece = decoder.push(token)?;
-            self.emit(&piece, &mut text)?;
+            let out = Out {
+                sampler: self.sampler,
+                history: &mut self.history,
+                generated: &mut generated,
+                decoder: &mut decoder,
+                text: &mut text,
+                stream: self.stream,
+            };
+            out.keep(token)?;
             if generated.len() >= limit {
                 break Stop::NPredict;
             }
             if pos >= n_ctx {
                 break Stop::Context;
             }
-            let logits = self.model.forward(&[token], pos, Logits::Last)?;
-            if let Some(d) = self.dump.as_mut() {
-                write_rows(d, logits)?;
-            }
-            last.clear();
-            last.extend_from_slice(logits);
+            // Room for drafts: the tokens still to generate, and the context after `token`.
+            let room = (limit - generated.len())
+                .min(n_ctx - pos - 1)
+                .min(draft_len);
+            let drafts: Vec<u32> = match &self.lookup {
+                Some(l) => l.draft(&self.history, room).to_vec(),
+                None => Vec::new(),
+            };
+            let mut batch = Vec::with_capacity(1 + drafts.len());
+            batch.push(token);
+            batch.extend_from_slice(&drafts);
+            let which = if drafts.is_empty() {
+                Logits::Last
+            } else {
+                Logits::All
+            };
+            let rows = self.model.forward(&batch, pos, which)?;
             pos += 1;
             decode_forwards += 1;
+            let accepted_before = spec.accepted;
+            if !drafts.is_empty() {
+                spec.passes += 1;
+                spec.drafted += drafts.len();
+            }
+            // Each drafted token stands if the model, at its position, would have chosen it.
+            let mut next = None;
+            for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
+                if let Some(d) = self.dump.as_mut() {
+                    write_rows(d, row)?;
+                }
+                decisions += 1;
+                let Some(&drafted) = drafts.get(i) else {
+                    next = Some(self.sampler.sample(row));
+                    break;
+                };
+                match self.sampler.verify(row, drafted) {
+                    Verdict::Reject(t) => {
+                        next = Some(t);
+                        break;
+                    }
+                    Verdict::Accept => {
+                        spec.accepted += 1;
+                        if self.tok.is_eog(drafted) {
+                            break 'generate Stop::Eog;
+                        }
+                        let out = Out {
+                            sampler: self.sampler,
+                            history: &mut self.history,
+                            generated: &mut generated,
+                            decoder: &mut decoder,
+                            text: &mut text,
+                            stream: self.stream,
+                        };
+                        out.keep(drafted)?;
+                        pos += 1;
+                        if generated.len() >= limit {
+                            break 'generate Stop::NPredict;
+                        }
+                    }
+                }
+            }
+            if let Some(l) = &self.lookup {
+                if !drafts.is_empty() {
+                    let kept = spec.accepted - accepted_before;
+                    draft_len = if kept == drafts.len() {
+                        (2 * draft_len).min(l.draft_max)
+                    } else {
+                        kept + 1
+                    };
+                }
+            }
+            token = next.expect("the last row of a verify pass decides a token");
         };
         decode_time += t.elapsed();
+        let modelled = match (self.emulator, m0, m1) {
+            (Some(e), Some(m0), Some(m1)) => Some((
+                m1.since(&m0).busiest_core(),
+                e.modelled().since(&m1).busiest_core(),
+            )),
+            _ => None,
+        };
         let rest = decoder.finish();
         self.emit(&rest, &mut text)?;
         Ok(Generated {
@@ -593,6 +741,9 @@ impl Run<'_> {
             prefill_time,
             decode_time,
             decode_forwards,
+            decisions,
+            spec,
+            modelled,
             stop,
             end_pos: pos,
         })
@@ -600,6 +751,35 @@ impl Run<'_> {
 
     fn emit(&self, piece: &str, text: &mut String) -> Result<(), Error> {
         text.push_str(piece);
+        if self.stream && !piece.is_empty() {
+            let mut out = std::io::stdout().lock();
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a generated token goes (borrowed field by field, so a verify pass's logits, borrowed
+/// from the model, stay readable meanwhile).
+struct Out<'r, 'd> {
+    sampler: &'r mut Sampler,
+    history: &'r mut Vec<u32>,
+    generated: &'r mut Vec<u32>,
+    decoder: &'r mut StreamDecoder<'d>,
+    text: &'r mut String,
+    stream: bool,
+}
+
+impl Out<'_, '_> {
+    /// Emits a generated token: kept, recorded for the repetition penalty and the lookup, and
+    /// streamed as text.
+    fn keep(self, token: u32) -> Result<(), Error> {
+        self.generated.push(token);
+        self.sampler.accept(token);
+        self.history.push(token);
+        let piece = self.decoder.push(token)?;
+        self.text.push_str(&piece);
         if self.stream && !piece.is_empty() {
             let mut out = std::io::stdout().lock();
             out.write_all(piece.as_bytes())?;
@@ -662,7 +842,7 @@ fn chat(
         eprintln!(
             "[{} tokens, {:.1} tok/s, context {pos}/{}]",
             out.generated.len(),
-            rate(out.decode_forwards, out.decode_time),
+            rate(out.decisions, out.decode_time),
             run.model.config().n_ctx
         );
         if out.stop == Stop::Context {
@@ -673,6 +853,7 @@ fn chat(
 }
 
 struct Summary<'a> {
+    speculating: bool,
     load_time: Duration,
     prompt_tokens: usize,
     out: &'a Generated,
@@ -689,13 +870,49 @@ impl Summary<'_> {
             self.prompt_tokens,
             rate(self.prompt_tokens, o.prefill_time),
             o.generated.len(),
-            rate(o.decode_forwards, o.decode_time),
+            rate(o.decisions, o.decode_time),
             o.stop.name(),
             self.load_time.as_secs_f64(),
             self.backend,
             self.threads,
             self.seed
         );
+        if self.speculating {
+            let s = o.spec;
+            eprintln!(
+                "speculation (prompt lookup): {} verify passes, {} drafted, {} accepted ({:.1} %), {:.2} tokens per forward pass",
+                s.passes,
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance(),
+                tokens_per_pass(o)
+            );
+        }
+    }
+}
+
+/// Token decisions per decode forward pass: 1 without speculation, more as drafts are accepted.
+fn tokens_per_pass(o: &Generated) -> f64 {
+    if o.decode_forwards == 0 {
+        0.0
+    } else {
+        o.decisions as f64 / o.decode_forwards as f64
+    }
+}
+
+fn spec_json(args: &Args, o: &Generated) -> serde_json::Value {
+    match args.spec {
+        SpecArg::None => json!({"mode": "none"}),
+        SpecArg::Lookup => json!({
+            "mode": "lookup",
+            "draft_max": args.draft_max,
+            "ngram": args.ngram,
+            "passes": o.spec.passes,
+            "drafted": o.spec.drafted,
+            "accepted": o.spec.accepted,
+            "acceptance": o.spec.acceptance(),
+            "tokens_per_pass": tokens_per_pass(o),
+        }),
     }
 }
 

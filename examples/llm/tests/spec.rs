@@ -1,0 +1,165 @@
+//! Speculative decoding is lossless: greedy output with `--spec lookup` is token-identical to
+//! greedy output without it, on the f32 path and the NPU path (emulator, and the drop-in
+//! library through dlopen), on small random models and on the demo model.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value as Json;
+
+/// The NPU is single-tenant (a second process gets "NPU busy"): runs of the NPU path in this
+/// test binary take turns.
+static NPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn decode(model: &Path, prompt: &Path, extra: &[&str], envs: &[(&str, &Path)]) -> Json {
+    let _turn = extra.contains(&"npu").then(|| {
+        NPU.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-decode"));
+    cmd.args([
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        prompt.to_str().unwrap(),
+    ])
+    .args(["-n", "40", "--temp", "0", "-t", "2", "--json"])
+    .args(extra);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("llm-decode runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn dropin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let so = exe.parent().unwrap().join("librknnrt.so");
+    assert!(so.exists(), "{} was not built", so.display());
+    so
+}
+
+fn prompts() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/spec_prompts");
+    let mut p: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    p.sort();
+    p
+}
+
+/// Runs every prompt on `model` with and without speculation on each backend, and checks the
+/// tokens are identical and that speculation actually drafted and accepted somewhere.
+fn check(model: &Path, backends: &[(&[&str], &[(&str, &Path)])]) {
+    let mut accepted = 0;
+    for prompt in prompts() {
+        for (backend, envs) in backends {
+            let plain = decode(model, &prompt, backend, envs);
+            for draft_max in ["8", "3"] {
+                let mut args = backend.to_vec();
+                args.extend(["--spec", "lookup", "--draft-max", draft_max]);
+                let spec = decode(model, &prompt, &args, envs);
+                assert_eq!(
+                    plain["generated_ids"],
+                    spec["generated_ids"],
+                    "{} {} {backend:?} draft {draft_max}",
+                    model.display(),
+                    prompt.display()
+                );
+                assert_eq!(plain["text"], spec["text"]);
+                let s = &spec["stats"]["spec"];
+                accepted += s["accepted"].as_u64().unwrap();
+                assert!(s["accepted"].as_u64() <= s["drafted"].as_u64());
+            }
+        }
+    }
+    assert!(
+        accepted > 0,
+        "{}: no drafted token was ever accepted",
+        model.display()
+    );
+}
+
+#[test]
+fn lookup_is_lossless_on_small_random_models() {
+    let lib = dropin();
+    let npu: &[(&str, &Path)] = &[("RKNN_RUNTIME_PATH", &lib)];
+    for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
+        let model = common::fixtures().join("llm").join(name);
+        check(
+            &model,
+            &[
+                (&["--backend", "f32"], &[]),
+                (&["--backend", "emulator"], &[]),
+                (&["--backend", "npu", "--platform", "rk3588"], npu),
+            ],
+        );
+    }
+}
+
+#[test]
+fn lookup_is_lossless_on_the_demo_model() {
+    let Some(model) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+        return;
+    };
+    let lib = dropin();
+    let npu: &[(&str, &Path)] = &[("RKNN_RUNTIME_PATH", &lib)];
+    check(
+        &model,
+        &[
+            (&["--backend", "emulator"], &[]),
+            (&["--backend", "npu", "--platform", "rk3588"], npu),
+        ],
+    );
+}
+
+#[test]
+fn sampling_with_lookup_runs_and_reports_its_counts() {
+    let model = common::fixtures().join("llm/tiny-qwen2.gguf");
+    let prompt = prompts().remove(0);
+    let d = decode(
+        &model,
+        &prompt,
+        &[
+            "--backend",
+            "emulator",
+            "--spec",
+            "lookup",
+            "--temp",
+            "0.8",
+            "--seed",
+            "5",
+        ],
+        &[],
+    );
+    let s = &d["stats"]["spec"];
+    assert_eq!(s["mode"], "lookup");
+    assert!(s["tokens_per_pass"].as_f64().unwrap() >= 1.0);
+    let again = decode(
+        &model,
+        &prompt,
+        &[
+            "--backend",
+            "emulator",
+            "--spec",
+            "lookup",
+            "--temp",
+            "0.8",
+            "--seed",
+            "5",
+        ],
+        &[],
+    );
+    assert_eq!(
+        d["generated_ids"], again["generated_ids"],
+        "reproducible with a seed"
+    );
+}
