@@ -106,10 +106,12 @@ impl EngineConfig {
     /// real ones), 64 up to 64, else `m` rounded up to a multiple of 128 (prefill chunks: 300
     /// rows run at 384, not 512, which the field measured as +19 % prefill).
     pub fn bucket(&self, m: usize) -> usize {
-        match m {
-            0..=EXACT_BUCKETS_UP_TO => m.max(1),
-            ..=64 => 64,
-            _ => m.div_ceil(128) * 128,
+        if m <= EXACT_BUCKETS_UP_TO {
+            m.max(1)
+        } else if m <= 64 {
+            64
+        } else {
+            m.div_ceil(128) * 128
         }
         .min(self.max_m)
     }
