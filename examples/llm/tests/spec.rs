@@ -58,7 +58,10 @@ fn prompts() -> Vec<PathBuf> {
 
 /// Runs every prompt on `model` with and without speculation on each backend, and checks the
 /// tokens are identical and that speculation actually drafted and accepted somewhere.
-fn check(model: &Path, backends: &[(&[&str], &[(&str, &Path)])]) {
+/// A backend's flags and the environment it needs.
+type Backend<'a> = (&'a [&'a str], &'a [(&'a str, &'a Path)]);
+
+fn check(model: &Path, backends: &[Backend<'_>]) {
     let mut accepted = 0;
     for prompt in prompts() {
         for (backend, envs) in backends {
