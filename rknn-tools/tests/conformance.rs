@@ -6,9 +6,11 @@
 //! The drop-in reads its configuration when it is loaded, so every configuration runs in a
 //! child process with its own environment.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use rknn_matmul::Platform;
 use rknn_tools::conformance::{self, CHECKS, Mode, Options, Status, Values};
@@ -31,7 +33,7 @@ fn conformance(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
         env.first().map_or("default", |e| e.0)
     ));
     let so = dropin_library();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rknn-conformance"));
+    let mut cmd = common::tool(env!("CARGO_BIN_EXE_rknn-conformance"));
     cmd.args(["--runtime", so.to_str().unwrap(), "--platform", "rk3588"])
         .args(["--lock-path", lock.to_str().unwrap()])
         .args(args);

@@ -1,11 +1,13 @@
 //! The `rknn-info` binary: text and JSON reports on the emulator, flags as users expect them.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 /// Runs rknn-info; `None` where the binary cannot be started (an aarch64 binary under
 /// qemu-user without binfmt: the kernel cannot exec it, or it dies before `main`).
 fn rknn_info(args: &[&str]) -> Option<Output> {
-    match Command::new(env!("CARGO_BIN_EXE_rknn-info"))
+    match common::tool(env!("CARGO_BIN_EXE_rknn-info"))
         .args(args)
         .output()
     {
@@ -121,7 +123,7 @@ fn version_reports_the_runtime_and_driver() {
 #[cfg(unix)]
 fn a_closed_pipe_is_not_a_panic() {
     use std::process::Stdio;
-    let child = Command::new(env!("CARGO_BIN_EXE_rknn-info"))
+    let child = common::tool(env!("CARGO_BIN_EXE_rknn-info"))
         .args(["--backend", "emulator"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

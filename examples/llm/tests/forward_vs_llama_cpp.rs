@@ -171,7 +171,7 @@ fn tiny_llama_matches_llama_cpp() {
 
 #[test]
 fn smollm2_matches_llama_cpp() {
-    let Some(path) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+    let Some(path) = common::demo_model_forward() else {
         return;
     };
     check("smollm2", &path);

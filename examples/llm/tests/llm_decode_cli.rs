@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value as Json;
 
 fn llm_decode(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_llm-decode"))
+    common::llm_decode()
         .args(args)
         .output()
         .expect("llm-decode runs")

@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use rknn_llm::gguf::GgufFile;
@@ -54,7 +53,7 @@ fn dropin() -> PathBuf {
 }
 
 fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]) -> Json {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-decode"));
+    let mut cmd = common::llm_decode();
     cmd.args([
         "-m",
         model.to_str().unwrap(),
@@ -84,10 +83,7 @@ fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]
 #[test]
 fn the_emulator_and_the_npu_path_give_identical_tokens() {
     let mut models = vec![common::fixtures().join("llm/tiny-qwen2.gguf")];
-    models.extend(common::require(
-        common::demo_model(),
-        "scripts/fetch-model.sh",
-    ));
+    models.extend(common::demo_model_forward());
     let lib = dropin();
     for model in &models {
         for prompt in [
@@ -162,7 +158,7 @@ fn argmax(row: &[f32]) -> usize {
 /// perplexity within 1 % of it.
 #[test]
 fn w8a8_stays_within_the_accuracy_bar_on_english_text() {
-    let Some(path) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+    let Some(path) = common::demo_model_forward() else {
         return;
     };
     let file = GgufFile::open(&path).unwrap();
@@ -213,7 +209,7 @@ fn w8a8_stays_within_the_accuracy_bar_on_english_text() {
 /// one shared A and C per core.
 #[test]
 fn the_demo_model_fits_the_handle_budget_on_three_cores() {
-    let Some(path) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+    let Some(path) = common::demo_model_forward() else {
         return;
     };
     let file = GgufFile::open(&path).unwrap();

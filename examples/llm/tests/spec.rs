@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value as Json;
 
@@ -18,7 +17,7 @@ fn decode(model: &Path, prompt: &Path, extra: &[&str], envs: &[(&str, &Path)]) -
         NPU.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     });
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-decode"));
+    let mut cmd = common::llm_decode();
     cmd.args([
         "-m",
         model.to_str().unwrap(),
@@ -110,7 +109,7 @@ fn lookup_is_lossless_on_small_random_models() {
 
 #[test]
 fn lookup_is_lossless_on_the_demo_model() {
-    let Some(model) = common::require(common::demo_model(), "scripts/fetch-model.sh") else {
+    let Some(model) = common::demo_model_forward() else {
         return;
     };
     let lib = dropin();

@@ -31,3 +31,32 @@ pub fn require(path: PathBuf, script: &str) -> Option<PathBuf> {
     eprintln!("{msg}");
     None
 }
+
+/// The demo model for a test that runs it forward (hundreds of millions of multiply-adds per
+/// token): `None` with a skip message when `RKNPU_TEST_SMALL_MODELS_ONLY=1`, which CI sets for
+/// the aarch64 run under qemu-user where such a test would take most of the budget (the tiny
+/// committed models check the same code there; the demo model runs natively).
+pub fn demo_model_forward() -> Option<PathBuf> {
+    if std::env::var("RKNPU_TEST_SMALL_MODELS_ONLY").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: RKNPU_TEST_SMALL_MODELS_ONLY=1 (the demo model is not run forward)");
+        return None;
+    }
+    require(demo_model(), "scripts/fetch-model.sh")
+}
+
+/// A `Command` for this crate's `llm-decode` binary. When the tests themselves run under an
+/// emulator (cargo's `runner`, e.g. qemu-user for aarch64), `RKNPU_TEST_RUNNER` names the same
+/// runner so the child runs too: without binfmt the kernel cannot execute a foreign binary.
+pub fn llm_decode() -> std::process::Command {
+    let exe = env!("CARGO_BIN_EXE_llm-decode");
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        None => std::process::Command::new(exe),
+        Some(program) => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(words).arg(exe);
+            cmd
+        }
+    }
+}
