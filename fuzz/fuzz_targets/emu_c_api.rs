@@ -46,7 +46,22 @@ impl Input<'_> {
 
 /// Dimensions worth trying: the rules' edges and the C type's.
 const DIMS: [i32; 16] = [
-    1, 2, 7, 16, 31, 32, 33, 64, 96, 128, 4096, 0, -1, -32, i32::MAX, i32::MIN,
+    1,
+    2,
+    7,
+    16,
+    31,
+    32,
+    33,
+    64,
+    96,
+    128,
+    4096,
+    0,
+    -1,
+    -32,
+    i32::MAX,
+    i32::MIN,
 ];
 const TYPES: [u32; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 12, u32::MAX];
 const LAYOUTS: [i16; 5] = [0, 1, 2, 3, -1];
@@ -125,7 +140,8 @@ fuzz_target!(|data: &[u8]| {
     let mut ctxs: Vec<Ctx> = Vec::new();
     let mut dead_ctxs: Vec<rknn_matmul_ctx> = vec![0, 1, u64::MAX as rknn_matmul_ctx];
     let mut mems: Vec<Mem> = Vec::new();
-    let mut dead_mems: Vec<*mut rknn_tensor_mem> = vec![null_mut(), 8 as *mut _, usize::MAX as *mut _];
+    let mut dead_mems: Vec<*mut rknn_tensor_mem> =
+        vec![null_mut(), 8 as *mut _, usize::MAX as *mut _];
     // Caller memory wrapped by create_mem_from_fd/phys: must outlive the emulator's use.
     let mut wrapped: Vec<Vec<u8>> = Vec::new();
     let mut ops = 0;
@@ -152,12 +168,23 @@ fuzz_target!(|data: &[u8]| {
                 let mut io = sys::rknn_matmul_io_attr::default();
                 let mut ctx: rknn_matmul_ctx = 0;
                 let nulls = inp.u8() % 8;
-                let p_ctx = if nulls == 1 { null_mut() } else { &mut ctx as *mut _ };
-                let p_io = if nulls == 2 { null_mut() } else { &mut io as *mut _ };
+                let p_ctx = if nulls == 1 {
+                    null_mut()
+                } else {
+                    &mut ctx as *mut _
+                };
+                let p_io = if nulls == 2 {
+                    null_mut()
+                } else {
+                    &mut io as *mut _
+                };
                 // SAFETY: valid pointers or NULL, as the C contract allows the caller to pass.
                 let rc = unsafe { (api.rknn_matmul_create)(p_ctx, &mut i, p_io) };
                 if rc == 0 {
-                    ctxs.push(Ctx { handle: ctx, io: vec![io] });
+                    ctxs.push(Ctx {
+                        handle: ctx,
+                        io: vec![io],
+                    });
                 }
                 rc
             }
@@ -169,17 +196,26 @@ fuzz_target!(|data: &[u8]| {
                     .map(|_| sys::rknn_matmul_shape {
                         M: inp.pick(&DIMS),
                         K: i.K,
-                        N: if inp.u8() % 8 == 0 { inp.pick(&DIMS) } else { i.N },
+                        N: if inp.u8() % 8 == 0 {
+                            inp.pick(&DIMS)
+                        } else {
+                            i.N
+                        },
                     })
                     .collect();
                 let mut ios = vec![sys::rknn_matmul_io_attr::default(); len];
                 let mut ctx: rknn_matmul_ctx = 0;
-                let f = api.rknn_matmul_create_dynamic_shape.expect("the emulator has it");
+                let f = api
+                    .rknn_matmul_create_dynamic_shape
+                    .expect("the emulator has it");
                 // SAFETY: buffers of `len >= num` entries.
                 let rc = unsafe { f(&mut ctx, &mut i, num, shapes.as_mut_ptr(), ios.as_mut_ptr()) };
                 if rc == 0 {
                     ios.truncate(num as usize);
-                    ctxs.push(Ctx { handle: ctx, io: ios });
+                    ctxs.push(Ctx {
+                        handle: ctx,
+                        io: ios,
+                    });
                 }
                 rc
             }
@@ -190,8 +226,14 @@ fuzz_target!(|data: &[u8]| {
                     K: inp.pick(&DIMS),
                     N: inp.pick(&DIMS),
                 };
-                let f = api.rknn_matmul_set_dynamic_shape.expect("the emulator has it");
-                let p = if inp.u8() % 8 == 0 { null_mut() } else { &mut s as *mut _ };
+                let f = api
+                    .rknn_matmul_set_dynamic_shape
+                    .expect("the emulator has it");
+                let p = if inp.u8() % 8 == 0 {
+                    null_mut()
+                } else {
+                    &mut s as *mut _
+                };
                 // SAFETY: a valid shape or NULL.
                 unsafe { f(ctx, p) }
             }
@@ -214,7 +256,11 @@ fuzz_target!(|data: &[u8]| {
                     1 => attr.name = name(inp.pick(&["D", "", "AA", "a"])),
                     _ => {}
                 }
-                let p = if inp.u8() % 16 == 0 { null_mut() } else { &mut attr as *mut _ };
+                let p = if inp.u8() % 16 == 0 {
+                    null_mut()
+                } else {
+                    &mut attr as *mut _
+                };
                 // SAFETY: `attr` is valid; `mem` is compared with the emulator's keys, never
                 // dereferenced unless it is one of its live memories.
                 unsafe { (api.rknn_matmul_set_io_mem)(ctx, mem, p) }
@@ -238,12 +284,22 @@ fuzz_target!(|data: &[u8]| {
                 let mut scales: Vec<f32> = (0..scale_len.max(0))
                     .map(|_| inp.pick(&[1.0, 0.5, 0.0, -1.0, f32::NAN, f32::INFINITY, 1e-30]))
                     .collect();
-                let mut zps: Vec<i32> = (0..zp_len.max(0)).map(|_| inp.pick(&[0, 1, -128, 127, i32::MAX])).collect();
+                let mut zps: Vec<i32> = (0..zp_len.max(0))
+                    .map(|_| inp.pick(&[0, 1, -128, 127, i32::MAX]))
+                    .collect();
                 let mut p = sys::rknn_quant_params {
                     name: name(inp.pick(&["A", "B", "C", "X"])),
-                    scale: if inp.u8() % 8 == 0 { null_mut() } else { scales.as_mut_ptr() },
+                    scale: if inp.u8() % 8 == 0 {
+                        null_mut()
+                    } else {
+                        scales.as_mut_ptr()
+                    },
                     scale_len,
-                    zp: if inp.u8() % 8 == 0 { null_mut() } else { zps.as_mut_ptr() },
+                    zp: if inp.u8() % 8 == 0 {
+                        null_mut()
+                    } else {
+                        zps.as_mut_ptr()
+                    },
                     zp_len,
                 };
                 if scales.is_empty() && !p.scale.is_null() {
@@ -252,8 +308,14 @@ fuzz_target!(|data: &[u8]| {
                 if zps.is_empty() && !p.zp.is_null() {
                     p.zp = null_mut();
                 }
-                let f = api.rknn_matmul_set_quant_params.expect("the emulator has it");
-                let pp = if inp.u8() % 16 == 0 { null_mut() } else { &mut p as *mut _ };
+                let f = api
+                    .rknn_matmul_set_quant_params
+                    .expect("the emulator has it");
+                let pp = if inp.u8() % 16 == 0 {
+                    null_mut()
+                } else {
+                    &mut p as *mut _
+                };
                 // SAFETY: arrays of the declared lengths (or NULL).
                 unsafe { f(ctx, pp) }
             }
@@ -262,14 +324,28 @@ fuzz_target!(|data: &[u8]| {
                 let len = inp.pick(&[0usize, 1, 32, 4096]);
                 let mut buf = vec![0f32; len];
                 let mut p = sys::rknn_quant_params {
-                    scale: if len == 0 { null_mut() } else { buf.as_mut_ptr() },
+                    scale: if len == 0 {
+                        null_mut()
+                    } else {
+                        buf.as_mut_ptr()
+                    },
                     scale_len: len as i32,
                     ..Default::default()
                 };
                 let mut max = 0f32;
-                let f = api.rknn_matmul_get_quant_params.expect("the emulator has it");
-                let pp = if inp.bool() { null_mut() } else { &mut p as *mut _ };
-                let ps = if inp.u8() % 8 == 0 { null_mut() } else { &mut max as *mut _ };
+                let f = api
+                    .rknn_matmul_get_quant_params
+                    .expect("the emulator has it");
+                let pp = if inp.bool() {
+                    null_mut()
+                } else {
+                    &mut p as *mut _
+                };
+                let ps = if inp.u8() % 8 == 0 {
+                    null_mut()
+                } else {
+                    &mut max as *mut _
+                };
                 // SAFETY: `scale_len` floats behind `scale`.
                 unsafe { f(ctx, pp, ps) }
             }
@@ -299,10 +375,15 @@ fuzz_target!(|data: &[u8]| {
                 let cap = 4 * (k.max(0) as usize + 64) * (n.max(0) as usize + 64);
                 let input: Vec<u8> = (0..cap).map(|_| inp.u8()).collect();
                 let mut out = vec![0u8; cap];
-                let f = api.rknn_B_normal_layout_to_native_layout.expect("the emulator has it");
+                let f = api
+                    .rknn_B_normal_layout_to_native_layout
+                    .expect("the emulator has it");
                 let (pi, po): (*mut c_void, *mut c_void) = match inp.u8() % 16 {
                     0 => (null_mut(), out.as_mut_ptr().cast()),
-                    1 => (input.as_ptr().cast_mut().cast(), input.as_ptr().cast_mut().cast()),
+                    1 => (
+                        input.as_ptr().cast_mut().cast(),
+                        input.as_ptr().cast_mut().cast(),
+                    ),
                     _ => (input.as_ptr().cast_mut().cast(), out.as_mut_ptr().cast()),
                 };
                 // SAFETY: both buffers hold more than the K × N × 2 bytes in and the padded
@@ -312,22 +393,47 @@ fuzz_target!(|data: &[u8]| {
             }
             10 | 11 => {
                 let ctx = any_ctx(&mut inp, &ctxs, &dead_ctxs);
-                let size = inp.pick(&[0u64, 1, 64, 4096, 1 << 20, 16 << 20, u64::from(u32::MAX) + 1]);
+                let size = inp.pick(&[
+                    0u64,
+                    1,
+                    64,
+                    4096,
+                    1 << 20,
+                    16 << 20,
+                    u64::from(u32::MAX) + 1,
+                ]);
                 let p = if op == 10 {
                     // SAFETY: plain values.
                     unsafe { (api.rknn_create_mem)(ctx, size as u32) }
                 } else {
-                    let flags = inp.pick(&[0u64, 1, 2, 4, 8, u64::from(sys::RKNN_MEM_FLAG_ALLOC_NO_CONTEXT), u64::MAX]);
+                    let flags = inp.pick(&[
+                        0u64,
+                        1,
+                        2,
+                        4,
+                        8,
+                        u64::from(sys::RKNN_MEM_FLAG_ALLOC_NO_CONTEXT),
+                        u64::MAX,
+                    ]);
                     let f = api.rknn_create_mem2.expect("the emulator has it");
                     // SAFETY: plain values.
                     unsafe { f(ctx, size, flags) }
                 };
-                let size32 = if op == 10 { size as u32 } else { u32::try_from(size).unwrap_or(0) };
+                let size32 = if op == 10 {
+                    size as u32
+                } else {
+                    u32::try_from(size).unwrap_or(0)
+                };
                 if !p.is_null() {
                     // SAFETY: a live memory the emulator just returned.
                     let m = unsafe { &*p };
                     assert!(m.size >= size32 && !m.virt_addr.is_null());
-                    mems.push(Mem { ptr: p, owner: ctx, size: m.size, inside: true });
+                    mems.push(Mem {
+                        ptr: p,
+                        owner: ctx,
+                        size: m.size,
+                        inside: true,
+                    });
                     0
                 } else {
                     -1
@@ -338,7 +444,11 @@ fuzz_target!(|data: &[u8]| {
                 let size: u32 = inp.pick(&[1, 64, 4096, 0]);
                 let offset: i32 = inp.pick(&[0, 16, 64, -1]);
                 let mut buf = vec![0u8; offset.max(0) as usize + size as usize + 64];
-                let virt: *mut c_void = if inp.u8() % 8 == 0 { null_mut() } else { buf.as_mut_ptr().cast() };
+                let virt: *mut c_void = if inp.u8() % 8 == 0 {
+                    null_mut()
+                } else {
+                    buf.as_mut_ptr().cast()
+                };
                 let p = if inp.bool() {
                     let f = api.rknn_create_mem_from_fd.expect("the emulator has it");
                     // SAFETY: `virt` holds offset + size bytes and is kept alive in `wrapped`
@@ -347,11 +457,16 @@ fuzz_target!(|data: &[u8]| {
                 } else {
                     let f = api.rknn_create_mem_from_phys.expect("the emulator has it");
                     // SAFETY: as above.
-                    unsafe { f(ctx, 0x1000, virt, size, ) }
+                    unsafe { f(ctx, 0x1000, virt, size) }
                 };
                 wrapped.push(buf);
                 if !p.is_null() {
-                    mems.push(Mem { ptr: p, owner: ctx, size, inside: false });
+                    mems.push(Mem {
+                        ptr: p,
+                        owner: ctx,
+                        size,
+                        inside: false,
+                    });
                     0
                 } else {
                     -1
@@ -380,9 +495,18 @@ fuzz_target!(|data: &[u8]| {
             }
             15 => {
                 // The program writes a memory through its CPU mapping, as a C caller does.
-                if let Some(m) = mems.iter().filter(|m| m.inside).nth(inp.u8() as usize % mems.len().max(1)) {
+                if let Some(m) = mems
+                    .iter()
+                    .filter(|m| m.inside)
+                    .nth(inp.u8() as usize % mems.len().max(1))
+                {
                     // SAFETY: a live memory allocated inside the emulator: `virt_addr` maps `size` bytes.
-                    let bytes = unsafe { std::slice::from_raw_parts_mut((*m.ptr).virt_addr.cast::<u8>(), m.size as usize) };
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (*m.ptr).virt_addr.cast::<u8>(),
+                            m.size as usize,
+                        )
+                    };
                     let v = inp.u8();
                     for (i, b) in bytes.iter_mut().take(1 << 16).enumerate() {
                         *b = v.wrapping_mul(i as u8).wrapping_add(i as u8 >> 3);
@@ -395,7 +519,11 @@ fuzz_target!(|data: &[u8]| {
                 let mut v = sys::rknn_sdk_version::default();
                 let size = inp.pick(&[std::mem::size_of::<sys::rknn_sdk_version>() as u32, 0, 16]);
                 let cmd = inp.pick(&[5, 0, 1, 99]);
-                let p: *mut c_void = if inp.u8() % 8 == 0 { null_mut() } else { (&mut v as *mut sys::rknn_sdk_version).cast() };
+                let p: *mut c_void = if inp.u8() % 8 == 0 {
+                    null_mut()
+                } else {
+                    (&mut v as *mut sys::rknn_sdk_version).cast()
+                };
                 // SAFETY: `size` is at most the buffer's size.
                 unsafe { (api.rknn_query)(ctx, cmd, p, size) }
             }
@@ -407,7 +535,10 @@ fuzz_target!(|data: &[u8]| {
                 0
             }
         };
-        assert!(known.contains(&rc), "op {op}: undocumented return code {rc}");
+        assert!(
+            known.contains(&rc),
+            "op {op}: undocumented return code {rc}"
+        );
         let s = emu.stats();
         assert_eq!(s.contexts, ctxs.len(), "op {op}");
         assert_eq!(s.memories, mems.len(), "op {op}");

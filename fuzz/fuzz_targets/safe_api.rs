@@ -206,7 +206,10 @@ fn run_and_check(ctx: &Ctx, a: &Mem, b: &Mem, c: &mut Mem) {
             for r in 0..m {
                 for j in 0..n {
                     let want: i64 = (0..k)
-                        .map(|x| (a[a_at(ac, m, k, 8, r, x)].to_f32() * 16.0) as i64 * bv[b_at(bl, k, n, x, j)])
+                        .map(|x| {
+                            (a[a_at(ac, m, k, 8, r, x)].to_f32() * 16.0) as i64
+                                * bv[b_at(bl, k, n, x, j)]
+                        })
                         .sum();
                     assert_eq!(c[c_at(ac, m, n, r, j)], want as f32 / 256.0, "({r}, {j})");
                 }
@@ -233,6 +236,59 @@ fn run_and_check(ctx: &Ctx, a: &Mem, b: &Mem, c: &mut Mem) {
             }
         }
     }
+}
+
+/// Converts a random normal-layout B into `mem` through `c`, checking the outcome.
+fn convert(c: &Ctx, mem: &mut Mem, seed: u8) {
+    let foreign = mem.ctx != c.id;
+    macro_rules! convert {
+        ($mm:expr, $B:ident, $val:expr, $back:expr) => {{
+            let Data::$B(dst) = &mut mem.data else {
+                return;
+            };
+            let (_, k, n) = $mm.shape();
+            let src: Vec<_> = (0..k * n)
+                .map(|x| $val((x as u32).wrapping_mul(seed as u32 * 7 + 3) as i8))
+                .collect();
+            let r = $mm.b_to_native(&src, dst);
+            match (&r, c.b_layout == Layout::Native, foreign) {
+                (Ok(()), true, false) => {
+                    mem.native_src = Some(src.iter().map($back).collect());
+                }
+                (Err(Error::NeedsNativeB { .. }), false, _) => {}
+                (Err(Error::ForeignMemory { matrix: Matrix::B }), true, true) => {}
+                (Err(Error::MemoryTooSmall { .. }), true, false) => {}
+                (r, native, foreign) => {
+                    panic!("b_to_native: {r:?} (native {native}, foreign {foreign})")
+                }
+            }
+        }};
+    }
+    match &c.kind {
+        Kind::I8(mm) => convert!(mm, I8, |v: i8| v, |&v: &i8| i64::from(v)),
+        Kind::I8F32(mm, ..) => convert!(mm, I8, |v: i8| v, |&v: &i8| i64::from(v)),
+        Kind::F16(mm) => convert!(
+            mm,
+            F16,
+            |v: i8| f16::from_f32(v as f32 / 16.0),
+            |v: &f16| (v.to_f32() * 16.0) as i64
+        ),
+    }
+}
+
+/// Whether `data` has the element type of `matrix` in a context of this kind.
+fn fits(kind: &Kind, matrix: Matrix, data: &Data) -> bool {
+    matches!(
+        (kind, matrix, data),
+        (
+            Kind::I8(_) | Kind::I8F32(..),
+            Matrix::A | Matrix::B,
+            Data::I8(_)
+        ) | (Kind::I8(_), Matrix::C, Data::I32(_))
+            | (Kind::I8F32(..), Matrix::C, Data::F32(_))
+            | (Kind::F16(_), Matrix::A | Matrix::B, Data::F16(_))
+            | (Kind::F16(_), Matrix::C, Data::F32(_))
+    )
 }
 
 /// B's values in the normal or transposed layout (as they were written), or the normal-layout
@@ -290,14 +346,26 @@ fuzz_target!(|data: &[u8]| {
                     _ => {
                         let sa = inp.pick(&[0.5f32, 1.0, 1e-3, f32::NAN, -1.0]);
                         let per_channel = inp.u8() % 2 == 0;
-                        let len = if per_channel { inp.pick(&[n, n, 1, 0]) } else { 1 };
+                        let len = if per_channel {
+                            inp.pick(&[n, n, 1, 0])
+                        } else {
+                            1
+                        };
                         let sb: Vec<f32> = (0..len.min(4096))
-                            .map(|j| inp.pick(&[0.25f32, 2.0, 1.0 / (j + 1) as f32, 0.0, f32::INFINITY]))
+                            .map(|j| {
+                                inp.pick(&[0.25f32, 2.0, 1.0 / (j + 1) as f32, 0.0, f32::INFINITY])
+                            })
                             .collect();
                         let q = if per_channel {
-                            BQuant::PerChannel { scales: sb.clone(), zps: vec![] }
+                            BQuant::PerChannel {
+                                scales: sb.clone(),
+                                zps: vec![],
+                            }
                         } else {
-                            BQuant::PerLayer { scale: sb[0], zp: 0 }
+                            BQuant::PerLayer {
+                                scale: sb[0],
+                                zp: 0,
+                            }
                         };
                         builder!(I8xI8ToF32)
                             .quant_a(LayerQuant { scale: sa, zp: 0 })
@@ -308,7 +376,12 @@ fuzz_target!(|data: &[u8]| {
                 };
                 match kind {
                     Ok(kind) => {
-                        ctxs.push(Ctx { id: next_id, kind, b_layout, ac_layout });
+                        ctxs.push(Ctx {
+                            id: next_id,
+                            kind,
+                            b_layout,
+                            ac_layout,
+                        });
                         next_id += 1;
                     }
                     // Refused before or by the runtime, with a message.
@@ -317,37 +390,65 @@ fuzz_target!(|data: &[u8]| {
             }
             2 if !ctxs.is_empty() => {
                 let c = &ctxs[inp.u8() as usize % ctxs.len()];
-                let matrix = inp.pick(&Matrix::ALL);
-                let shared = inp.u8() % 4 == 0;
-                let extra = inp.pick(&[0usize, 1, 4096]);
-                macro_rules! alloc {
-                    ($mm:expr, $A:ident, $B:ident, $C:ident) => {
-                        match (matrix, shared) {
-                            (Matrix::A, false) => $mm.alloc_a().map(Data::$A),
-                            (Matrix::A, true) => $mm.alloc_shared_a(extra).map(Data::$A),
-                            (Matrix::B, _) => $mm.alloc_b().map(Data::$B),
-                            (Matrix::C, false) => $mm.alloc_c().map(Data::$C),
-                            (Matrix::C, true) => $mm.alloc_shared_c(extra).map(Data::$C),
-                        }
-                    };
-                }
-                let r = match &c.kind {
-                    Kind::I8(mm) => alloc!(mm, I8, I8, I32),
-                    Kind::F16(mm) => alloc!(mm, F16, F16, F32),
-                    Kind::I8F32(mm, ..) => alloc!(mm, I8, I8, F32),
+                // One memory, or A, B and C at once (what most programs do).
+                let which: &[Matrix] = match inp.u8() % 4 {
+                    0 => &Matrix::ALL,
+                    i => &Matrix::ALL[usize::from(i - 1)..usize::from(i)],
                 };
-                match r {
-                    Ok(data) => mems.push(Mem {
-                        ctx: c.id,
-                        matrix,
-                        shared: shared && matrix != Matrix::B,
-                        data,
-                        native_src: None,
-                    }),
-                    Err(e) => {
-                        assert!(matches!(e, Error::HandleBudget { live: 12, budget: 12 }), "{e}");
-                        assert_eq!(rt.handle_budget().live(), 12);
+                for &matrix in which {
+                    let shared = inp.u8() % 4 == 0;
+                    let extra = inp.pick(&[0usize, 1, 4096]);
+                    macro_rules! alloc {
+                        ($mm:expr, $A:ident, $B:ident, $C:ident) => {
+                            match (matrix, shared) {
+                                (Matrix::A, false) => $mm.alloc_a().map(Data::$A),
+                                (Matrix::A, true) => $mm.alloc_shared_a(extra).map(Data::$A),
+                                (Matrix::B, _) => $mm.alloc_b().map(Data::$B),
+                                (Matrix::C, false) => $mm.alloc_c().map(Data::$C),
+                                (Matrix::C, true) => $mm.alloc_shared_c(extra).map(Data::$C),
+                            }
+                        };
                     }
+                    let r = match &c.kind {
+                        Kind::I8(mm) => alloc!(mm, I8, I8, I32),
+                        Kind::F16(mm) => alloc!(mm, F16, F16, F32),
+                        Kind::I8F32(mm, ..) => alloc!(mm, I8, I8, F32),
+                    };
+                    match r {
+                        Ok(data) => mems.push(Mem {
+                            ctx: c.id,
+                            matrix,
+                            shared: shared && matrix != Matrix::B,
+                            data,
+                            native_src: None,
+                        }),
+                        Err(e) => {
+                            assert!(
+                                matches!(
+                                    e,
+                                    Error::HandleBudget {
+                                        live: 12,
+                                        budget: 12
+                                    }
+                                ),
+                                "{e}"
+                            );
+                            assert_eq!(rt.handle_budget().live(), 12);
+                        }
+                    }
+                }
+                // A complete program: write A, write or convert B, run.
+                let n = mems.len();
+                if which.len() == 3 && n >= 3 && mems[n - 3..].iter().all(|m| m.ctx == c.id) {
+                    fill(&mut inp, &mut mems[n - 3]);
+                    let seed = inp.u8();
+                    match c.b_layout {
+                        Layout::Native => convert(c, &mut mems[n - 2], seed),
+                        _ => fill(&mut inp, &mut mems[n - 2]),
+                    }
+                    let mut cm = mems.pop().expect("three memories");
+                    run_and_check(c, &mems[n - 3], &mems[n - 2], &mut cm);
+                    mems.push(cm);
                 }
             }
             3 if !mems.is_empty() => {
@@ -356,10 +457,20 @@ fuzz_target!(|data: &[u8]| {
             }
             4 if !ctxs.is_empty() && mems.len() >= 3 => {
                 let c = &ctxs[inp.u8() as usize % ctxs.len()];
+                // Mostly operands of the right element types (the others cannot be passed).
+                let pick = |matrix: Matrix, inp: &mut Input| {
+                    let fits: Vec<usize> = (0..mems.len())
+                        .filter(|&i| fits(&c.kind, matrix, &mems[i].data))
+                        .collect();
+                    match (inp.u8() % 4, fits.is_empty()) {
+                        (0, _) | (_, true) => inp.u8() as usize % mems.len(),
+                        _ => fits[inp.u8() as usize % fits.len()],
+                    }
+                };
                 let (ia, ib, ic) = (
-                    inp.u8() as usize % mems.len(),
-                    inp.u8() as usize % mems.len(),
-                    inp.u8() as usize % mems.len(),
+                    pick(Matrix::A, &mut inp),
+                    pick(Matrix::B, &mut inp),
+                    pick(Matrix::C, &mut inp),
                 );
                 if ic == ia || ic == ib {
                     continue;
@@ -390,37 +501,16 @@ fuzz_target!(|data: &[u8]| {
             6 if !ctxs.is_empty() && !mems.is_empty() => {
                 // B to the native layout from a random normal-layout source.
                 let c = &ctxs[inp.u8() as usize % ctxs.len()];
-                let i = inp.u8() as usize % mems.len();
+                // Mostly a B of this context.
+                let own: Vec<usize> = (0..mems.len())
+                    .filter(|&i| mems[i].ctx == c.id && mems[i].matrix == Matrix::B)
+                    .collect();
+                let i = match (inp.u8() % 4, own.is_empty()) {
+                    (0, _) | (_, true) => inp.u8() as usize % mems.len(),
+                    _ => own[inp.u8() as usize % own.len()],
+                };
                 let seed = inp.u8();
-                let mem = &mut mems[i];
-                let foreign = mem.ctx != c.id;
-                macro_rules! convert {
-                    ($mm:expr, $B:ident, $val:expr, $back:expr) => {{
-                        let Data::$B(dst) = &mut mem.data else { continue };
-                        let (_, k, n) = $mm.shape();
-                        let src: Vec<_> = (0..k * n).map(|x| $val((x as u32).wrapping_mul(seed as u32 * 7 + 3) as i8)).collect();
-                        let r = $mm.b_to_native(&src, dst);
-                        match (&r, c.b_layout == Layout::Native, foreign) {
-                            (Ok(()), true, false) => {
-                                mem.native_src = Some(src.iter().map($back).collect());
-                            }
-                            (Err(Error::NeedsNativeB { .. }), false, _) => {}
-                            (Err(Error::ForeignMemory { matrix: Matrix::B }), true, true) => {}
-                            (Err(Error::MemoryTooSmall { .. }), true, false) => {}
-                            (r, native, foreign) => panic!("b_to_native: {r:?} (native {native}, foreign {foreign})"),
-                        }
-                    }};
-                }
-                match &c.kind {
-                    Kind::I8(mm) => convert!(mm, I8, |v: i8| v, |&v: &i8| i64::from(v)),
-                    Kind::I8F32(mm, ..) => convert!(mm, I8, |v: i8| v, |&v: &i8| i64::from(v)),
-                    Kind::F16(mm) => convert!(
-                        mm,
-                        F16,
-                        |v: i8| f16::from_f32(v as f32 / 16.0),
-                        |v: &f16| (v.to_f32() * 16.0) as i64
-                    ),
-                }
+                convert(c, &mut mems[i], seed);
             }
             7 if !ctxs.is_empty() => {
                 ctxs.swap_remove(inp.u8() as usize % ctxs.len());

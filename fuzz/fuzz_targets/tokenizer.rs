@@ -70,9 +70,11 @@ fn spm() -> VocabSpec {
         types.push(6);
         scores.push(0.0);
     }
-    for (i, p) in ["▁", "▁the", "▁a", "t", "h", "e", "he", "the", "in", "ing", "▁in", "é", "日"]
-        .iter()
-        .enumerate()
+    for (i, p) in [
+        "▁", "▁the", "▁a", "t", "h", "e", "he", "the", "in", "ing", "▁in", "é", "日",
+    ]
+    .iter()
+    .enumerate()
     {
         tokens.push(p.to_string());
         types.push(1);
@@ -100,7 +102,14 @@ fn gemma4() -> VocabSpec {
         tokens.push(p.into());
         types.push(1);
     }
-    for (l, r) in [("t", "h"), ("th", "e"), ("▁", "the"), ("i", "n"), ("in", "g"), ("日", "本")] {
+    for (l, r) in [
+        ("t", "h"),
+        ("th", "e"),
+        ("▁", "the"),
+        ("i", "n"),
+        ("in", "g"),
+        ("日", "本"),
+    ] {
         merges.push(format!("{l} {r}"));
         tokens.push(format!("{l}{r}"));
         types.push(1);
@@ -145,8 +154,14 @@ fn vocabs() -> &'static [(Tokenizer, bool)] {
                 (t, !clean)
             })
             .collect();
-        v.push((Tokenizer::from_spec(spm()).expect("the SentencePiece vocabulary"), false));
-        v.push((Tokenizer::from_spec(gemma4()).expect("the Gemma 4 vocabulary"), false));
+        v.push((
+            Tokenizer::from_spec(spm()).expect("the SentencePiece vocabulary"),
+            false,
+        ));
+        v.push((
+            Tokenizer::from_spec(gemma4()).expect("the Gemma 4 vocabulary"),
+            false,
+        ));
         v
     })
 }
