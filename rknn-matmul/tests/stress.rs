@@ -277,3 +277,38 @@ fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor() {
     }
     assert!(rt.take_release_errors().is_empty());
 }
+
+/// The engine's scheduler with real threads, small enough for Miri (`.ci/miri` runs it): two
+/// threads forward through one shared linear on a two-lane engine (the caller's lane and a
+/// worker thread) while one of them registers and drops a linear of its own.
+#[test]
+fn a_small_engine_shared_by_two_threads() {
+    let rt = common::runtime_with(|_| {});
+    let engine = engine_on(&rt, 2);
+    let (n, k) = (40, 32);
+    let mut rng = fastrand::Rng::with_seed(3);
+    let w = random(&mut rng, n * k);
+    let lin = engine.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (engine, lin, w) = (&engine, &lin, &w);
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(10 + t);
+                for i in 0..2 {
+                    let x = random(&mut rng, 2 * k);
+                    let y = if t == 1 && i == 1 {
+                        let own = engine.linear(w, n, k, WeightFormat::W8A8).unwrap();
+                        own.forward_vec(&x, 2).unwrap()
+                    } else {
+                        lin.forward_vec(&x, 2).unwrap()
+                    };
+                    let want = reference_w8a8(&x, w, 2, k, n);
+                    assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            });
+        }
+    });
+    drop(lin);
+    drop(engine);
+    assert_eq!(rt.handle_budget().live(), 0);
+}
