@@ -506,6 +506,15 @@ pub enum Error {
         /// The rule it breaks.
         rule: String,
     },
+    /// The host could not allocate a buffer this operation needs (its size follows from the
+    /// request, e.g. a copy of the weights): out of memory, reported instead of aborting.
+    #[error("the host could not allocate {bytes} bytes for {what} (out of memory)")]
+    HostAlloc {
+        /// The buffer.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+    },
     /// An engine worker panicked while running a task; the engine should be dropped.
     #[error("engine worker {worker} panicked while running a task")]
     WorkerPanicked {

@@ -416,6 +416,12 @@ fn build<K: EngineKind>(
         tiles = Some((sk, sn));
         let mut b = mm.alloc_b()?;
         seg_w.clear();
+        seg_w
+            .try_reserve_exact(ks * width)
+            .map_err(|_| Error::HostAlloc {
+                what: "a K segment's weights",
+                bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
+            })?;
         for row in w.chunks_exact(spec.k_pad) {
             seg_w.extend_from_slice(&row[k0..k0 + ks]);
         }

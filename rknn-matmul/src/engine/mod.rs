@@ -442,7 +442,7 @@ impl Engine {
         let rotated;
         let w = match &rotation {
             Some(r) => {
-                let mut v = w.to_vec();
+                let mut v = try_copy(w, "rotated weights")?;
                 r.apply_rows(&mut v);
                 rotated = v;
                 &rotated[..]
@@ -451,27 +451,27 @@ impl Engine {
         };
         let linear = match format {
             WeightFormat::W8A8 => {
-                let mut q = vec![0i8; n_pad * k_pad];
+                let mut q = try_vec(n_pad * k_pad, 0i8, "quantised weights")?;
                 let mut scales = vec![0f32; n_pad];
                 glue::quantize_rows(w, n, k, k_pad, &mut q, &mut scales);
                 self.register(n, k, k_pad, n_pad, na, format, |r0, rows| {
-                    ShardWeights::I8 {
-                        q: q[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                    Ok(ShardWeights::I8 {
+                        q: try_copy(&q[r0 * k_pad..(r0 + rows) * k_pad], "a shard's weights")?,
                         ch_scales: scales[r0..r0 + rows].to_vec(),
-                    }
+                    })
                 })
             }
             WeightFormat::F16 => {
-                let mut h = vec![f16::ZERO; n_pad * k_pad];
+                let mut h = try_vec(n_pad * k_pad, f16::ZERO, "f16 weights")?;
                 for (dst, src) in h.chunks_exact_mut(k_pad).zip(w.chunks_exact(k)) {
                     for (d, &s) in dst.iter_mut().zip(src) {
                         *d = f16::from_f32(s);
                     }
                 }
                 self.register(n, k, k_pad, n_pad, na, format, |r0, rows| {
-                    ShardWeights::F16 {
-                        w: h[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
-                    }
+                    Ok(ShardWeights::F16 {
+                        w: try_copy(&h[r0 * k_pad..(r0 + rows) * k_pad], "a shard's weights")?,
+                    })
                 })
             }
         };
@@ -536,7 +536,7 @@ impl Engine {
                 range: "-127..=127 (the exactness bound of the K sum assumes |q| <= 127)",
             });
         }
-        let mut qp = vec![0i8; n_pad * k_pad];
+        let mut qp = try_vec(n_pad * k_pad, 0i8, "quantised weights")?;
         for (dst, src) in qp.chunks_exact_mut(k_pad).zip(q.chunks_exact(k)) {
             dst[..k].copy_from_slice(src);
         }
@@ -544,10 +544,10 @@ impl Engine {
         sp.resize(n_pad, 0.0);
         let mut linear =
             self.register(n, k, k_pad, n_pad, na, WeightFormat::W8A8, |r0, rows| {
-                ShardWeights::I8 {
-                    q: qp[r0 * k_pad..(r0 + rows) * k_pad].to_vec(),
+                Ok(ShardWeights::I8 {
+                    q: try_copy(&qp[r0 * k_pad..(r0 + rows) * k_pad], "a shard's weights")?,
                     ch_scales: sp[r0..r0 + rows].to_vec(),
-                }
+                })
             })?;
         linear.rotation = rotation;
         linear.residual = residual_activations;
@@ -563,7 +563,7 @@ impl Engine {
         n_pad: usize,
         align: usize,
         format: WeightFormat,
-        shard: impl Fn(usize, usize) -> ShardWeights,
+        shard: impl Fn(usize, usize) -> Result<ShardWeights>,
     ) -> Result<Linear> {
         let inner = &self.inner;
         let rt = &inner.rt;
@@ -627,12 +627,19 @@ impl Engine {
             domain,
             b_bytes,
         };
-        // On failure, dropping `linear` removes the shards that were built.
+        // Each worker's copy of its weights, made before the round so that a host that cannot
+        // hold them is an error here. On failure, dropping `linear` gives back what was booked
+        // (and removes the shards that were built, below).
+        let mut weights = plans
+            .iter()
+            .map(|p| p.map(|plan| shard(plan.n0, plan.width)).transpose())
+            .collect::<Result<Vec<_>>>()?;
         inner.pool.round().run_all(|i, _| {
+            let weights = weights[i].take()?;
             plans[i].map(|plan| Task::Register {
                 id,
                 spec: Box::new(ShardSpec {
-                    weights: shard(plan.n0, plan.width),
+                    weights,
                     plan,
                     k_pad,
                     segments: segments.clone(),
@@ -645,6 +652,31 @@ impl Engine {
         })?;
         Ok(linear)
     }
+}
+
+/// `len` copies of `value`, or [`Error::HostAlloc`] when the host cannot back them: weight
+/// buffers are sized by the caller's matrices, and on a small board running out must be an
+/// error, not an abort.
+pub(crate) fn try_vec<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::HostAlloc {
+        what,
+        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+/// A copy of `src`, or [`Error::HostAlloc`] (see [`try_vec`]).
+pub(crate) fn try_copy<T: Clone>(src: &[T], what: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len())
+        .map_err(|_| Error::HostAlloc {
+            what,
+            bytes: (src.len() as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
+    v.extend_from_slice(src);
+    Ok(v)
 }
 
 /// The default number of cores (see [`EngineConfig::cores`]).

@@ -400,3 +400,107 @@ mod loom_tests {
         });
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    //! The hand-off with the real std primitives, spin phase included: the tests `.ci/miri`
+    //! runs so that Miri's data-race and leak detectors see every path (post, spin, sleep,
+    //! wake, a panicking task, several callers, the exit on drop).
+    use super::*;
+
+    enum Job {
+        Add(u64),
+        Panic,
+        Exit,
+    }
+
+    impl Work for Job {
+        type State = u64;
+        type Reply = u64;
+        fn run(self, state: &mut u64) -> Result<u64> {
+            match self {
+                Job::Add(x) => *state += x,
+                Job::Panic => panic!("a task that panics"),
+                Job::Exit => {}
+            }
+            Ok(*state)
+        }
+        fn is_exit(&self) -> bool {
+            matches!(self, Job::Exit)
+        }
+    }
+
+    fn pool(inline: bool, workers: usize, spin: Duration) -> Pool<Job, Vec<u64>> {
+        let ws = (0..workers)
+            .map(|i| Worker::<Job>::spawn(i, spin, || 0).expect("spawn"))
+            .collect();
+        Pool::new(inline.then_some(0), ws, Vec::new(), || Job::Exit).expect("a pool")
+    }
+
+    #[test]
+    fn every_lane_runs_its_task_and_replies_to_its_caller() {
+        // Zero spin: every wait sleeps on the condition variable; a long one: it spins.
+        for spin in [Duration::ZERO, Duration::from_millis(50)] {
+            let p = pool(true, 2, spin);
+            let rounds = if cfg!(miri) { 3 } else { 100 };
+            std::thread::scope(|s| {
+                for t in 0..2u64 {
+                    let p = &p;
+                    s.spawn(move || {
+                        for r in 0..rounds {
+                            let mut round = p.round();
+                            let before = round.scratch().len();
+                            round.scratch().push(t);
+                            let replies = round
+                                .run_all(|i, _| Some(Job::Add((i as u64 + 1) * 1000 + t)))
+                                .expect("no task fails");
+                            // Lane i's state grew by its task: each reply is at least it.
+                            for (i, reply) in replies.iter().take(3).enumerate() {
+                                let got = reply.expect("every lane replied");
+                                assert!(got >= (i as u64 + 1) * 1000, "{t} {r} lane {i}: {got}");
+                            }
+                            assert_eq!(round.scratch().len(), before + 1);
+                        }
+                    });
+                }
+            });
+            // Every task ran once on its lane: lane i holds rounds × 2 × (i + 1) × 1000 + the ts.
+            let r = p.round().run_all(|_, _| Some(Job::Add(0))).expect("ok");
+            for (i, reply) in r.iter().take(3).enumerate() {
+                let want = rounds * 2 * (i as u64 + 1) * 1000 + rounds;
+                assert_eq!(reply.expect("replied"), want, "lane {i}");
+            }
+            assert!(r[3].is_none());
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_is_an_error_and_the_pool_goes_on() {
+        let p = pool(true, 2, Duration::ZERO);
+        let e = p
+            .round()
+            .run_all(|i, _| Some(if i == 2 { Job::Panic } else { Job::Add(1) }))
+            .unwrap_err();
+        assert!(matches!(e, Error::WorkerPanicked { worker: 2 }), "{e}");
+        let e = p
+            .round()
+            .run_all(|i, _| Some(if i == 0 { Job::Panic } else { Job::Add(1) }))
+            .unwrap_err();
+        assert!(matches!(e, Error::WorkerPanicked { worker: 0 }), "{e}");
+        // Lanes 1 and 2 ran both rounds' tasks (lane 2's panic lost its state change only).
+        let r = p.round().run_all(|_, _| Some(Job::Add(0))).expect("ok");
+        assert_eq!(r[1], Some(2));
+        assert_eq!(r[2], Some(1));
+    }
+
+    #[test]
+    fn a_pool_without_an_inline_lane_exits_its_workers_on_drop() {
+        let p = pool(false, 3, Duration::from_micros(10));
+        let r = p
+            .round()
+            .run_all(|i, _| (i != 1).then_some(Job::Add(5)))
+            .expect("ok");
+        assert_eq!(r[..3], [Some(5), None, Some(5)]);
+        drop(p); // joins the three workers: a lost exit would hang here
+    }
+}

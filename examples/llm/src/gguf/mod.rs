@@ -475,9 +475,12 @@ impl GgufFile {
                     alignment,
                 });
             }
+            // Measured from the start of the file: a file that ends before its data section
+            // (data_len 0) must not let even an empty tensor start past its end.
             if t.offset
                 .checked_add(t.n_bytes)
-                .is_none_or(|end| end > data_len)
+                .and_then(|end| end.checked_add(data_offset))
+                .is_none_or(|end| end > file_len)
             {
                 return Err(GgufError::TensorOutOfBounds {
                     tensor: t.name.clone(),

@@ -266,6 +266,15 @@ impl Config {
                 ));
             }
         };
+        // The widths of Q and of K/V are computed from these everywhere: they must exist.
+        for (what, heads) in [("head_count", n_head), ("head_count_kv", n_head_kv)] {
+            if heads.checked_mul(head_dim).is_none() {
+                return Err(bad(
+                    &format!("attention.{what}"),
+                    format!("{heads} heads of {head_dim} dimensions overflow"),
+                ));
+            }
+        }
         if let Some(v) = key_usize(file, &format!("{p}.attention.value_length"))? {
             if v != head_dim {
                 return Err(ModelError::Unsupported {
@@ -516,7 +525,9 @@ impl Model {
         done += embd.data().len() as u64;
         progress(done, total);
 
-        let mut layers = Vec::with_capacity(c.n_layer);
+        // The block count comes from the file: every layer has tensors in it, so no more
+        // layers than tensors are reserved up front (2^40 layers aborted the process).
+        let mut layers = Vec::with_capacity(c.n_layer.min(file.tensor_infos().len()));
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             let bias =

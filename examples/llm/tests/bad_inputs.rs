@@ -1,0 +1,661 @@
+//! The bad-input table of the flagship: truncated, corrupted and hostile GGUF files, unknown
+//! types, hostile model configurations, broken vocabularies, ids and prompts beyond the
+//! vocabulary and the context, invalid UTF-8. Each case asserts the exact typed error (or the
+//! documented result) and that nothing panicked; each runs under `catch_unwind`, so the table
+//! reports every failure at once. The files are built here, byte by byte.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use rknn_llm::gguf::{GgmlType, GgufError, GgufFile};
+use rknn_llm::model::{HostF32Factory, Logits, Model, ModelError};
+use rknn_llm::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, VocabSpec};
+
+type Case = (&'static str, Box<dyn Fn() -> Result<(), String>>);
+
+macro_rules! expect_err {
+    ($e:expr, $pat:pat $(if $guard:expr)?) => {{
+        match $e {
+            Err($pat) $(if $guard)? => Ok(()),
+            other => Err(format!("got {:?}", other.map(|_| "Ok(..)"))),
+        }
+    }};
+}
+
+fn run_table(cases: Vec<Case>) {
+    let mut failed = Vec::new();
+    for (name, check) in &cases {
+        match catch_unwind(AssertUnwindSafe(check)) {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => failed.push(format!("{name}: {why}")),
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failed.push(format!("{name}: PANICKED {msg}"));
+            }
+        }
+    }
+    eprintln!(
+        "{} bad-input cases: {} passed, {} failed",
+        cases.len(),
+        cases.len() - failed.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "\n{}", failed.join("\n"));
+}
+
+/// A little-endian GGUF image under construction.
+#[derive(Clone)]
+struct B(Vec<u8>);
+
+impl B {
+    fn new(n_tensors: u64, n_kv: u64) -> B {
+        B::version(3, n_tensors, n_kv)
+    }
+    fn version(v: u32, n_tensors: u64, n_kv: u64) -> B {
+        let mut b = B(b"GGUF".to_vec());
+        b.u32(v).u64(n_tensors).u64(n_kv);
+        b
+    }
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.u64(s.len() as u64);
+        self.0.extend(s.as_bytes());
+        self
+    }
+    fn kv_u64(&mut self, k: &str, v: u64) -> &mut Self {
+        self.str(k).u32(10).u64(v)
+    }
+    fn kv_str(&mut self, k: &str, v: &str) -> &mut Self {
+        self.str(k).u32(8).str(v)
+    }
+    fn kv_f32(&mut self, k: &str, v: f32) -> &mut Self {
+        self.str(k).u32(6);
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, offset: u64) -> &mut Self {
+        self.str(name).u32(dims.len() as u32);
+        for &d in dims {
+            self.u64(d);
+        }
+        self.u32(ty).u64(offset)
+    }
+    /// Pads to 32 and appends `n` data bytes.
+    fn data(&mut self, n: usize) -> &mut Self {
+        let padded = self.0.len().next_multiple_of(32);
+        self.0.resize(padded + n, 0x11);
+        self
+    }
+    fn parse(&self) -> Result<GgufFile, GgufError> {
+        GgufFile::from_bytes(self.0.clone())
+    }
+}
+
+/// A llama configuration (no tensors yet) with these sizes.
+fn llama(n_tensors: u64, embd: u64, layers: u64, heads: u64, head_dim: Option<u64>) -> B {
+    let mut b = B::new(n_tensors, 7 + u64::from(head_dim.is_some()));
+    b.kv_str("general.architecture", "llama")
+        .kv_u64("llama.embedding_length", embd)
+        .kv_u64("llama.block_count", layers)
+        .kv_u64("llama.feed_forward_length", 8)
+        .kv_u64("llama.attention.head_count", heads)
+        .kv_u64("llama.context_length", 16)
+        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    if let Some(d) = head_dim {
+        b.kv_u64("llama.attention.key_length", d);
+    }
+    b
+}
+
+fn pool() -> Arc<rayon::ThreadPool> {
+    Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a pool"),
+    )
+}
+
+fn load(file: &GgufFile) -> Result<Model, ModelError> {
+    let pool = pool();
+    Model::load(
+        file,
+        &mut HostF32Factory::new(pool.clone()),
+        pool,
+        &mut |_, _| {},
+    )
+}
+
+fn gguf_cases() -> Vec<Case> {
+    vec![
+        (
+            "empty file",
+            Box::new(
+                || expect_err!(B(vec![]).parse(), GgufError::BadMagic { ref found } if found.is_empty()),
+            ),
+        ),
+        (
+            "GGML magic",
+            Box::new(|| expect_err!(B(b"GGMLxxxx".to_vec()).parse(), GgufError::BadMagic { .. })),
+        ),
+        (
+            "version 1 (32-bit counts)",
+            Box::new(|| {
+                expect_err!(
+                    B::version(1, 0, 0).parse(),
+                    GgufError::UnsupportedVersion { version: 1, .. }
+                )
+            }),
+        ),
+        (
+            "a big-endian file",
+            Box::new(|| {
+                expect_err!(
+                    B::version(3u32.swap_bytes(), 0, 0).parse(),
+                    GgufError::UnsupportedVersion { hint, .. } if hint.contains("big-endian")
+                )
+            }),
+        ),
+        (
+            "header cut inside the tensor count",
+            Box::new(|| {
+                let mut b = B::new(0, 0);
+                b.0.truncate(10);
+                expect_err!(
+                    b.parse(),
+                    GgufError::Truncated {
+                        offset: 8,
+                        needed: 8,
+                        remaining: 2,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "2^64 - 1 metadata entries in a 24-byte file",
+            Box::new(|| {
+                expect_err!(
+                    B::new(0, u64::MAX).parse(),
+                    GgufError::CountTooLarge {
+                        count: u64::MAX,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "a key of 2^63 bytes",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.u64(1 << 63).u64(0);
+                expect_err!(b.parse(), GgufError::Truncated { needed, .. } if needed == 1 << 63)
+            }),
+        ),
+        (
+            "metadata type 13",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.str("k").u32(13);
+                expect_err!(b.parse(), GgufError::UnknownValueType { tag: 13, .. })
+            }),
+        ),
+        (
+            "a key that is not UTF-8",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.u64(2).u8(0xC3).u8(0x28).u32(4).u32(0);
+                expect_err!(b.parse(), GgufError::InvalidUtf8 { offset: 32, .. })
+            }),
+        ),
+        (
+            "a bool byte of 2",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.str("k").u32(7).u8(2);
+                expect_err!(b.parse(), GgufError::InvalidBool { byte: 2, .. })
+            }),
+        ),
+        (
+            "arrays nested 100 deep",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.str("deep").u32(9);
+                for _ in 0..100 {
+                    b.u32(9).u64(1);
+                }
+                expect_err!(b.parse(), GgufError::ArrayTooDeep { .. })
+            }),
+        ),
+        (
+            "a key twice",
+            Box::new(|| {
+                let mut b = B::new(0, 2);
+                b.kv_u64("k", 1).kv_u64("k", 2);
+                expect_err!(b.parse(), GgufError::DuplicateKey { ref key } if key == "k")
+            }),
+        ),
+        (
+            "general.alignment 48",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.kv_u64("general.alignment", 48);
+                expect_err!(b.parse(), GgufError::BadAlignment { value: 48 })
+            }),
+        ),
+        (
+            "general.alignment as a string",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.kv_str("general.alignment", "32");
+                expect_err!(
+                    b.parse(),
+                    GgufError::WrongValueType {
+                        found: "string",
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "tensor type 5 (removed from ggml)",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[32], 5, 0).data(64);
+                expect_err!(b.parse(), GgufError::UnknownTensorType { type_id: 5, .. })
+            }),
+        ),
+        (
+            "five dimensions",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[1, 1, 1, 1, 1], 0, 0).data(64);
+                expect_err!(b.parse(), GgufError::BadShape { ref reason, .. } if reason.contains("5 dimensions"))
+            }),
+        ),
+        (
+            "element count overflowing u64",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[1 << 32, 1 << 32], 0, 0).data(64);
+                expect_err!(b.parse(), GgufError::BadShape { ref reason, .. } if reason.contains("overflows"))
+            }),
+        ),
+        (
+            "a Q4_K row of 100 values (not whole 256-value blocks)",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[100], GgmlType::Q4_K.id(), 0).data(256);
+                expect_err!(b.parse(), GgufError::BadShape { ref reason, .. } if reason.contains("block size 256"))
+            }),
+        ),
+        (
+            "a tensor offset of 16 with alignment 32",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[4], 0, 16).data(64);
+                expect_err!(
+                    b.parse(),
+                    GgufError::MisalignedTensor {
+                        offset: 16,
+                        alignment: 32,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "a tensor running past the end of the file",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[64], 0, 0).data(100);
+                expect_err!(
+                    b.parse(),
+                    GgufError::TensorOutOfBounds {
+                        size: 256,
+                        data_len: 100,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "an empty tensor in a file that ends before its data section",
+            Box::new(|| {
+                // The directory ends 9 bytes short of the 32-byte boundary; viewing the tensor
+                // used to slice past the end of the file.
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[0], 0, 0);
+                expect_err!(
+                    b.parse(),
+                    GgufError::TensorOutOfBounds {
+                        size: 0,
+                        data_len: 0,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "a duplicate tensor name",
+            Box::new(|| {
+                let mut b = B::new(2, 0);
+                b.tensor("t", &[4], 0, 0).tensor("t", &[4], 0, 32).data(64);
+                expect_err!(b.parse(), GgufError::DuplicateTensor { ref name } if name == "t")
+            }),
+        ),
+        (
+            "dequantizing Q8_K (a type without a decoder)",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[256], GgmlType::Q8_K.id(), 0).data(292);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                let t = f.tensor("t").ok_or("no tensor")?;
+                expect_err!(
+                    t.to_f32(),
+                    GgufError::UnsupportedType { ty: GgmlType::Q8_K }
+                )
+            }),
+        ),
+        (
+            "rows past the end of a tensor",
+            Box::new(|| {
+                let mut b = B::new(1, 0);
+                b.tensor("t", &[4, 2], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                let t = f.tensor("t").ok_or("no tensor")?;
+                expect_err!(t.rows_to_f32(2, &mut [0.0; 4]), GgufError::BadLength { .. })
+            }),
+        ),
+    ]
+}
+
+fn model_cases() -> Vec<Case> {
+    let tiny = || {
+        GgufFile::open(common::fixtures().join("llm/tiny-llama.gguf"))
+            .expect("the tiny-llama fixture")
+    };
+    vec![
+        (
+            "no general.architecture",
+            Box::new(|| {
+                let f = B::new(0, 0).parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "general.architecture")
+            }),
+        ),
+        (
+            "architecture gpt2",
+            Box::new(|| {
+                let mut b = B::new(0, 1);
+                b.kv_str("general.architecture", "gpt2");
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::UnsupportedArchitecture { ref arch } if arch == "gpt2")
+            }),
+        ),
+        (
+            "embedding_length as a string",
+            Box::new(|| {
+                let mut b = B::new(0, 2);
+                b.kv_str("general.architecture", "llama")
+                    .kv_str("llama.embedding_length", "64");
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "llama.embedding_length")
+            }),
+        ),
+        (
+            "2^40 heads of 2^40 dimensions (Q width overflows)",
+            Box::new(|| {
+                let mut b = llama(1, 1 << 40, 1, 1 << 40, Some(1 << 40));
+                b.tensor("token_embd.weight", &[1 << 40, 0], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "llama.attention.head_count")
+            }),
+        ),
+        (
+            "2^40 layers in a 300-byte file",
+            Box::new(|| {
+                let mut b = llama(1, 8, 1 << 40, 2, None);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")
+            }),
+        ),
+        (
+            "3 KV heads for 4 query heads",
+            Box::new(|| {
+                let mut b = llama(0, 8, 1, 4, None);
+                b.0[16..24].copy_from_slice(&8u64.to_le_bytes());
+                b.kv_u64("llama.attention.head_count_kv", 3);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "llama.attention.head_count_kv")
+            }),
+        ),
+        (
+            "an embedding of the wrong shape",
+            Box::new(|| {
+                let mut b = llama(1, 8, 1, 2, None);
+                b.0[16..24].copy_from_slice(&8u64.to_le_bytes());
+                b.kv_u64("llama.vocab_size", 4);
+                b.tensor("token_embd.weight", &[8, 3], 0, 0).data(96);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "token_embd.weight" && expected == &[8, 4] && found == &[8, 3]
+                )
+            }),
+        ),
+        (
+            "a prompt one token beyond the context",
+            Box::new(move || {
+                let f = tiny();
+                let mut m = load(&f).map_err(|e| e.to_string())?;
+                let n_ctx = m.config().n_ctx;
+                let tokens = vec![1u32; n_ctx + 1];
+                expect_err!(
+                    m.forward(&tokens, 0, Logits::Last),
+                    ModelError::ContextOverflow { pos: 0, n_tokens, n_ctx: c } if n_tokens == n_ctx + 1 && c == n_ctx
+                )
+            }),
+        ),
+        (
+            "a position past the cache",
+            Box::new(move || {
+                let f = tiny();
+                let mut m = load(&f).map_err(|e| e.to_string())?;
+                m.forward(&[1, 2], 0, Logits::None)
+                    .map_err(|e| e.to_string())?;
+                expect_err!(
+                    m.forward(&[3], 5, Logits::Last),
+                    ModelError::BadPosition { pos: 5, cached: 2 }
+                )
+            }),
+        ),
+        (
+            "a token id outside the vocabulary",
+            Box::new(move || {
+                let f = tiny();
+                let mut m = load(&f).map_err(|e| e.to_string())?;
+                let n = m.config().n_vocab;
+                expect_err!(
+                    m.forward(&[1, n as u32], 0, Logits::Last),
+                    ModelError::BadToken { token, n_vocab } if token as usize == n && n_vocab == n
+                )
+            }),
+        ),
+    ]
+}
+
+fn spec(model: &str, pre: Option<&str>, tokens: &[&str], merges: Option<&[&str]>) -> VocabSpec {
+    VocabSpec {
+        model: model.into(),
+        pre: pre.map(Into::into),
+        tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        merges: merges.map(|m| m.iter().map(|t| t.to_string()).collect()),
+        ..VocabSpec::default()
+    }
+}
+
+fn tokenizer_cases() -> Vec<Case> {
+    let tiny = || {
+        let f = GgufFile::open(common::fixtures().join("llm/tiny-qwen2.gguf"))
+            .expect("the tiny-qwen2 fixture");
+        Tokenizer::from_gguf(&f).expect("its vocabulary")
+    };
+    vec![
+        (
+            "an empty vocabulary",
+            Box::new(|| {
+                expect_err!(
+                    Tokenizer::from_spec(spec("gpt2", None, &[], Some(&[]))),
+                    TokenizerError::EmptyVocab
+                )
+            }),
+        ),
+        (
+            "tokenizer model bert",
+            Box::new(|| {
+                expect_err!(
+                    Tokenizer::from_spec(spec("bert", None, &["a"], None)),
+                    TokenizerError::UnsupportedModel { ref model } if model == "bert"
+                )
+            }),
+        ),
+        (
+            "pre-tokenizer chatglm-bpe",
+            Box::new(|| {
+                expect_err!(
+                    Tokenizer::from_spec(spec("gpt2", Some("chatglm-bpe"), &["a"], Some(&[]))),
+                    TokenizerError::UnsupportedPreTokenizer { ref pre } if pre == "chatglm-bpe"
+                )
+            }),
+        ),
+        (
+            "a BPE vocabulary without merges",
+            Box::new(|| {
+                expect_err!(
+                    Tokenizer::from_spec(spec("gpt2", None, &["a"], None)),
+                    TokenizerError::MissingMerges
+                )
+            }),
+        ),
+        (
+            "the same token text twice",
+            Box::new(|| {
+                expect_err!(
+                    Tokenizer::from_spec(spec("llama", None, &["a", "b", "a"], None)),
+                    TokenizerError::DuplicateToken {
+                        first: 0,
+                        second: 2,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "scores shorter than the tokens",
+            Box::new(|| {
+                let mut s = spec("llama", None, &["a", "b", "c"], None);
+                s.scores = Some(vec![0.0; 2]);
+                expect_err!(
+                    Tokenizer::from_spec(s),
+                    TokenizerError::ArrayTooShort {
+                        len: 2,
+                        n_tokens: 3,
+                        ..
+                    }
+                )
+            }),
+        ),
+        (
+            "detokenizing an id past the vocabulary",
+            Box::new(move || {
+                let t = tiny();
+                let n = t.n_vocab() as u32;
+                expect_err!(
+                    t.detokenize(&[1, n], false, false),
+                    TokenizerError::IdOutOfRange { id, n_vocab } if id == n && n_vocab == n as usize
+                )
+            }),
+        ),
+        (
+            "streaming an id past the vocabulary",
+            Box::new(move || {
+                let t = tiny();
+                let n = t.n_vocab() as u32;
+                expect_err!(
+                    StreamDecoder::new(&t).push(n + 7),
+                    TokenizerError::IdOutOfRange { .. }
+                )
+            }),
+        ),
+        (
+            "a stream ending inside a UTF-8 character gives U+FFFD",
+            Box::new(move || {
+                let t = tiny();
+                // "é" is two bytes; its first byte alone is the byte symbol 0xC3.
+                let ids = t.encode("é", false, false).map_err(|e| e.to_string())?;
+                let first = t
+                    .token_id(&char::from_u32(0xC3).ok_or("char")?.to_string())
+                    .ok_or("no byte token for 0xC3")?;
+                let mut s = StreamDecoder::new(&t);
+                let held = s.push(first).map_err(|e| e.to_string())?;
+                let end = s.finish();
+                (ids.len() <= 2 && held.is_empty() && end == "\u{FFFD}")
+                    .then_some(())
+                    .ok_or(format!("{ids:?} {held:?} {end:?}"))
+            }),
+        ),
+        (
+            "llm-decode: a prompt file that is not UTF-8",
+            Box::new(|| {
+                let dir = std::env::temp_dir().join(format!("rknpu-bad-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                let bad = dir.join("latin1.txt");
+                std::fs::write(&bad, b"caf\xe9\n").map_err(|e| e.to_string())?;
+                let model = common::fixtures().join("llm/tiny-qwen2.gguf");
+                let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-decode"))
+                    .arg("-m")
+                    .arg(&model)
+                    .arg("-f")
+                    .arg(&bad)
+                    .arg("--tokenize")
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                let _ = std::fs::remove_dir_all(&dir);
+                let err = String::from_utf8_lossy(&out.stderr);
+                (out.status.code() == Some(1)
+                    && err.lines().count() == 1
+                    && err.contains("cannot read prompt file")
+                    && err.contains("UTF-8"))
+                .then_some(())
+                .ok_or(format!("{:?} {err}", out.status))
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn every_bad_input_is_a_typed_error_or_its_documented_result() {
+    let mut cases = gguf_cases();
+    cases.extend(model_cases());
+    cases.extend(tokenizer_cases());
+    run_table(cases);
+}

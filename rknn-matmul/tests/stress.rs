@@ -1,0 +1,328 @@
+//! Stress and leak checks, on whichever backend `common::runtime_with()` selects (the emulator
+//! by default; on a board the descriptor counts are the dma-buf handles themselves):
+//!
+//! * threads each with their own contexts and engines running GEMMs for a bounded time, every
+//!   result compared with a naive reference;
+//! * threads sharing one engine, forwarding through shared linears while registering and
+//!   dropping their own, for a bounded time, every result compared;
+//! * 10 000 allocate/free cycles and 2 000 context create/destroy cycles, after which the
+//!   runtime's live-handle count and the process's open file descriptors (`/proc/self/fd`) are
+//!   back at their start values.
+//!
+//! The tests of this file take one lock, so the descriptor counts see no other test's files.
+//! `RKNPU_STRESS_SECS` sets the time each timed test runs (default 1.5 s).
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
+use rknn_matmul::*;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn budget() -> Duration {
+    let secs = std::env::var("RKNPU_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(1.5);
+    Duration::from_secs_f64(secs)
+}
+
+/// Open file descriptors of this process (the directory handle of the listing included, the
+/// same on every call).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// The engine's documented W8A8 result (per-row symmetric int8 of x and of each weight row,
+/// exact sums, then `(acc · row scale) · channel scale`), written from the formula.
+fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let quant = |row: &[f32]| {
+        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+        if amax == 0.0 {
+            return (vec![0i64; row.len()], 0.0);
+        }
+        let inv = 127.0 / amax;
+        let q = row
+            .iter()
+            .map(|&v| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i64)
+            .collect();
+        (q, amax / 127.0)
+    };
+    let wq: Vec<_> = w.chunks_exact(k).map(quant).collect();
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        let (xq, xs) = quant(&x[r * k..(r + 1) * k]);
+        for (j, (wj, ws)) in wq.iter().enumerate() {
+            let acc: i64 = xq.iter().zip(wj).map(|(a, b)| a * b).sum();
+            out[r * n + j] = (acc as f32 * xs) * ws;
+        }
+    }
+    out
+}
+
+/// The emulator's live contexts, memories and orphaned memories, when the backend is the
+/// built-in emulator.
+#[cfg(feature = "emulator")]
+fn emulator_counts(rt: &Runtime) -> Option<(usize, usize, usize)> {
+    rt.emulator_instance().map(|e| {
+        let s = e.stats();
+        (s.contexts, s.memories, s.orphaned_memories)
+    })
+}
+
+#[cfg(not(feature = "emulator"))]
+fn emulator_counts(_rt: &Runtime) -> Option<(usize, usize, usize)> {
+    None
+}
+
+fn random(rng: &mut fastrand::Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| (rng.f32() - 0.5) * 4.0).collect()
+}
+
+fn engine_on(rt: &Runtime, cores: usize) -> Engine {
+    let cfg = EngineConfig {
+        cores: Some(cores.min(rt.npu_cores())),
+        pinning: rknn_matmul::engine::topology::Pinning::None,
+        ..EngineConfig::default()
+    };
+    Engine::new(rt, cfg).expect("an engine")
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
+fn threads_with_their_own_contexts_and_engines_for_a_bounded_time() {
+    let _serial = serial();
+    let rt = common::runtime_with(|_| {});
+    let (live0, fds0) = (rt.handle_budget().live(), open_fds());
+    let until = Instant::now() + budget();
+    let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3u64)
+            .map(|t| {
+                let rt = rt.clone();
+                s.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    // Its own contexts, memories reused across runs, B bound once.
+                    let shapes = [(1, 64, 32), (5, 96, 64), (17, 128, 32)];
+                    let mms: Vec<_> = shapes
+                        .iter()
+                        .map(|&(m, k, n)| {
+                            let mm = rt.matmul::<I8xI8ToI32>(m, k, n).build().unwrap();
+                            let mems = (
+                                mm.alloc_a().unwrap(),
+                                mm.alloc_b().unwrap(),
+                                mm.alloc_c().unwrap(),
+                            );
+                            (mm, mems)
+                        })
+                        .collect();
+                    let mut mms = mms;
+                    // And its own engine, one core (the NPU cores are shared by the threads).
+                    let engine = engine_on(&rt, 1);
+                    let (n, k) = (40, 72);
+                    let w = random(&mut rng, n * k);
+                    let lin = engine.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+                    let (mut gemms, mut forwards) = (0, 0);
+                    while Instant::now() < until {
+                        let i = rng.usize(..mms.len());
+                        let (m, k2, n2) = shapes[i];
+                        let (mm, (a, b, c)) = &mut mms[i];
+                        let av: Vec<i8> = (0..m * k2).map(|_| rng.i8(..)).collect();
+                        let bv: Vec<i8> = (0..k2 * n2).map(|_| rng.i8(..)).collect();
+                        a.write(&av).unwrap();
+                        b.write(&bv).unwrap();
+                        mm.run(a, b, c).unwrap();
+                        let want = common::naive_i8(&av, &bv, m, k2, n2);
+                        let got: Vec<i64> =
+                            c.as_slice()[..m * n2].iter().map(|&x| x.into()).collect();
+                        assert_eq!(got, want, "thread {t}, shape {i}");
+                        gemms += 1;
+                        let rows = rng.usize(1..4);
+                        let x = random(&mut rng, rows * k);
+                        let y = lin.forward_vec(&x, rows).unwrap();
+                        let want = reference_w8a8(&x, &w, rows, k, n);
+                        assert!(
+                            y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "thread {t}: engine result"
+                        );
+                        forwards += 1;
+                    }
+                    (gemms, forwards)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    eprintln!("per thread (GEMMs, forwards) in {:?}: {counts:?}", budget());
+    assert!(counts.iter().all(|&(g, f)| g > 0 && f > 0));
+    assert_eq!(rt.handle_budget().live(), live0);
+    assert_eq!(open_fds(), fds0);
+    assert!(rt.take_release_errors().is_empty());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
+fn threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time() {
+    let _serial = serial();
+    let rt = common::runtime_with(|_| {});
+    let (live0, fds0) = (rt.handle_budget().live(), open_fds());
+    let engine = engine_on(&rt, 3);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let shared: Vec<(usize, usize, Vec<f32>)> = [(64, 96), (33, 200)]
+        .iter()
+        .map(|&(n, k)| (n, k, random(&mut rng, n * k)))
+        .collect();
+    let linears: Vec<_> = shared
+        .iter()
+        .map(|(n, k, w)| engine.linear(w, *n, *k, WeightFormat::W8A8).unwrap())
+        .collect();
+    let until = Instant::now() + budget();
+    let counts: Vec<usize> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (engine, shared, linears) = (&engine, &shared, &linears);
+                s.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(100 + t);
+                    let mut rounds = 0;
+                    while Instant::now() < until {
+                        let which = rng.usize(..shared.len());
+                        let (n, k, w) = &shared[which];
+                        let m = [1, 3, 130][rng.usize(..3)];
+                        let x = random(&mut rng, m * k);
+                        let mut out = vec![f32::NAN; m * n];
+                        if rng.usize(..4) == 0 {
+                            // Its own linear, registered and dropped while the others forward.
+                            let own = engine.linear(w, *n, *k, WeightFormat::W8A8).unwrap();
+                            own.forward(&x, m, &mut out).unwrap();
+                        } else {
+                            linears[which].forward(&x, m, &mut out).unwrap();
+                        }
+                        let want = reference_w8a8(&x, w, m, *k, *n);
+                        assert!(
+                            out.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "thread {t} round {rounds}"
+                        );
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    eprintln!(
+        "forwards per thread on one engine in {:?}: {counts:?}",
+        budget()
+    );
+    assert!(counts.iter().all(|&r| r > 0));
+    drop(linears);
+    drop(engine);
+    assert_eq!(rt.handle_budget().live(), live0);
+    assert_eq!(open_fds(), fds0);
+    assert!(rt.take_release_errors().is_empty());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "10 000 cycles: too slow under Miri")]
+fn ten_thousand_allocate_free_cycles_leave_no_handle_and_no_descriptor() {
+    let _serial = serial();
+    let rt = common::runtime_with(|_| {});
+    let mm = rt.matmul::<I8xI8ToI32>(4, 64, 32).build().unwrap();
+    let (live0, fds0) = (rt.handle_budget().live(), open_fds());
+    let mut held = Vec::new();
+    for i in 0..10_000usize {
+        let mut a = mm.alloc_a().unwrap();
+        a.as_mut_slice()[0] = i as i8;
+        // Some cycles keep a few memories alive across cycles, freed in another order.
+        if i % 97 == 0 {
+            held.push(a);
+        }
+        if held.len() > 8 {
+            held.swap_remove(i % held.len());
+        }
+    }
+    drop(held);
+    assert_eq!(rt.handle_budget().live(), live0);
+    assert_eq!(open_fds(), fds0);
+    if let Some((_, memories, _)) = emulator_counts(&rt) {
+        assert_eq!(memories, 0);
+    }
+    assert!(rt.take_release_errors().is_empty());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "2 000 cycles: too slow under Miri")]
+fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor() {
+    let _serial = serial();
+    let rt = common::runtime_with(|_| {});
+    let (live0, fds0) = (rt.handle_budget().live(), open_fds());
+    let contexts0 = emulator_counts(&rt).map(|c| c.0);
+    for i in 0..2_000usize {
+        let mm = rt.matmul::<I8xI8ToI32>(1 + i % 3, 32, 32).build().unwrap();
+        // Every tenth context gets its memories and a run; they outlive it by a moment.
+        if i % 10 == 0 {
+            let (mut a, mut b, mut c) = (
+                mm.alloc_a().unwrap(),
+                mm.alloc_b().unwrap(),
+                mm.alloc_c().unwrap(),
+            );
+            a.as_mut_slice().fill(1);
+            b.as_mut_slice().fill(2);
+            mm.run(&a, &b, &mut c).unwrap();
+            assert_eq!(c.as_slice()[0], 64);
+            drop(mm);
+            drop((a, b, c));
+        }
+    }
+    assert_eq!(rt.handle_budget().live(), live0);
+    assert_eq!(open_fds(), fds0);
+    if let Some((contexts, memories, orphaned)) = emulator_counts(&rt) {
+        assert_eq!(Some(contexts), contexts0);
+        assert_eq!((memories, orphaned), (0, 0));
+    }
+    assert!(rt.take_release_errors().is_empty());
+}
+
+/// The engine's scheduler with real threads, small enough for Miri (`.ci/miri` runs it): two
+/// threads forward through one shared linear on a two-lane engine (the caller's lane and a
+/// worker thread) while one of them registers and drops a linear of its own.
+#[test]
+fn a_small_engine_shared_by_two_threads() {
+    let rt = common::runtime_with(|_| {});
+    let engine = engine_on(&rt, 2);
+    let (n, k) = (40, 32);
+    let mut rng = fastrand::Rng::with_seed(3);
+    let w = random(&mut rng, n * k);
+    let lin = engine.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (engine, lin, w) = (&engine, &lin, &w);
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(10 + t);
+                for i in 0..2 {
+                    let x = random(&mut rng, 2 * k);
+                    let y = if t == 1 && i == 1 {
+                        let own = engine.linear(w, n, k, WeightFormat::W8A8).unwrap();
+                        own.forward_vec(&x, 2).unwrap()
+                    } else {
+                        lin.forward_vec(&x, 2).unwrap()
+                    };
+                    let want = reference_w8a8(&x, w, 2, k, n);
+                    assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            });
+        }
+    });
+    drop(lin);
+    drop(engine);
+    assert_eq!(rt.handle_budget().live(), 0);
+}
