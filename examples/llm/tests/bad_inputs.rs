@@ -631,7 +631,7 @@ fn tokenizer_cases() -> Vec<Case> {
                 let bad = dir.join("latin1.txt");
                 std::fs::write(&bad, b"caf\xe9\n").map_err(|e| e.to_string())?;
                 let model = common::fixtures().join("llm/tiny-qwen2.gguf");
-                let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-decode"))
+                let out = common::llm_decode()
                     .arg("-m")
                     .arg(&model)
                     .arg("-f")
