@@ -57,6 +57,65 @@ impl PromptLookup {
     }
 }
 
+/// How many tokens to draft next, from how the previous drafts fared.
+///
+/// A verify pass of `1 + k` rows is almost free where the weights' reading dominates (the NPU,
+/// decode), but not free: on the emulator each row is CPU work, and on a board the rows still
+/// cost activation traffic. So drafts shrink to what was accepted plus one after a miss and
+/// double after a full hit; and when even a single drafted token is rejected, lookup pauses for
+/// a number of tokens that doubles with each such miss (2, 4, ... up to [`MAX_PAUSE`]), so text
+/// that does not repeat its context (most prose) pays for few wasted rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftPolicy {
+    max: usize,
+    len: usize,
+    pause: usize,
+    misses: u32,
+}
+
+/// The longest pause of [`DraftPolicy`], in tokens.
+pub const MAX_PAUSE: usize = 32;
+
+impl DraftPolicy {
+    /// Starts at half of `max` tokens per draft (a first draft has no record to go by).
+    pub fn new(max: usize) -> Self {
+        DraftPolicy {
+            max,
+            len: max.div_ceil(2),
+            pause: 0,
+            misses: 0,
+        }
+    }
+
+    /// Tokens to draft for the next pass (0 while paused); call once per decode pass.
+    pub fn next_len(&mut self) -> usize {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return 0;
+        }
+        self.len
+    }
+
+    /// Records a verify pass: `drafted` tokens proposed (0 for a plain pass), `kept` accepted.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if kept == drafted {
+            self.len = (2 * self.len).min(self.max).max(1);
+            self.misses = 0;
+        } else if kept == 0 && drafted == 1 {
+            self.misses += 1;
+            self.pause = 1usize << self.misses.min(MAX_PAUSE.trailing_zeros());
+        } else {
+            self.len = kept + 1;
+            if kept > 0 {
+                self.misses = 0;
+            }
+        }
+    }
+}
+
 /// What speculation did during one generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {
@@ -99,6 +158,45 @@ mod tests {
         assert!(l.draft(&[3], 10).is_empty());
         let short = PromptLookup { draft_max: 1, ..l };
         assert_eq!(short.draft(&ctx, 100), &[6]);
+    }
+
+    #[test]
+    fn drafts_shrink_after_a_miss_grow_after_a_hit_and_pause_after_single_misses() {
+        let mut p = DraftPolicy::new(8);
+        assert_eq!(p.next_len(), 4, "half of max to start");
+        p.record(4, 4);
+        assert_eq!(p.next_len(), 8);
+        p.record(8, 8);
+        assert_eq!(p.next_len(), 8, "capped at max");
+        p.record(8, 2);
+        assert_eq!(p.next_len(), 3, "accepted + 1");
+        p.record(3, 3);
+        assert_eq!(p.next_len(), 6, "doubled after a full hit");
+        p.record(6, 0);
+        assert_eq!(p.next_len(), 1);
+        // A plain pass (nothing matched in the context) changes nothing.
+        p.record(0, 0);
+        assert_eq!(p.next_len(), 1);
+        // Single-token misses pause lookup for 2, 4, 8, ... tokens, up to MAX_PAUSE.
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            p.record(1, 0);
+            let mut paused = 0;
+            while p.next_len() == 0 {
+                paused += 1;
+            }
+            pauses.push(paused);
+        }
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 32, 32]);
+        // A hit ends the back-off: the next single miss pauses for 2 again.
+        p.record(1, 1);
+        assert_eq!(p.next_len(), 2);
+        p.record(2, 1);
+        assert_eq!(p.next_len(), 2);
+        p.record(2, 0);
+        assert_eq!(p.next_len(), 1);
+        p.record(1, 0);
+        assert_eq!((p.next_len(), p.next_len(), p.next_len()), (0, 0, 1));
     }
 
     #[test]

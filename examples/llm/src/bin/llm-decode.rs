@@ -25,7 +25,7 @@ use rknn_llm::chat::ChatFormat;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual};
 use rknn_llm::sample::{Sampler, SamplerConfig, Verdict};
-use rknn_llm::spec::{PromptLookup, SpecStats};
+use rknn_llm::spec::{DraftPolicy, PromptLookup, SpecStats};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::{Platform, Runtime, RuntimeOptions};
@@ -623,9 +623,7 @@ impl Run<'_> {
         let mut decode_time = Duration::ZERO;
         let (mut decode_forwards, mut decisions) = (0usize, 0usize);
         let mut spec = SpecStats::default();
-        // Drafts shrink after a miss and grow back after a full hit, so text that repeats
-        // little (prose) pays for few long verify passes.
-        let mut draft_len = self.lookup.map_or(0, |l| l.draft_max);
+        let mut policy = DraftPolicy::new(self.lookup.map_or(0, |l| l.draft_max));
         let limit = usize::try_from(self.n_predict).unwrap_or(usize::MAX);
         let t = Instant::now();
         // The token decided for position `pos`, emitted, then fed with any drafted tokens.
@@ -655,7 +653,7 @@ impl Run<'_> {
             // Room for drafts: the tokens still to generate, and the context after `token`.
             let room = (limit - generated.len())
                 .min(n_ctx - pos - 1)
-                .min(draft_len);
+                .min(policy.next_len());
             let drafts: Vec<u32> = match &self.lookup {
                 Some(l) => l.draft(&self.history, room).to_vec(),
                 None => Vec::new(),
@@ -713,16 +711,7 @@ impl Run<'_> {
                     }
                 }
             }
-            if let Some(l) = &self.lookup {
-                if !drafts.is_empty() {
-                    let kept = spec.accepted - accepted_before;
-                    draft_len = if kept == drafts.len() {
-                        (2 * draft_len).min(l.draft_max)
-                    } else {
-                        kept + 1
-                    };
-                }
-            }
+            policy.record(drafts.len(), spec.accepted - accepted_before);
             token = next.expect("the last row of a verify pass decides a token");
         };
         decode_time += t.elapsed();
