@@ -95,6 +95,81 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// `out[t] = a · rows[t * stride..t * stride + a.len()]` for every `t`, each in the
+    /// canonical order (bit-identical to [`Kernel::dot`]), in one call: attention's scores of
+    /// one query head against every cached key, without a dispatch per key.
+    ///
+    /// # Panics
+    /// If `rows` is too short for `out.len()` rows at `stride`, or the backend is not available.
+    pub fn dot_rows(self, a: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        check_rows(a.len(), rows.len(), stride, out.len());
+        match self {
+            Kernel::Scalar => {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot_scalar(a, &rows[t * stride..t * stride + a.len()]);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(self.is_available(), "AVX2/FMA not available");
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above); `check_rows`
+                // proved every row `t < out.len()` lies inside `rows`.
+                unsafe { x86::dot_rows_avx2(a, rows, stride, out) }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => {
+                for (t, o) in out.iter_mut().enumerate() {
+                    // SAFETY: NEON is baseline; the row has `a.len()` elements.
+                    *o = unsafe { neon::dot_neon(a, &rows[t * stride..t * stride + a.len()]) };
+                }
+            }
+        }
+    }
+
+    /// `out[j] += p[t] * rows[t * stride + j]` for `t` in increasing order, each product
+    /// rounded and then added (no fused multiply-add): attention's weighted sum of the cached
+    /// values. Every backend gives the same bits.
+    ///
+    /// # Panics
+    /// If `rows` is too short for `p.len()` rows at `stride`, or the backend is not available.
+    pub fn add_scaled_rows(self, p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        check_rows(out.len(), rows.len(), stride, p.len());
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(self.is_available(), "AVX2/FMA not available");
+                // SAFETY: the CPU supports AVX2 (checked just above); the body is safe Rust
+                // that the compiler vectorises for it.
+                unsafe { x86::add_scaled_rows_avx2(p, rows, stride, out) }
+            }
+            _ => add_scaled_rows(p, rows, stride, out),
+        }
+    }
+}
+
+/// Panics unless `count` rows of `width` at `stride` fit in `len` elements.
+fn check_rows(width: usize, len: usize, stride: usize, count: usize) {
+    let need = count
+        .checked_sub(1)
+        .map_or(Some(0), |last| last.checked_mul(stride)?.checked_add(width))
+        .expect("row span overflows usize");
+    assert!(
+        need <= len,
+        "{count} rows of {width} at stride {stride} need {need} elements, got {len}"
+    );
+}
+
+#[inline(always)]
+fn add_scaled_rows(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let w = out.len();
+    for (t, &pt) in p.iter().enumerate() {
+        for (o, &v) in out.iter_mut().zip(&rows[t * stride..t * stride + w]) {
+            *o += pt * v;
+        }
+    }
+}
+
 /// The backend [`dot`] uses: the fastest available, or the one `RKNN_LLM_KERNEL` names.
 pub fn selected() -> Kernel {
     static SELECTED: OnceLock<Kernel> = OnceLock::new();
@@ -167,7 +242,31 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// # Safety
+    /// The CPU must support AVX2 and FMA, and every row `t < out.len()`
+    /// (`rows[t * stride..t * stride + a.len()]`) must lie inside `rows`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_rows_avx2(a: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        for (t, o) in out.iter_mut().enumerate() {
+            // SAFETY: the features are the caller's contract, as is the row's extent.
+            *o = unsafe { dot_avx2(a, rows.get_unchecked(t * stride..t * stride + a.len())) };
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 (the loop is the portable one, vectorised for it).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn add_scaled_rows_avx2(
+        p: &[f32],
+        rows: &[f32],
+        stride: usize,
+        out: &mut [f32],
+    ) {
+        super::add_scaled_rows(p, rows, stride, out);
+    }
+
+    /// # Safety
     /// The CPU must support AVX2 and FMA, and `a.len() == b.len()`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         let k32 = a.len() - a.len() % 32;
@@ -204,6 +303,7 @@ mod neon {
 
     /// # Safety
     /// `a.len() == b.len()`.
+    #[inline]
     pub(super) unsafe fn dot_neon(a: &[f32], b: &[f32]) -> f32 {
         let k32 = a.len() - a.len() % 32;
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -258,6 +358,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn row_kernels_equal_their_one_row_definitions_on_every_backend() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        for (k, stride, n) in [
+            (64, 192, 37),
+            (64, 64, 1),
+            (33, 40, 5),
+            (0, 3, 4),
+            (64, 192, 0),
+        ] {
+            let a = random(&mut rng, k);
+            let rows = random(&mut rng, n.max(1) * stride);
+            let p = random(&mut rng, n);
+            let dots: Vec<u32> = (0..n)
+                .map(|t| {
+                    Kernel::Scalar
+                        .dot(&a, &rows[t * stride..t * stride + k])
+                        .to_bits()
+                })
+                .collect();
+            let mut sum = random(&mut rng, k);
+            let start = sum.clone();
+            for (t, &pt) in p.iter().enumerate() {
+                for (o, &v) in sum.iter_mut().zip(&rows[t * stride..]) {
+                    *o += pt * v;
+                }
+            }
+            for &kern in Kernel::all() {
+                if !kern.is_available() {
+                    continue;
+                }
+                let mut got = vec![0.0; n];
+                kern.dot_rows(&a, &rows, stride, &mut got);
+                let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, dots, "{} dot_rows k={k}", kern.name());
+                let mut out = start.clone();
+                kern.add_scaled_rows(&p, &rows, stride, &mut out);
+                assert_eq!(
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    sum.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{} add_scaled_rows k={k}",
+                    kern.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "rows of 64 at stride 192")]
+    fn row_kernels_refuse_rows_beyond_the_slice() {
+        let mut out = [0.0; 3];
+        Kernel::Scalar.dot_rows(&[0.0; 64], &[0.0; 2 * 192 + 63], 192, &mut out);
     }
 
     #[test]
