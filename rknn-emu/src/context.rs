@@ -1072,65 +1072,59 @@ impl<'a> CWriter<'a> {
     }
 
     /// Writes a panel of results: columns `j0..j0 + w`, `sums` being [M, w].
+    ///
+    /// The element conversion is chosen once per panel, not per run: native C of i32 on RK3588
+    /// is in runs of 4 columns, so a decision per run cost as much as the copy.
     fn put(&mut self, sums: Sums<'_>, j0: usize, w: usize) {
-        /// Converts `src` element by element into `N`-byte little-endian values in `dst`.
-        fn store<S: Copy, const N: usize>(dst: &mut [u8], src: &[S], f: impl Fn(S) -> [u8; N]) {
-            for (d, &s) in dst.chunks_exact_mut(N).zip(src) {
-                d.copy_from_slice(&f(s));
-            }
+        /// Writes each run of `src` ([M, w]) into `bytes` as `N`-byte little-endian values.
+        fn store<S: Copy, const N: usize>(
+            this: &CWriter<'_>,
+            bytes: &mut [u8],
+            src: &[S],
+            j0: usize,
+            w: usize,
+            f: impl Fn(S) -> [u8; N],
+        ) {
+            this.runs(j0, w, |i, col, idx, len| {
+                let from = i * w + col - j0;
+                for (d, &s) in bytes[N * idx..N * (idx + len)]
+                    .chunks_exact_mut(N)
+                    .zip(&src[from..from + len])
+                {
+                    d.copy_from_slice(&f(s));
+                }
+            });
         }
-        let kind = self.kind;
         let (overflow, rounding, qc) = (self.overflow, self.rounding, self.qc);
         let mut bytes = std::mem::take(&mut self.bytes);
-        self.runs(j0, w, |i, col, idx, len| {
-            let from = i * w + col - j0;
-            match sums {
-                Sums::I32(v) => {
-                    let src = &v[from..from + len];
-                    match kind {
-                        ElemKind::I16 => store(&mut bytes[2 * idx..2 * (idx + len)], src, |x| {
-                            match overflow {
-                                Overflow::Saturate => {
-                                    x.clamp(i16::MIN.into(), i16::MAX.into()) as i16
-                                }
-                                Overflow::Wrap => x as i16,
-                            }
-                            .to_le_bytes()
-                        }),
-                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, i32::to_le_bytes),
-                    }
+        match (sums, self.kind) {
+            (Sums::I32(v), ElemKind::I16) => store(self, &mut bytes, v, j0, w, |x| {
+                match overflow {
+                    Overflow::Saturate => x.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
+                    Overflow::Wrap => x as i16,
                 }
-                Sums::F64(v) => {
-                    let src = &v[from..from + len];
-                    match kind {
-                        ElemKind::I8 => {
-                            for (r, (d, &x)) in
-                                bytes[idx..idx + len].iter_mut().zip(src).enumerate()
-                            {
-                                // Per-channel C has one entry per column (checked at
-                                // set_quant_params).
-                                let ci = if qc.scale.len() > 1 { col + r } else { 0 };
-                                let q = round(x / f64::from(qc.scale(ci)), rounding)
-                                    + f64::from(qc.zp(ci));
-                                *d = q.clamp(-128.0, 127.0) as i8 as u8;
-                            }
-                        }
-                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, |x| {
-                            (x as f32).to_le_bytes()
-                        }),
-                    }
+                .to_le_bytes()
+            }),
+            (Sums::I32(v), _) => store(self, &mut bytes, v, j0, w, i32::to_le_bytes),
+            (Sums::F64(v), ElemKind::I8) => self.runs(j0, w, |i, col, idx, len| {
+                let from = i * w + col - j0;
+                for (r, (d, &x)) in bytes[idx..idx + len]
+                    .iter_mut()
+                    .zip(&v[from..from + len])
+                    .enumerate()
+                {
+                    // Per-channel C has one entry per column (checked at set_quant_params).
+                    let ci = if qc.scale.len() > 1 { col + r } else { 0 };
+                    let q = round(x / f64::from(qc.scale(ci)), rounding) + f64::from(qc.zp(ci));
+                    *d = q.clamp(-128.0, 127.0) as i8 as u8;
                 }
-                Sums::F32(v) => {
-                    let src = &v[from..from + len];
-                    match kind {
-                        ElemKind::F16 => store(&mut bytes[2 * idx..2 * (idx + len)], src, |x| {
-                            f16::from_f32(x).to_le_bytes()
-                        }),
-                        _ => store(&mut bytes[4 * idx..4 * (idx + len)], src, f32::to_le_bytes),
-                    }
-                }
-            }
-        });
+            }),
+            (Sums::F64(v), _) => store(self, &mut bytes, v, j0, w, |x| (x as f32).to_le_bytes()),
+            (Sums::F32(v), ElemKind::F16) => store(self, &mut bytes, v, j0, w, |x| {
+                f16::from_f32(x).to_le_bytes()
+            }),
+            (Sums::F32(v), _) => store(self, &mut bytes, v, j0, w, f32::to_le_bytes),
+        }
         std::mem::swap(&mut self.bytes, &mut bytes);
     }
 

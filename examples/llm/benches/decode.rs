@@ -84,8 +84,9 @@ fn main() {
                 opts.residual = match next("--residual").as_str() {
                     "none" => Residual::None,
                     "output" => Residual::Output,
+                    "output-down" => Residual::OutputAndDown,
                     "all" => Residual::All,
-                    other => panic!("--residual none|output|all, not {other}"),
+                    other => panic!("--residual none|output|output-down|all, not {other}"),
                 }
             }
             "--no-rotation" => opts.rotate = false,
