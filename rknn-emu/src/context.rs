@@ -1098,14 +1098,14 @@ impl<'a> CWriter<'a> {
         let (overflow, rounding, qc) = (self.overflow, self.rounding, self.qc);
         let mut bytes = std::mem::take(&mut self.bytes);
         match (sums, self.kind) {
-            (Sums::I32(v), ElemKind::I16) => store(self, &mut bytes, v, j0, w, |x| {
+            (Sums::I32(v), ElemKind::I16) => store(self, bytes, v, j0, w, |x| {
                 match overflow {
                     Overflow::Saturate => x.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
                     Overflow::Wrap => x as i16,
                 }
                 .to_le_bytes()
             }),
-            (Sums::I32(v), _) => store(self, &mut bytes, v, j0, w, i32::to_le_bytes),
+            (Sums::I32(v), _) => store(self, bytes, v, j0, w, i32::to_le_bytes),
             (Sums::F64(v), ElemKind::I8) => self.runs(j0, w, |i, col, idx, len| {
                 let from = i * w + col - j0;
                 for (r, (d, &x)) in bytes[idx..idx + len]
@@ -1119,11 +1119,11 @@ impl<'a> CWriter<'a> {
                     *d = q.clamp(-128.0, 127.0) as i8 as u8;
                 }
             }),
-            (Sums::F64(v), _) => store(self, &mut bytes, v, j0, w, |x| (x as f32).to_le_bytes()),
-            (Sums::F32(v), ElemKind::F16) => store(self, &mut bytes, v, j0, w, |x| {
+            (Sums::F64(v), _) => store(self, bytes, v, j0, w, |x| (x as f32).to_le_bytes()),
+            (Sums::F32(v), ElemKind::F16) => store(self, bytes, v, j0, w, |x| {
                 f16::from_f32(x).to_le_bytes()
             }),
-            (Sums::F32(v), _) => store(self, &mut bytes, v, j0, w, f32::to_le_bytes),
+            (Sums::F32(v), _) => store(self, bytes, v, j0, w, f32::to_le_bytes),
         }
         std::mem::swap(&mut self.bytes, &mut bytes);
     }

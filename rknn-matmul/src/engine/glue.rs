@@ -295,6 +295,17 @@ pub fn quantize_rows(
     }
 }
 
+/// [`Rotation::apply_rows`](super::Rotation::apply_rows) on the selected backend (the same
+/// operations in the same order on each, so the same bits).
+pub(crate) fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+    match selected() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx2` is selected only if the CPU has AVX2; the body is safe code.
+        Backend::Avx2 => unsafe { x86::rotate_rows(signs, mix, k, x) },
+        _ => super::rotation::rotate_rows(signs, mix, k, x),
+    }
+}
+
 /// Packs columns `k0..k0 + kseg` of `q` (`[m, k_pad]` row-major i8) into the NPU's native `A`
 /// layout `[kseg / sk, m, sk]`: element `(r, c)` (`c` relative to `k0`) goes to
 /// `dst[((c / sk) * m + r) * sk + c % sk]`.

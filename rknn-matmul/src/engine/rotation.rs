@@ -110,48 +110,64 @@ impl Rotation {
             self.k,
             x.len()
         );
-        for row in x.chunks_exact_mut(self.k) {
-            for (block, signs) in row
-                .chunks_exact_mut(HADAMARD_BLOCK)
-                .zip(self.signs.chunks_exact(HADAMARD_BLOCK))
-            {
-                let block: &mut [f32; HADAMARD_BLOCK] =
-                    block.try_into().expect("chunks_exact gives whole blocks");
-                for (v, s) in block.iter_mut().zip(signs) {
-                    *v *= s;
-                }
-                fwht64(block);
+        super::glue::rotate_rows(&self.signs, self.mix.as_deref(), self.k, x);
+    }
+}
+
+/// The body of [`Rotation::apply_rows`] (`x.len()` a multiple of `k`, `signs` the whole blocks
+/// of `k`, `mix` blocks × blocks). Inlined always so that the glue's x86-64 backend compiles
+/// it with AVX2; Rust never fuses a multiply and an add, so every backend gives the same bits.
+#[inline(always)]
+pub(super) fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+    thread_local! {
+        static COPY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let blocks = signs.len() / HADAMARD_BLOCK;
+    // A copy of the row for the mix, kept per thread (taken out, so the loops below are in
+    // this function's body and get its target features).
+    let mut copy = match mix {
+        Some(_) => COPY.with_borrow_mut(std::mem::take),
+        None => Vec::new(),
+    };
+    for row in x.chunks_exact_mut(k) {
+        for (block, signs) in row
+            .chunks_exact_mut(HADAMARD_BLOCK)
+            .zip(signs.chunks_exact(HADAMARD_BLOCK))
+        {
+            let block: &mut [f32; HADAMARD_BLOCK] =
+                block.try_into().expect("chunks_exact gives whole blocks");
+            for (v, s) in block.iter_mut().zip(signs) {
+                *v *= s;
             }
-            if let Some(q) = &self.mix {
-                mix_blocks(row, q, self.signs.len() / HADAMARD_BLOCK);
-            }
+            fwht64(block);
         }
+        if let Some(q) = mix {
+            mix_blocks(row, q, blocks, &mut copy);
+        }
+    }
+    if mix.is_some() {
+        COPY.with_borrow_mut(|c| *c = copy);
     }
 }
 
 /// `row[b*64 + j] = Σ_c q[b][c] · row[c*64 + j]` for every position `j` of the `blocks`
-/// blocks, as whole-block multiply-adds (which vectorise over the 64 positions) from a copy of
-/// the row kept per thread.
-fn mix_blocks(row: &mut [f32], q: &[f32], blocks: usize) {
-    thread_local! {
-        static COPY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
+/// blocks, as whole-block multiply-adds (which vectorise over the 64 positions) from `copy`.
+#[inline(always)]
+fn mix_blocks(row: &mut [f32], q: &[f32], blocks: usize, copy: &mut Vec<f32>) {
     let n = blocks * HADAMARD_BLOCK;
-    COPY.with_borrow_mut(|copy| {
-        copy.clear();
-        copy.extend_from_slice(&row[..n]);
-        for (b, out) in row[..n].chunks_exact_mut(HADAMARD_BLOCK).enumerate() {
-            out.fill(0.0);
-            for (&a, src) in q[b * blocks..(b + 1) * blocks]
-                .iter()
-                .zip(copy.chunks_exact(HADAMARD_BLOCK))
-            {
-                for (o, &v) in out.iter_mut().zip(src) {
-                    *o += a * v;
-                }
+    copy.clear();
+    copy.extend_from_slice(&row[..n]);
+    for (b, out) in row[..n].chunks_exact_mut(HADAMARD_BLOCK).enumerate() {
+        out.fill(0.0);
+        for (&a, src) in q[b * blocks..(b + 1) * blocks]
+            .iter()
+            .zip(copy.chunks_exact(HADAMARD_BLOCK))
+        {
+            for (o, &v) in out.iter_mut().zip(src) {
+                *o += a * v;
             }
         }
-    });
+    }
 }
 
 /// xorshift64*, the documented generator of the rotations.
@@ -178,6 +194,7 @@ impl XorShift {
 
 /// The Walsh–Hadamard transform of 64 values, scaled by 1/8 (orthonormal). Each stage's
 /// butterflies are independent, so the compiler vectorises the inner loop.
+#[inline(always)]
 fn fwht64(v: &mut [f32; HADAMARD_BLOCK]) {
     let mut h = 1;
     while h < HADAMARD_BLOCK {
@@ -243,5 +260,24 @@ mod tests {
         let s = Rotation::hadamard(4096, 0).signs;
         let neg = s.iter().filter(|&&v| v < 0.0).count();
         assert!((1800..2300).contains(&neg), "{neg} negative of 4096");
+    }
+
+    #[test]
+    fn the_selected_backend_rotates_to_the_same_bits_as_the_portable_body() {
+        let mut rng = fastrand::Rng::with_seed(9);
+        for (k, rows) in [(576, 3), (1536, 2), (100, 4), (130, 1)] {
+            let r = Rotation::hadamard_mixed(k, 7);
+            let x: Vec<f32> = (0..k * rows).map(|_| rng.f32() * 4.0 - 2.0).collect();
+            let (mut selected, mut portable) = (x.clone(), x.clone());
+            r.apply_rows(&mut selected);
+            rotate_rows(&r.signs, r.mix.as_deref(), k, &mut portable);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&selected),
+                bits(&portable),
+                "k={k} ({})",
+                crate::engine::glue::backend()
+            );
+        }
     }
 }

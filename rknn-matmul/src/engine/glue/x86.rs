@@ -352,3 +352,13 @@ unsafe fn pack_f16_blocks<const SK: usize>(
         });
     }
 }
+
+/// [`rotate_rows`](super::rotate_rows) compiled with AVX2.
+///
+/// # Safety
+///
+/// AVX2 is available.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+    crate::engine::rotation::rotate_rows(signs, mix, k, x)
+}
