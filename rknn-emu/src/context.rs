@@ -1120,9 +1120,9 @@ impl<'a> CWriter<'a> {
                 }
             }),
             (Sums::F64(v), _) => store(self, bytes, v, j0, w, |x| (x as f32).to_le_bytes()),
-            (Sums::F32(v), ElemKind::F16) => store(self, bytes, v, j0, w, |x| {
-                f16::from_f32(x).to_le_bytes()
-            }),
+            (Sums::F32(v), ElemKind::F16) => {
+                store(self, bytes, v, j0, w, |x| f16::from_f32(x).to_le_bytes())
+            }
             (Sums::F32(v), _) => store(self, bytes, v, j0, w, f32::to_le_bytes),
         }
         std::mem::swap(&mut self.bytes, &mut bytes);
