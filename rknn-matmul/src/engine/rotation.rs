@@ -158,15 +158,17 @@ fn mix_blocks(row: &mut [f32], q: &[f32], blocks: usize, copy: &mut Vec<f32>) {
     copy.clear();
     copy.extend_from_slice(&row[..n]);
     for (b, out) in row[..n].chunks_exact_mut(HADAMARD_BLOCK).enumerate() {
-        out.fill(0.0);
+        // Accumulated in a local array (registers), not through `out` once per source block.
+        let mut acc = [0.0f32; HADAMARD_BLOCK];
         for (&a, src) in q[b * blocks..(b + 1) * blocks]
             .iter()
             .zip(copy.chunks_exact(HADAMARD_BLOCK))
         {
-            for (o, &v) in out.iter_mut().zip(src) {
+            for (o, &v) in acc.iter_mut().zip(src) {
                 *o += a * v;
             }
         }
+        out.copy_from_slice(&acc);
     }
 }
 

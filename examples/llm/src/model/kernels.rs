@@ -160,11 +160,34 @@ fn check_rows(width: usize, len: usize, stride: usize, count: usize) {
     );
 }
 
+/// Columns of `out` kept in registers across the rows of [`add_scaled_rows`] (a head of 64).
+const SCALED_ROWS_BLOCK: usize = 64;
+
 #[inline(always)]
 fn add_scaled_rows(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    // Column blocks accumulate in a local array (registers) over every row, instead of a load
+    // and a store of `out` per row; each element still sees the same products in row order.
+    const B: usize = SCALED_ROWS_BLOCK;
     let w = out.len();
+    let whole = w - w % B;
+    for (j0, o) in out[..whole].chunks_exact_mut(B).enumerate() {
+        let j0 = j0 * B;
+        let mut acc: [f32; B] = (&*o).try_into().expect("a whole block");
+        for (t, &pt) in p.iter().enumerate() {
+            let r: &[f32; B] = rows[t * stride + j0..t * stride + j0 + B]
+                .try_into()
+                .expect("a whole block");
+            for (a, &v) in acc.iter_mut().zip(r) {
+                *a += pt * v;
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
     for (t, &pt) in p.iter().enumerate() {
-        for (o, &v) in out.iter_mut().zip(&rows[t * stride..t * stride + w]) {
+        for (o, &v) in out[whole..]
+            .iter_mut()
+            .zip(&rows[t * stride + whole..t * stride + w])
+        {
             *o += pt * v;
         }
     }
@@ -367,6 +390,8 @@ mod tests {
             (64, 192, 37),
             (64, 64, 1),
             (33, 40, 5),
+            (128, 128, 9),
+            (150, 160, 7),
             (0, 3, 4),
             (64, 192, 0),
         ] {

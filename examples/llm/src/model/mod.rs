@@ -773,7 +773,7 @@ impl Model {
             layer.w_gate_up.forward(&h, m, &mut gate_up)?;
             t_matmul += t.elapsed();
             split_columns(&gate_up, m, &mut [&mut gate, &mut up]);
-            swiglu(&mut gate, &up);
+            swiglu(c.n_ff, &mut gate, &up);
             let t = Instant::now();
             layer.w_down.forward(&gate, m, &mut h)?;
             t_matmul += t.elapsed();
@@ -809,6 +809,29 @@ impl Model {
 /// `out = x / rms(x) * w` per row, as ggml computes it: squares summed in f64 in order, the
 /// mean rounded to f32, the scale `1/sqrt(mean + eps)` in f32, then `(x * scale) * w`.
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    by_row_blocks(n, out, x, |out, x| rms_norm_rows(x, w, eps, out));
+}
+
+/// Rows per task of the host's row-wise passes (RMSNorm, SwiGLU) on a prompt chunk: a row is
+/// about a microsecond of work, a task hand-off about as much.
+const ROWS_PER_TASK: usize = 16;
+
+/// `f(out rows, in rows)` over blocks of [`ROWS_PER_TASK`] rows of `width`, on the current
+/// rayon pool when there are two blocks or more (a prompt chunk; one decode row stays on this
+/// thread). Each row is computed the same way whatever block it is in.
+fn by_row_blocks(width: usize, out: &mut [f32], x: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
+    let block = ROWS_PER_TASK * width;
+    if out.len() >= 2 * block {
+        out.par_chunks_mut(block)
+            .zip(x.par_chunks(block))
+            .for_each(|(o, x)| f(o, x));
+    } else {
+        f(out, x);
+    }
+}
+
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
@@ -850,8 +873,12 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`.
-fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`, for rows of `width`.
+fn swiglu(width: usize, gate: &mut [f32], up: &[f32]) {
+    by_row_blocks(width, gate, up, swiglu_rows);
+}
+
+fn swiglu_rows(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
