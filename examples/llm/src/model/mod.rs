@@ -751,9 +751,10 @@ impl Model {
             }
 
             let t = Instant::now();
+            let work = m * c.n_head * (pos + m) * c.head_dim;
             attention(
                 &c,
-                &self.pool,
+                (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool),
                 &q,
                 &self.cache.k[heads.clone()],
                 &self.cache.v[heads],
@@ -945,9 +946,14 @@ impl RopeTable {
 /// Per (row, head): scores `q·k * 1/sqrt(head_dim)` with the canonical dot product; softmax
 /// with the maximum subtracted and the sum of exponentials in f64, in position order; the
 /// output `Σ_t p_t v_t` accumulated in position order. Nothing depends on `m`.
+/// Work (rows × heads × positions × head size) from which [`attention`] is split over the pool.
+/// Below it the pass is over in tens of microseconds, less than waking the pool costs, and a
+/// woken pool thread competes for the CPUs with the engine's workers (decode at short contexts).
+const ATTENTION_PARALLEL_WORK: usize = 1 << 18;
+
 fn attention(
     c: &Config,
-    pool: &rayon::ThreadPool,
+    pool: Option<&rayon::ThreadPool>,
     q: &[f32],
     k_cache: &[Vec<f32>],
     v_cache: &[Vec<f32>],
@@ -959,32 +965,110 @@ fn attention(
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let kern = kernels::selected();
-    // One task per (row, query head), each writing its own head_dim slice of `out`.
-    pool.install(|| {
-        out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-            let (r, h) = (idx / c.n_head, idx % c.n_head);
-            let g = h / group;
-            let n_t = pos + r + 1;
-            let mut scores = vec![0.0f32; n_t];
-            let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
-            kern.dot_rows(qh, &k_cache[g], hd, &mut scores);
-            let mut max = f32::NEG_INFINITY;
-            for s in scores.iter_mut() {
-                *s *= scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0.0f64;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += f64::from(*s);
-            }
-            let inv = (1.0 / sum) as f32;
-            for s in scores.iter_mut() {
-                *s *= inv;
-            }
-            o.fill(0.0);
-            kern.add_scaled_rows(&scores, &v_cache[g], hd, o);
-        });
-    });
+    let one = |idx: usize, o: &mut [f32]| {
+        let (r, h) = (idx / c.n_head, idx % c.n_head);
+        let g = h / group;
+        let n_t = pos + r + 1;
+        let mut scores = vec![0.0f32; n_t];
+        let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
+        kern.dot_rows(qh, &k_cache[g], hd, &mut scores);
+        let mut max = f32::NEG_INFINITY;
+        for s in scores.iter_mut() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        let mut sum = 0.0f64;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += f64::from(*s);
+        }
+        let inv = (1.0 / sum) as f32;
+        for s in scores.iter_mut() {
+            *s *= inv;
+        }
+        o.fill(0.0);
+        kern.add_scaled_rows(&scores, &v_cache[g], hd, o);
+    };
+    match pool {
+        None => out
+            .chunks_mut(hd)
+            .enumerate()
+            .for_each(|(idx, o)| one(idx, o)),
+        // One task per (row, query head), each writing its own head_dim slice of `out`.
+        Some(pool) => pool.install(|| {
+            out.par_chunks_mut(hd)
+                .enumerate()
+                .for_each(|(idx, o)| one(idx, o));
+        }),
+    }
     debug_assert_eq!(out.len(), m * qd);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_gives_the_same_bits_on_one_thread_and_on_the_pool() {
+        let c = Config {
+            arch: Architecture::Llama,
+            n_vocab: 16,
+            n_embd: 48,
+            n_layer: 1,
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 8,
+            n_ff: 32,
+            n_ctx: 64,
+            rms_eps: 1e-5,
+            rope_base: 10_000.0,
+            rope_freq_scale: 1.0,
+            n_rot: 8,
+            rope_style: RopeStyle::Adjacent,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let (pos, m, hd) = (7, 5, c.head_dim);
+        let mut random = |n: usize| (0..n).map(|_| rng.f32() - 0.5).collect::<Vec<f32>>();
+        let q = random(m * c.q_dim());
+        let k: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
+        let v: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
+        let mut serial = vec![0.0; m * c.q_dim()];
+        let mut parallel = serial.clone();
+        attention(&c, None, &q, &k, &v, pos, &mut serial);
+        attention(&c, Some(&pool), &q, &k, &v, pos, &mut parallel);
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&serial), bits(&parallel));
+        // And it is causal softmax attention (f64 reference).
+        let group = c.n_head / c.n_head_kv;
+        for r in 0..m {
+            for h in 0..c.n_head {
+                let (g, qh) = (h / group, &q[(r * c.n_head + h) * hd..][..hd]);
+                let n_t = pos + r + 1;
+                let scores: Vec<f64> = (0..n_t)
+                    .map(|t| {
+                        let kt = &k[g][t * hd..(t + 1) * hd];
+                        let d: f64 = qh.iter().zip(kt).map(|(&a, &b)| f64::from(a * b)).sum();
+                        d / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for j in 0..hd {
+                    let want: f64 = (0..n_t)
+                        .map(|t| e[t] / sum * f64::from(v[g][t * hd + j]))
+                        .sum();
+                    let got = f64::from(serial[(r * c.n_head + h) * hd + j]);
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "row {r} head {h}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
 }
