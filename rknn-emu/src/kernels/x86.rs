@@ -507,6 +507,9 @@ unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
     }
 }
 
+/// Tiles of native B whose products a pair of rows accumulates before reducing them.
+const PAIR_TILES: usize = 4;
+
 /// The native-B loop: for each column block of `sn`, for each row of A, every 32 x 32 tile
 /// is reduced in groups of 8 columns (one 32-byte row of the tile per column) into one vector
 /// of 8 sums, so B is read once, front to back.
@@ -545,21 +548,58 @@ unsafe fn native_b<const VNNI: bool>(
                 ];
                 let mut acc = [zero; 8];
                 let mut row_sum = [zero; 2];
-                for t in 0..k / SK {
-                    let tile = block.add(t * sn * SK);
-                    let a0 = _mm256_loadu_si256(rows[0].add(t * SK).cast());
-                    let a1 = _mm256_loadu_si256(rows[1].add(t * SK).cast());
-                    row_sum[0] = vpdpbusd(row_sum[0], ones, a0);
-                    row_sum[1] = vpdpbusd(row_sum[1], ones, a1);
-                    for (g, acc) in acc.iter_mut().enumerate().take(sn / 4) {
-                        let mut v = [zero; 8];
-                        for col in 0..4 {
-                            let bp = tile.add((g * 4 + col) * SK);
-                            let bu = _mm256_xor_si256(_mm256_loadu_si256(bp.cast()), flip);
-                            v[col] = vpdpbusd(zero, bu, a0);
-                            v[4 + col] = vpdpbusd(zero, bu, a1);
+                let tiles = k / SK;
+                if p == 0 {
+                    // The first pair reads this block of B from memory: tile by tile, front to
+                    // back, as one stream the prefetchers follow.
+                    for t in 0..tiles {
+                        let tile = block.add(t * sn * SK);
+                        let a0 = _mm256_loadu_si256(rows[0].add(t * SK).cast());
+                        let a1 = _mm256_loadu_si256(rows[1].add(t * SK).cast());
+                        row_sum[0] = vpdpbusd(row_sum[0], ones, a0);
+                        row_sum[1] = vpdpbusd(row_sum[1], ones, a1);
+                        for (g, acc) in acc.iter_mut().enumerate().take(sn / 4) {
+                            let mut v = [zero; 8];
+                            for col in 0..4 {
+                                let bp = tile.add((g * 4 + col) * SK);
+                                let bu = _mm256_xor_si256(_mm256_loadu_si256(bp.cast()), flip);
+                                v[col] = vpdpbusd(zero, bu, a0);
+                                v[4 + col] = vpdpbusd(zero, bu, a1);
+                            }
+                            *acc = _mm256_add_epi32(*acc, reduce8(v));
                         }
-                        *acc = _mm256_add_epi32(*acc, reduce8(v));
+                    }
+                } else {
+                    // Later pairs find the block in cache: the products of PAIR_TILES tiles
+                    // accumulate unreduced before one horizontal reduction (the reduction, not
+                    // the multiply, was most of the work per tile). Wrapping i32 sums in any
+                    // order are the same sums.
+                    let mut t0 = 0;
+                    while t0 < tiles {
+                        let t1 = (t0 + PAIR_TILES).min(tiles);
+                        for t in t0..t1 {
+                            let a0 = _mm256_loadu_si256(rows[0].add(t * SK).cast());
+                            let a1 = _mm256_loadu_si256(rows[1].add(t * SK).cast());
+                            row_sum[0] = vpdpbusd(row_sum[0], ones, a0);
+                            row_sum[1] = vpdpbusd(row_sum[1], ones, a1);
+                        }
+                        for (g, acc) in acc.iter_mut().enumerate().take(sn / 4) {
+                            let mut v = [zero; 8];
+                            for t in t0..t1 {
+                                let tile = block.add(t * sn * SK);
+                                let a0 = _mm256_loadu_si256(rows[0].add(t * SK).cast());
+                                let a1 = _mm256_loadu_si256(rows[1].add(t * SK).cast());
+                                for col in 0..4 {
+                                    let bp = tile.add((g * 4 + col) * SK);
+                                    let b = _mm256_loadu_si256(bp.cast());
+                                    let bu = _mm256_xor_si256(b, flip);
+                                    v[col] = vpdpbusd(v[col], bu, a0);
+                                    v[4 + col] = vpdpbusd(v[4 + col], bu, a1);
+                                }
+                            }
+                            *acc = _mm256_add_epi32(*acc, reduce8(v));
+                        }
+                        t0 = t1;
                     }
                 }
                 // sum (b + 128) a = sum b a + 128 sum a, per row.
