@@ -89,20 +89,33 @@ impl HandleBudget {
 
     /// The budget sized from a file-descriptor limit.
     pub fn for_fd_limit(soft: u64) -> HandleBudget {
-        HandleBudget::new((soft as usize).saturating_sub(FD_RESERVE).max(1))
+        // A limit beyond usize (RLIM_INFINITY on a 32-bit target) is no limit at all.
+        let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+        HandleBudget::new(soft.saturating_sub(FD_RESERVE).max(1))
     }
 
     /// Takes one handle, or fails with [`Error::HandleBudget`].
     pub(crate) fn acquire(&self) -> Result<()> {
-        self.live
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.budget).then_some(n + 1)
-            })
-            .map(|_| ())
-            .map_err(|live| Error::HandleBudget {
+        // A compare-and-swap loop (`fetch_update` is deprecated on nightly for `try_update`,
+        // which the MSRV lacks).
+        let mut live = self.live.load(Ordering::Acquire);
+        loop {
+            if live >= self.budget {
+                return Err(Error::HandleBudget {
+                    live,
+                    budget: self.budget,
+                });
+            }
+            match self.live.compare_exchange_weak(
                 live,
-                budget: self.budget,
-            })
+                live + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(seen) => live = seen,
+            }
+        }
     }
 
     /// Returns one handle.
@@ -251,5 +264,53 @@ pub fn disable_malloc_mmap() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handle_budget_is_exact_under_contention() {
+        let budget = HandleBudget::new(100);
+        let (granted, refused) = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (mut ok, mut refused) = (0, 0);
+                        for _ in 0..50 {
+                            match budget.acquire() {
+                                Ok(()) => ok += 1,
+                                Err(Error::HandleBudget { live, budget: b }) => {
+                                    assert_eq!((live, b), (100, 100));
+                                    refused += 1;
+                                }
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                        (ok, refused)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+        });
+        assert_eq!((granted, refused), (100, 100));
+        assert_eq!(budget.live(), 100);
+        budget.release();
+        assert!(budget.acquire().is_ok());
+        assert!(budget.acquire().is_err());
+    }
+
+    #[test]
+    fn an_unlimited_fd_limit_is_the_largest_budget() {
+        assert_eq!(
+            HandleBudget::for_fd_limit(u64::MAX).budget(),
+            usize::MAX - FD_RESERVE
+        );
+        assert_eq!(HandleBudget::for_fd_limit(0).budget(), 1);
     }
 }
