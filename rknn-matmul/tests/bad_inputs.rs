@@ -10,6 +10,8 @@
 //! the host cannot back must come back as a typed error, not an abort.
 #![cfg(feature = "emulator")]
 
+mod common;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use half::f16;
@@ -696,42 +698,6 @@ fn memory_cases() -> Vec<Case> {
     ]
 }
 
-/// W8A8 of `x` against `w` ([n, k]) the documented way (symmetric per-row int8, exact i32
-/// sums, then `(acc · row scale) · channel scale`), NaN inputs quantised as 0.
-fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let quant = |row: &[f32]| {
-        let amax = row
-            .iter()
-            .filter(|v| !v.is_nan())
-            .fold(0f32, |a, v| a.max(v.abs()));
-        if amax == 0.0 {
-            return (vec![0i64; row.len()], 0.0);
-        }
-        let inv = 127.0 / amax;
-        let q = row
-            .iter()
-            .map(|&v| {
-                if v.is_nan() {
-                    0
-                } else {
-                    (v * inv).round_ties_even().clamp(-127.0, 127.0) as i64
-                }
-            })
-            .collect();
-        (q, amax / 127.0)
-    };
-    let wq: Vec<_> = w.chunks_exact(k).map(quant).collect();
-    let mut out = vec![0f32; m * n];
-    for r in 0..m {
-        let (xq, xs) = quant(&x[r * k..(r + 1) * k]);
-        for (j, (wj, ws)) in wq.iter().enumerate() {
-            let acc: i64 = xq.iter().zip(wj).map(|(a, b)| a * b).sum();
-            out[r * n + j] = (acc as f32 * xs) * ws;
-        }
-    }
-    out
-}
-
 fn engine_cases() -> Vec<Case> {
     let rt = || emu(Platform::Rk3588);
     let w: Vec<f32> = (0..8 * 64)
@@ -919,7 +885,7 @@ fn activation_cases() -> Vec<Case> {
                 let mut xn = x.clone();
                 xn[5] = f32::NAN;
                 let got = lin.forward_vec(&xn, 2).unwrap();
-                let want = reference_w8a8(&xn, &w, 2, k, n);
+                let want = common::reference_w8a8(&xn, &w, 2, k, n);
                 let same = got
                     .iter()
                     .zip(&want)
@@ -937,7 +903,7 @@ fn activation_cases() -> Vec<Case> {
                 let mut xi = x1.clone();
                 xi[k + 3] = f32::INFINITY;
                 let got = lin.forward_vec(&xi, 2).unwrap();
-                let want = reference_w8a8(&x1[..k], &w1, 1, k, n);
+                let want = common::reference_w8a8(&x1[..k], &w1, 1, k, n);
                 let first = got[..n]
                     .iter()
                     .zip(&want)

@@ -23,35 +23,6 @@ fn engine_on(rt: &rknn_matmul::Runtime, cores: usize) -> Engine {
     Engine::new(rt, cfg).unwrap()
 }
 
-/// Symmetric per-row quantisation, written from the engine's documented formula:
-/// scale = amax / 127, q = clamp(round_ties_even(x * (127 / amax)), -127, 127).
-fn quantize(row: &[f32]) -> (Vec<i32>, f32) {
-    let amax = row.iter().fold(0f32, |a, &x| a.max(x.abs()));
-    if amax == 0.0 {
-        return (vec![0; row.len()], 0.0);
-    }
-    let inv = 127.0f32 / amax;
-    (
-        row.iter()
-            .map(|&x| (x * inv).round_ties_even().clamp(-127.0, 127.0) as i32)
-            .collect(),
-        amax / 127.0,
-    )
-}
-
-fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let wq: Vec<(Vec<i32>, f32)> = w.chunks_exact(k).map(quantize).collect();
-    let mut out = vec![0f32; m * n];
-    for r in 0..m {
-        let (xq, xs) = quantize(&x[r * k..(r + 1) * k]);
-        for (j, (wj, ws)) in wq.iter().enumerate() {
-            let acc: i64 = xq.iter().zip(wj).map(|(&a, &b)| i64::from(a * b)).sum();
-            out[r * n + j] = (acc as i32 as f32 * xs) * ws;
-        }
-    }
-    out
-}
-
 fn random(rng: &mut fastrand::Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| (rng.f32() - 0.5) * 4.0).collect()
 }
@@ -85,7 +56,7 @@ fn w8a8_is_exactly_the_reference_for_random_shapes() {
         let x = random(&mut rng, m * k);
         let lin = e.linear(&w, n, k, WeightFormat::W8A8).unwrap();
         let got = lin.forward_vec(&x, m).unwrap();
-        let want = reference_w8a8(&x, &w, m, k, n);
+        let want = common::reference_w8a8(&x, &w, m, k, n);
         for (i, (g, r)) in got.iter().zip(&want).enumerate() {
             assert_eq!(
                 g.to_bits(),
@@ -248,7 +219,7 @@ fn without_sharing_every_segment_has_its_own_a_and_c() {
     assert_eq!(rt.handle_budget().live(), 3 * e.workers());
     let x = random(&mut rng, 3 * k);
     let got = lin.forward_vec(&x, 3).unwrap();
-    assert_eq!(got, reference_w8a8(&x, &w, 3, k, n));
+    assert_eq!(got, common::reference_w8a8(&x, &w, 3, k, n));
 }
 
 #[test]
@@ -346,7 +317,7 @@ fn prequantised_weights() {
     let lin = e.linear_quantized(&q, &scales, 5, 40).unwrap();
     let x: Vec<f32> = (0..40).map(|i| i as f32 / 40.0).collect();
     let got = lin.forward_vec(&x, 1).unwrap();
-    let (xq, xs) = quantize(&x);
+    let (xq, xs) = common::quantize(&x);
     for j in 0..5 {
         let acc: i32 = (0..40).map(|c| xq[c] * i32::from(q[j * 40 + c])).sum();
         assert_eq!(got[j], (acc as f32 * xs) * scales[j]);
@@ -393,7 +364,7 @@ fn many_threads_share_one_engine() {
                     let (n, k, w) = &shared[which];
                     let m = [1, 2, 5, 130][rng.usize(..4)];
                     let x = random(&mut rng, m * k);
-                    let want = reference_w8a8(&x, w, m, *k, *n);
+                    let want = common::reference_w8a8(&x, w, m, *k, *n);
                     let mut out = vec![f32::NAN; m * n];
                     if (i + t as usize) % 3 == 0 {
                         // A linear of our own, registered and dropped while others forward.
@@ -445,7 +416,7 @@ fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f
     let (mut rx, mut rw) = (x.clone(), w.clone());
     rot.apply_rows(&mut rx);
     rot.apply_rows(&mut rw);
-    assert_eq!(got, reference_w8a8(&rx, &rw, m, k, n));
+    assert_eq!(got, common::reference_w8a8(&rx, &rw, m, k, n));
     // Closer to the exact product than without the rotation.
     let plain = e
         .linear(&w, n, k, WeightFormat::W8A8)

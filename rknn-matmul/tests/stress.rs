@@ -41,33 +41,6 @@ fn open_fds() -> usize {
         .count()
 }
 
-/// The engine's documented W8A8 result (per-row symmetric int8 of x and of each weight row,
-/// exact sums, then `(acc · row scale) · channel scale`), written from the formula.
-fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let quant = |row: &[f32]| {
-        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
-        if amax == 0.0 {
-            return (vec![0i64; row.len()], 0.0);
-        }
-        let inv = 127.0 / amax;
-        let q = row
-            .iter()
-            .map(|&v| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i64)
-            .collect();
-        (q, amax / 127.0)
-    };
-    let wq: Vec<_> = w.chunks_exact(k).map(quant).collect();
-    let mut out = vec![0f32; m * n];
-    for r in 0..m {
-        let (xq, xs) = quant(&x[r * k..(r + 1) * k]);
-        for (j, (wj, ws)) in wq.iter().enumerate() {
-            let acc: i64 = xq.iter().zip(wj).map(|(a, b)| a * b).sum();
-            out[r * n + j] = (acc as f32 * xs) * ws;
-        }
-    }
-    out
-}
-
 /// The emulator's live contexts, memories and orphaned memories, when the backend is the
 /// built-in emulator.
 #[cfg(feature = "emulator")]
@@ -147,7 +120,7 @@ fn threads_with_their_own_contexts_and_engines_for_a_bounded_time() {
                         let rows = rng.usize(1..4);
                         let x = random(&mut rng, rows * k);
                         let y = lin.forward_vec(&x, rows).unwrap();
-                        let want = reference_w8a8(&x, &w, rows, k, n);
+                        let want = common::reference_w8a8(&x, &w, rows, k, n);
                         assert!(
                             y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "thread {t}: engine result"
@@ -204,7 +177,7 @@ fn threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time() {
                         } else {
                             linears[which].forward(&x, m, &mut out).unwrap();
                         }
-                        let want = reference_w8a8(&x, w, m, *k, *n);
+                        let want = common::reference_w8a8(&x, w, m, *k, *n);
                         assert!(
                             out.iter()
                                 .zip(&want)
@@ -316,7 +289,7 @@ fn a_small_engine_shared_by_two_threads() {
                     } else {
                         lin.forward_vec(&x, 2).unwrap()
                     };
-                    let want = reference_w8a8(&x, w, 2, k, n);
+                    let want = common::reference_w8a8(&x, w, 2, k, n);
                     assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
                 }
             });

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rknn_llm::gguf::GgufFile;
@@ -44,14 +44,6 @@ fn f32_model(file: &GgufFile) -> Model {
     Model::load(file, &mut HostF32Factory::new(p.clone()), p, &mut |_, _| {}).unwrap()
 }
 
-/// The drop-in `librknnrt.so` cargo built for these tests (a dev-dependency).
-fn dropin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let so = exe.parent().unwrap().join("librknnrt.so");
-    assert!(so.exists(), "{} was not built", so.display());
-    so
-}
-
 fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]) -> Json {
     let mut cmd = common::llm_decode();
     cmd.args([
@@ -66,16 +58,7 @@ fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]
     ])
     .args(["-t", "2", "--json"])
     .args(backend);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("llm-decode runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::run_json(cmd, envs)
 }
 
 /// `--backend npu` loads the drop-in library with dlopen (the board's code path) and must
@@ -84,7 +67,7 @@ fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]
 fn the_emulator_and_the_npu_path_give_identical_tokens() {
     let mut models = vec![common::fixtures().join("llm/tiny-qwen2.gguf")];
     models.extend(common::demo_model_forward());
-    let lib = dropin();
+    let lib = common::dropin();
     for model in &models {
         for prompt in [
             "The quick brown fox",

@@ -26,23 +26,7 @@ fn decode(model: &Path, prompt: &Path, extra: &[&str], envs: &[(&str, &Path)]) -
     ])
     .args(["-n", "40", "--temp", "0", "-t", "2", "--json"])
     .args(extra);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("llm-decode runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn dropin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let so = exe.parent().unwrap().join("librknnrt.so");
-    assert!(so.exists(), "{} was not built", so.display());
-    so
+    common::run_json(cmd, envs)
 }
 
 fn prompts() -> Vec<PathBuf> {
@@ -92,7 +76,7 @@ fn check(model: &Path, backends: &[Backend<'_>]) {
 
 #[test]
 fn lookup_is_lossless_on_small_random_models() {
-    let lib = dropin();
+    let lib = common::dropin();
     let npu: &[(&str, &Path)] = &[("RKNN_RUNTIME_PATH", &lib)];
     for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
         let model = common::fixtures().join("llm").join(name);
@@ -112,7 +96,7 @@ fn lookup_is_lossless_on_the_demo_model() {
     let Some(model) = common::demo_model_forward() else {
         return;
     };
-    let lib = dropin();
+    let lib = common::dropin();
     let npu: &[(&str, &Path)] = &[("RKNN_RUNTIME_PATH", &lib)];
     check(
         &model,
@@ -127,39 +111,21 @@ fn lookup_is_lossless_on_the_demo_model() {
 fn sampling_with_lookup_runs_and_reports_its_counts() {
     let model = common::fixtures().join("llm/tiny-qwen2.gguf");
     let prompt = prompts().remove(0);
-    let d = decode(
-        &model,
-        &prompt,
-        &[
-            "--backend",
-            "emulator",
-            "--spec",
-            "lookup",
-            "--temp",
-            "0.8",
-            "--seed",
-            "5",
-        ],
-        &[],
-    );
+    let args = [
+        "--backend",
+        "emulator",
+        "--spec",
+        "lookup",
+        "--temp",
+        "0.8",
+        "--seed",
+        "5",
+    ];
+    let d = decode(&model, &prompt, &args, &[]);
     let s = &d["stats"]["spec"];
     assert_eq!(s["mode"], "lookup");
     assert!(s["tokens_per_pass"].as_f64().unwrap() >= 1.0);
-    let again = decode(
-        &model,
-        &prompt,
-        &[
-            "--backend",
-            "emulator",
-            "--spec",
-            "lookup",
-            "--temp",
-            "0.8",
-            "--seed",
-            "5",
-        ],
-        &[],
-    );
+    let again = decode(&model, &prompt, &args, &[]);
     assert_eq!(
         d["generated_ids"], again["generated_ids"],
         "reproducible with a seed"

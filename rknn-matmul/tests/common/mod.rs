@@ -143,3 +143,35 @@ pub fn naive_i8(a: &[i8], b: &[i8], m: usize, k: usize, n: usize) -> Vec<i64> {
     }
     c
 }
+
+/// Symmetric per-row quantisation, written from the engine's documented formula:
+/// scale = amax / 127, q = clamp(round_ties_even(x * (127 / amax)), -127, 127).
+pub fn quantize(row: &[f32]) -> (Vec<i32>, f32) {
+    let amax = row.iter().fold(0f32, |a, &x| a.max(x.abs()));
+    if amax == 0.0 {
+        return (vec![0; row.len()], 0.0);
+    }
+    let inv = 127.0f32 / amax;
+    (
+        row.iter()
+            .map(|&x| (x * inv).round_ties_even().clamp(-127.0, 127.0) as i32)
+            .collect(),
+        amax / 127.0,
+    )
+}
+
+/// The engine's documented W8A8 result for `x` ([m, k]) against `w` ([n, k]): per-row
+/// symmetric int8 of x and of each weight row ([`quantize`]; NaN becomes 0), exact sums in the
+/// NPU's i32, then `(acc · row scale) · channel scale`.
+pub fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let wq: Vec<(Vec<i32>, f32)> = w.chunks_exact(k).map(quantize).collect();
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        let (xq, xs) = quantize(&x[r * k..(r + 1) * k]);
+        for (j, (wj, ws)) in wq.iter().enumerate() {
+            let acc: i64 = xq.iter().zip(wj).map(|(&a, &b)| i64::from(a * b)).sum();
+            out[r * n + j] = (acc as i32 as f32 * xs) * ws;
+        }
+    }
+    out
+}

@@ -60,3 +60,30 @@ pub fn llm_decode() -> std::process::Command {
         }
     }
 }
+
+/// The drop-in `librknnrt.so` cargo built for these tests (a dev-dependency), beside the test
+/// binary.
+pub fn dropin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let so = exe.parent().unwrap().join("librknnrt.so");
+    assert!(so.exists(), "{} was not built", so.display());
+    so
+}
+
+/// Runs `llm-decode --json` as `cmd` says (with `envs` set) and returns its JSON, failing
+/// with its stderr if it failed.
+pub fn run_json(
+    mut cmd: std::process::Command,
+    envs: &[(&str, &std::path::Path)],
+) -> serde_json::Value {
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("llm-decode runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
