@@ -20,7 +20,7 @@ use clap::Parser;
 use rknn_matmul::{F16xF16ToF32, I4xI4ToI16, I8xI8ToI32, Runtime};
 
 mod common;
-use common::{Case, CaseFlags, Dtype, LayoutArg, Measured, Out, ProbeKind, QuantArg, Shape};
+use common::{Case, CaseFlags, Dtype, Measured, Out, ProbeKind, Shape};
 
 /// One single-core context per NPU core, run concurrently, timing only the runs; each
 /// context's first result is checked against a host reference.
@@ -67,16 +67,8 @@ fn probe(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     } else {
         f.shapes.clone()
     };
-    let layouts = if f.layouts.is_empty() {
-        vec![LayoutArg::Native]
-    } else {
-        f.layouts.clone()
-    };
-    let quants = if f.quants.is_empty() {
-        vec![QuantArg::PerLayer]
-    } else {
-        f.quants.clone()
-    };
+    let layouts = f.layouts_or_default();
+    let quants = f.quants_or_default();
     let out = Out::new(f.json);
     out.text(&common::header(
         &rt,

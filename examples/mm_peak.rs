@@ -88,16 +88,8 @@ fn cases(f: &CaseFlags) -> Vec<Case> {
             } else {
                 f.shapes.clone()
             };
-            let layouts = if f.layouts.is_empty() {
-                vec![LayoutArg::Native]
-            } else {
-                f.layouts.clone()
-            };
-            let quants = if f.quants.is_empty() {
-                vec![QuantArg::PerLayer]
-            } else {
-                f.quants.clone()
-            };
+            let layouts = f.layouts_or_default();
+            let quants = f.quants_or_default();
             let mut all = vec![];
             for &s in &shapes {
                 for &l in &layouts {

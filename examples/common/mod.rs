@@ -221,6 +221,24 @@ impl CaseFlags {
         self.warmup.unwrap_or(if self.quick { 1 } else { 3 }).max(1)
     }
 
+    /// The layouts asked for, or the campaign's (native B) when none were.
+    pub fn layouts_or_default(&self) -> Vec<LayoutArg> {
+        if self.layouts.is_empty() {
+            vec![LayoutArg::Native]
+        } else {
+            self.layouts.clone()
+        }
+    }
+
+    /// The quantisation types asked for, or the campaign's (per layer) when none were.
+    pub fn quants_or_default(&self) -> Vec<QuantArg> {
+        if self.quants.is_empty() {
+            vec![QuantArg::PerLayer]
+        } else {
+            self.quants.clone()
+        }
+    }
+
     /// A campaign shape, shrunk for --quick.
     pub fn scaled(&self, s: Shape) -> Shape {
         if !self.quick {
