@@ -190,12 +190,6 @@ thread_local! {
 /// L2 cache while every row of A goes past them.
 const PANEL_BYTES: usize = 256 * 1024;
 
-/// The native-B matrix-vector kernel serves runs of up to this many rows; from there the
-/// dot-product kernel over unpacked panels is faster (measured on the development machine:
-/// the native kernel streams B at the memory's speed at M = 1 and 2 and loses from M = 4 on,
-/// where its per-row reduction costs more than unpacking B once).
-const NATIVE_B_MAX_M: usize = 32;
-
 impl Context {
     pub(crate) fn new(
         base: MatmulConfig,
@@ -741,9 +735,9 @@ impl Work<'_> {
         Ok(())
     }
 
-    /// Computes C from native B's bytes (`geo` describes them): the native matrix-vector
-    /// kernel straight from the bytes when it applies, else column panels unpacked one at a
-    /// time into canonical form.
+    /// Computes C from native B's bytes (`geo` describes them): the native-B kernel straight
+    /// from the bytes when it applies (int8 B, integer C, whole tiles), else column panels
+    /// unpacked one at a time into canonical form.
     fn native_b(
         &mut self,
         b: &[u8],
@@ -758,7 +752,6 @@ impl Work<'_> {
         if let OperandRef::Int(a) = self.a {
             let direct = cfg.t.b == ElemKind::I8
                 && matches!(cfg.t.c, ElemKind::I32 | ElemKind::I16)
-                && m <= NATIVE_B_MAX_M
                 && tiles.b_k == NATIVE_B_SK
                 && matches!(tiles.b_n, 8 | 16 | 24 | 32)
                 && n % tiles.b_n == 0

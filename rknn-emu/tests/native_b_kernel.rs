@@ -4,8 +4,8 @@
 
 use rknn_chip::layout::NativeB;
 use rknn_emu::kernels::{
-    BackendUnavailable, KernelBackend, NATIVE_B_SK, NativeBShape, available_backends,
-    gemm_i8_native_b, gemm_i8_native_b_with,
+    BackendUnavailable, KernelBackend, NATIVE_B_SK, NATIVE_B_STREAM_MAX_M, NativeBShape,
+    available_backends, gemm_i8_native_b, gemm_i8_native_b_with,
 };
 
 const SENTINEL: i32 = 0x5A5A_5A5A;
@@ -105,31 +105,78 @@ fn every_backend_matches_the_reference() {
 }
 
 #[test]
+fn many_rows_run_register_tiles_over_b_in_place() {
+    // Above NATIVE_B_STREAM_MAX_M rows the kernels step through the native layout with their
+    // register tiles: every row count around the tile heights (3 on x86-64, 4 on aarch64) and
+    // the threshold, every tile width, K over several 4 KiB K blocks, strided A, accumulation.
+    let mut rng = fastrand::Rng::with_seed(0x5449_4C45);
+    let mut cases = 0;
+    for case in 0..40 {
+        let sn = [8, 16, 24, 32][case % 4];
+        let n = sn * rng.usize(1..=3);
+        let k = if case % 5 == 0 {
+            NATIVE_B_SK * rng.usize(129..=260)
+        } else {
+            NATIVE_B_SK * rng.usize(1..=20)
+        };
+        let m = NATIVE_B_STREAM_MAX_M + [1, 2, 3, 4, 5, 7, 12, 31, 65][case % 9];
+        let lda = k + [0, 1, 32][case % 3];
+        let a = fill(&mut rng, (m - 1) * lda + k, case / 4);
+        let bt = fill(&mut rng, n * k, case / 4 + case % 3);
+        let b = native(&bt, n, k, sn);
+        let shape = NativeBShape { m, n, k, sn, lda };
+        let want = reference(&a, &bt, m, n, k, lda);
+        let prior: Vec<i32> = (0..m * n).map(|_| rng.i32(..)).collect();
+        let want_acc: Vec<i32> = want
+            .iter()
+            .zip(&prior)
+            .map(|(w, p)| w.wrapping_add(*p))
+            .collect();
+        for backend in runs() {
+            assert_eq!(
+                run(backend, &a, &b, &prior, shape, false),
+                want,
+                "{backend:?} {shape:?}"
+            );
+            let got = run(backend, &a, &b, &prior, shape, true);
+            assert_eq!(got, want_acc, "{backend:?} {shape:?} accumulating");
+        }
+        cases += 1;
+    }
+    assert_eq!(cases, 40);
+}
+
+#[test]
 fn extremes_up_to_the_exactness_limit() {
     // K = 131040 (the largest multiple of 32 within the i32-exact limit) with every product
-    // (-128)^2, and the all-(-128) row against 127: the VNNI offset correction at its largest.
+    // (-128)^2, and the all-(-128) row against 127: the VNNI offset correction at its largest,
+    // for the streaming kernel (2 rows) and the register tiles (34 rows).
     let k = 131_040;
     let (sn, n) = (8, 16);
-    let a = vec![i8::MIN; 2 * k];
     let mut bt = vec![i8::MIN; n * k];
     bt[8 * k..].fill(i8::MAX);
     let b = native(&bt, n, k, sn);
-    let shape = NativeBShape {
-        m: 2,
-        n,
-        k,
-        sn,
-        lda: k,
-    };
-    let want = reference(&a, &bt, 2, n, k, k);
-    assert_eq!(want[0], 131_040 * 16_384);
-    assert_eq!(want[8], -131_040 * 128 * 127);
-    for backend in runs() {
-        assert_eq!(
-            run(backend, &a, &b, &[0; 32], shape, false),
-            want,
-            "{backend:?}"
-        );
+    for m in [2, NATIVE_B_STREAM_MAX_M + 2] {
+        let a = vec![i8::MIN; m * k];
+        let shape = NativeBShape {
+            m,
+            n,
+            k,
+            sn,
+            lda: k,
+        };
+        let mut want = vec![131_040 * 16_384; m * n];
+        for row in want.chunks_exact_mut(n) {
+            row[8..].fill(-131_040 * 128 * 127);
+        }
+        assert_eq!(want[..2 * n], reference(&a[..2 * k], &bt, 2, n, k, k)[..]);
+        for backend in runs() {
+            assert_eq!(
+                run(backend, &a, &b, &vec![0; m * n], shape, false),
+                want,
+                "{backend:?} m={m}"
+            );
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use std::arch::aarch64::{
 };
 use std::arch::asm;
 
-use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, with_tile_shape};
+use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, run_tiles_native_b, with_tile_shape};
 use super::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the i8 kernels: 4 x 4 (16 accumulators of the 32 vector registers), 1 x 8 for a
@@ -108,9 +108,11 @@ unsafe fn tile_i8_neon<const R: usize, const C: usize>(t: TilePtrs<i8, i32>) {
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
         while p < full {
-            step_i8_neon::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
+            for g in 0..t.b_group {
+                step_i8_neon::<R, C>(&mut acc, t.a.add(p), t.lda, b.add(g * W), t.b_ld);
+                p += W;
+            }
             b = b.add(t.b_step);
-            p += W;
         }
         if p < t.kc {
             let pa: [[i8; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
@@ -217,9 +219,11 @@ unsafe fn tile_i8_sdot<const R: usize, const C: usize>(t: TilePtrs<i8, i32>) {
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
         while p < full {
-            step_i8_sdot::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
+            for g in 0..t.b_group {
+                step_i8_sdot::<R, C>(&mut acc, t.a.add(p), t.lda, b.add(g * W), t.b_ld);
+                p += W;
+            }
             b = b.add(t.b_step);
-            p += W;
         }
         if p < t.kc {
             let pa: [[i8; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
@@ -299,6 +303,7 @@ unsafe fn tile_f32_neon<const R: usize, const C: usize>(t: TilePtrs<f32, f32>) {
         let mut acc = [[vdupq_n_f32(0.0); C]; R];
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
+        debug_assert_eq!(t.b_group, 1, "float B is never native");
         while p < full {
             step_f32_neon::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
             b = b.add(t.b_step);
@@ -390,6 +395,48 @@ pub(super) unsafe fn native_b_sdot(
 ) {
     // SAFETY: forwarded contract.
     unsafe { native_b::<true>(a, b, c, shape, accumulate) }
+}
+
+/// The NEON native-B kernel for many rows: [`tile_i8_neon`] over B in place
+/// ([`run_tiles_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support NEON; the caller has checked the shape and the slice lengths
+/// ([`NativeBShape`]).
+pub(super) unsafe fn native_b_tiled_neon(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    run_tiles_native_b(a, b, c, shape, accumulate, TILING_I8, |t, rows, cols| {
+        // SAFETY: `run_tiles_native_b` hands out tiles inside the checked matrices with
+        // strides matching `TILING_I8` (16-byte chunks, two per native tile row); the caller
+        // guarantees NEON.
+        unsafe { with_tile_shape!(tile_i8_neon, rows, cols, t) }
+    });
+}
+
+/// The `sdot` native-B kernel for many rows: [`tile_i8_sdot`] over B in place
+/// ([`run_tiles_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support NEON and the dot-product extension; the caller has checked the shape
+/// and the slice lengths ([`NativeBShape`]).
+pub(super) unsafe fn native_b_tiled_sdot(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    run_tiles_native_b(a, b, c, shape, accumulate, TILING_I8, |t, rows, cols| {
+        // SAFETY: as in `native_b_tiled_neon`; the caller guarantees NEON and dotprod.
+        unsafe { with_tile_shape!(tile_i8_sdot, rows, cols, t) }
+    });
 }
 
 /// The native-B loop (inlined into the two entry points, so that `sdot` is inlined where the

@@ -22,6 +22,8 @@
 
 use std::ops::Range;
 
+use super::{NATIVE_B_SK, NativeBShape};
+
 /// Register-tile geometry of a tile kernel.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Tiling {
@@ -49,7 +51,9 @@ const K_BLOCK_BYTES: usize = 4096;
 /// The pointers and strides of one register tile, for the arch-specific tile kernels.
 ///
 /// Chunk `s` (elements `s*W..(s+1)*W` of the K block) of row `r` of A is at
-/// `a + r*lda + s*W`, of column `q` of B at `b + s*b_step + q*b_ld`.
+/// `a + r*lda + s*W`, of column `q` of B at `b + (s / b_group)*b_step + (s % b_group)*W +
+/// q*b_ld`: runs of `b_group` chunks are contiguous (one chunk, except in native B read with
+/// chunks narrower than its 32-byte tile rows).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct TilePtrs<T, U> {
     /// First row `i` of the tile in A and C.
@@ -63,8 +67,12 @@ pub(super) struct TilePtrs<T, U> {
     pub b: *const T,
     /// Distance between the tile's columns: K, or the vector width when packed.
     pub b_ld: usize,
-    /// Distance between chunks of a column: the vector width, or `cols` widths when packed.
+    /// Distance between runs of `b_group` chunks of a column: the vector width, `cols` widths
+    /// when packed, the tile block (`sn * 32`) in native B.
     pub b_step: usize,
+    /// Chunks of a column that are contiguous in B: 1, or `32 / W` in native B (whose K blocks
+    /// are then multiples of 32, so no partial run).
+    pub b_group: usize,
     /// Whether B is packed (its last chunk is then already zero-padded).
     pub packed: bool,
     /// Elements of each row in this K block.
@@ -75,6 +83,10 @@ pub(super) struct TilePtrs<T, U> {
     pub ldc: usize,
     /// Add to C instead of overwriting it.
     pub accumulate: bool,
+    /// Whether this is the first K block of the call: kernels that correct their sums by a
+    /// per-row offset over the whole K (the VNNI kernel) apply it here.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub first_block: bool,
 }
 
 /// Storage for packed panels, aligned to 64 bytes.
@@ -158,12 +170,14 @@ pub(super) fn run_tiles<T: Copy + Default, U>(
                         b,
                         b_ld,
                         b_step,
+                        b_group: 1,
                         packed: packing,
                         kc,
                         // SAFETY: `i * n + j` is inside the checked `m x n` matrix C.
                         c: unsafe { cp.add(i * n + j) },
                         ldc: n,
                         accumulate,
+                        first_block: kb == 0,
                     };
                     tile(ptrs, rows, cols);
                 }
@@ -172,6 +186,73 @@ pub(super) fn run_tiles<T: Copy + Default, U>(
         }
     }
     drop(lines);
+}
+
+/// As [`run_tiles`] with B in the NPU's native int8 layout `[n / sn][k / 32][sn][32]` (see
+/// [`super::gemm_i8_native_b`]) read in place, and A with a row stride: the loop nest over
+/// column panels of whole tile blocks (`sn` columns), K blocks, row blocks and column tiles
+/// inside one tile block, whose columns are 32 bytes apart and whose 32-byte chunks are one
+/// tile block (`sn * 32` bytes) apart. No unpacking into `[N, K]`, which for the many rows of
+/// a prompt chunk was a copy of all of B per call. `t.width` must divide 32; with `accumulate`
+/// every tile adds to C.
+pub(super) fn run_tiles_native_b<U>(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [U],
+    shape: NativeBShape,
+    accumulate: bool,
+    t: Tiling,
+    mut tile: impl FnMut(TilePtrs<i8, U>, usize, usize),
+) {
+    const SK: usize = NATIVE_B_SK;
+    let NativeBShape { m, n, k, sn, lda } = shape;
+    debug_assert!(SK % t.width == 0 && k % SK == 0 && n % sn == 0);
+    debug_assert!(c.len() >= m * n && b.len() >= n * k);
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    // A multiple of 32, as K_BLOCK_BYTES and k are.
+    let kc_max = K_BLOCK_BYTES.min(k);
+    let k_blocks = k.div_ceil(kc_max);
+    let blocks = n / sn;
+    let panel_blocks = (PANEL_BYTES / (kc_max * sn)).max(1);
+    let cp = c.as_mut_ptr();
+    for jb0 in (0..blocks).step_by(panel_blocks) {
+        let panel = jb0..(jb0 + panel_blocks).min(blocks);
+        for kb in 0..k_blocks {
+            let p0 = kb * kc_max;
+            let kc = (k - p0).min(kc_max);
+            let mut i = 0;
+            while i < m {
+                let rows = t.rows.min(m - i);
+                let tile_cols = if rows == 1 { t.single_cols } else { t.cols };
+                for jb in panel.clone() {
+                    for q in (0..sn).step_by(tile_cols) {
+                        let cols = tile_cols.min(sn - q);
+                        let ptrs = TilePtrs {
+                            row: i,
+                            a: a[i * lda + p0..].as_ptr(),
+                            lda,
+                            // Column q of tile block jb, from its chunk p0 / 32 on.
+                            b: b[jb * k * sn + p0 * sn + q * SK..].as_ptr(),
+                            b_ld: SK,
+                            b_step: sn * SK,
+                            b_group: SK / t.width,
+                            packed: false,
+                            kc,
+                            // SAFETY: `i * n + jb * sn + q` is inside the `m x n` matrix C.
+                            c: unsafe { cp.add(i * n + jb * sn + q) },
+                            ldc: n,
+                            accumulate: accumulate || kb > 0,
+                            first_block: kb == 0,
+                        };
+                        tile(ptrs, rows, cols);
+                    }
+                }
+                i += rows;
+            }
+        }
+    }
 }
 
 /// Packs `Bt[cols, ks]` into `out`: column groups of `t.cols` (the last one possibly

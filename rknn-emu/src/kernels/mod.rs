@@ -419,6 +419,13 @@ pub struct NativeBShape {
 /// K per native tile of int8 B on every chip (`Tiles::b_k`).
 pub const NATIVE_B_SK: usize = 32;
 
+/// The most rows of A for which [`gemm_i8_native_b`] streams B once for all rows; above, it
+/// runs register tiles over B in place. Measured on the development machine (Zen 4, VNNI,
+/// prompt forwards of the demo model on two emulated cores): the streaming kernel is ahead at
+/// M = 4, 8 and 16 (503, 609, 728 tok/s against 347, 521, 680 with the tiles) and level at 32
+/// (877 against 858).
+pub const NATIVE_B_STREAM_MAX_M: usize = 32;
+
 impl NativeBShape {
     /// Panics unless the shape is one the kernel takes and the slices hold it.
     fn check(&self, a_len: usize, b_len: usize, c_len: usize) {
@@ -452,13 +459,15 @@ impl NativeBShape {
 /// `C[i, j] (+)= sum_p A[i, p] * B(p, j)`, exactly in wrapping i32, with B in the NPU's native
 /// int8 layout `[n / sn][k / 32][sn][32]` (one K segment of it), read in its storage order.
 ///
-/// This is the emulator's matrix-vector product: at small `m` it is bound by reading B, and
-/// the native layout read front to back is one sequential stream, which the hardware
-/// prefetchers follow at the full memory bandwidth (the dot-product kernel over `[N, K]`,
-/// reading eight rows at once, reached about a third of it on the development machine). Each
-/// 32 x 32-byte tile is reduced in registers for every row of A while it is in L1, so B is
-/// read from memory once whatever `m`; the cost per row is larger than [`gemm_i8_i32`]'s, which
-/// is the better choice from a few rows on.
+/// Up to [`NATIVE_B_STREAM_MAX_M`] rows this is the emulator's matrix-vector product: at small
+/// `m` it is bound by reading B, and the native layout read front to back is one sequential
+/// stream, which the hardware prefetchers follow at the full memory bandwidth (the dot-product
+/// kernel over `[N, K]`, reading eight rows at once, reached about a third of it on the
+/// development machine). Each 32 x 32-byte tile is reduced in registers for every row of A
+/// while it is in L1, so B is read from memory once whatever `m`. Its cost per row is larger
+/// than the register-tiled kernel's ([`gemm_i8_i32`]), so from more rows on the same register
+/// tiles run over B in place, stepping through the native layout's strides (no copy of B into
+/// `[N, K]`).
 ///
 /// With `accumulate` the sums are added to C (wrapping), otherwise they overwrite it. Exact
 /// for `k <= 131071` like [`gemm_i8_i32`], and bit-identical on every backend.
@@ -508,8 +517,32 @@ fn run_native_b(
     if shape.m == 0 || shape.n == 0 {
         return;
     }
+    let tiled = shape.m > NATIVE_B_STREAM_MAX_M;
     match backend {
         KernelBackend::Scalar => scalar::gemm_i8_native_b(a, b, c, shape, accumulate),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available (checked by every caller), i.e. the CPU has AVX2;
+        // the shape and lengths are checked above.
+        KernelBackend::Avx2 if tiled => unsafe {
+            x86::native_b_tiled_avx2(a, b, c, shape, accumulate)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the backend is available, i.e. the CPU has AVX2, AVX512-VL and AVX512-VNNI;
+        // the shape and lengths are checked above.
+        KernelBackend::Avx512Vnni if tiled => unsafe {
+            x86::native_b_tiled_vnni(a, b, c, shape, accumulate)
+        },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON; shape and lengths checked.
+        KernelBackend::Neon if tiled => unsafe {
+            aarch64::native_b_tiled_neon(a, b, c, shape, accumulate)
+        },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the backend is available, i.e. the CPU has NEON and the dot-product
+        // extension; shape and lengths checked.
+        KernelBackend::NeonDotprod if tiled => unsafe {
+            aarch64::native_b_tiled_sdot(a, b, c, shape, accumulate)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the backend is available (checked by every caller), i.e. the CPU has AVX2;
         // the shape and lengths are checked above.

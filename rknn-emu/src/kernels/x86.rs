@@ -22,7 +22,7 @@ use std::arch::x86_64::{
     _mm256_xor_si256,
 };
 
-use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, with_tile_shape};
+use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, run_tiles_native_b, with_tile_shape};
 use super::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the AVX2 i8 kernel: 3 x 3 (9 accumulators + 3 rows of A + 1 column of B + 1
@@ -95,8 +95,8 @@ fn for_each_acc<const R: usize, const C: usize>(mut f: impl FnMut(usize, usize, 
     }
 }
 
-/// Writes `sum - offset[r]` to (or, when accumulating, adds `sum` to) each element of the
-/// tile of C, in wrapping i32 arithmetic.
+/// Writes (or, when accumulating, adds) each sum to its element of the tile of C, less
+/// `offset[r]` in the call's first K block, in wrapping i32 arithmetic.
 ///
 /// # Safety
 ///
@@ -120,10 +120,15 @@ unsafe fn store_i32<const R: usize, const C: usize>(
                 let sums = hsum4_epi32(group);
                 for (&(r, q), &sum) in cells.iter().zip(&sums).take(idx % 4 + 1) {
                     let dst = t.c.add(r * t.ldc + q);
+                    let sum = if t.first_block {
+                        sum.wrapping_sub(offset[r])
+                    } else {
+                        sum
+                    };
                     *dst = if t.accumulate {
                         (*dst).wrapping_add(sum)
                     } else {
-                        sum.wrapping_sub(offset[r])
+                        sum
                     };
                 }
                 group = [zero; 4];
@@ -174,9 +179,11 @@ unsafe fn tile_i8_avx2<const R: usize, const C: usize>(t: TilePtrs<i8, i32>) {
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
         while p < full {
-            step_i8_avx2::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld);
+            for g in 0..t.b_group {
+                step_i8_avx2::<R, C>(&mut acc, t.a.add(p), t.lda, b.add(g * W), t.b_ld);
+                p += W;
+            }
             b = b.add(t.b_step);
-            p += W;
         }
         if p < t.kc {
             let pa: [[i8; W]; R] = pad_tail(t.a, t.lda, p, t.kc);
@@ -241,19 +248,25 @@ pub(super) unsafe fn gemm_i8_i32_vnni(
     k: usize,
 ) {
     check_shapes(a.len(), bt.len(), c.len(), m, n, k);
-    let row_sums: Vec<i32> = (0..m)
-        .map(|i| {
-            a[i * k..(i + 1) * k]
-                .iter()
-                .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)))
-        })
-        .collect();
+    let row_sums = row_sums(a, m, k, k);
     run_tiles(a, bt, c, (m, n, k), TILING_VNNI, |t, rows, cols| {
         let sums = &row_sums[t.row..];
         // SAFETY: as in `gemm_i8_i32_avx2`, and `sums` has an entry for each of the tile's
         // rows; the caller guarantees the CPU features.
         unsafe { with_tile_shape!(tile_i8_vnni, rows, cols, (t, sums)) }
     });
+}
+
+/// The wrapping sums of the `m` rows of `k` elements of A (row stride `lda`): the VNNI
+/// kernels' offset correction.
+fn row_sums(a: &[i8], m: usize, k: usize, lda: usize) -> Vec<i32> {
+    (0..m)
+        .map(|i| {
+            a[i * lda..i * lda + k]
+                .iter()
+                .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)))
+        })
+        .collect()
 }
 
 /// `acc + the sum of four u8(u) * i8(s) products in each i32 lane` (`vpdpbusd`, wrapping).
@@ -297,6 +310,7 @@ unsafe fn tile_i8_vnni<const R: usize, const C: usize>((t, sums): (TilePtrs<i8, 
         let mut acc = [[_mm256_setzero_si256(); C]; R];
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
+        debug_assert_eq!(t.b_group, 1, "32-byte chunks are whole native tile rows");
         while p < full {
             step_i8_vnni::<R, C>(&mut acc, t.a.add(p), t.lda, b, t.b_ld, flip);
             b = b.add(t.b_step);
@@ -381,6 +395,7 @@ unsafe fn tile_f32_fma<const R: usize, const C: usize>(t: TilePtrs<f32, f32>) {
     // Zero padding in both A and B: the extra products are 0 * 0 = 0.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
+        debug_assert_eq!(t.b_group, 1, "float B is never native");
         let full = t.kc - t.kc % W;
         let (mut p, mut b) = (0, t.b);
         while p < full {
@@ -483,6 +498,51 @@ pub(super) unsafe fn native_b_vnni(
 ) {
     // SAFETY: forwarded contract.
     unsafe { native_b::<true>(a, b, c, shape, accumulate) }
+}
+
+/// The AVX2 native-B kernel for many rows: [`tile_i8_avx2`] over B in place
+/// ([`run_tiles_native_b`]).
+///
+/// # Safety
+///
+/// The CPU must support AVX2; the caller has checked the shape and the slice lengths
+/// ([`NativeBShape`]).
+pub(super) unsafe fn native_b_tiled_avx2(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    run_tiles_native_b(a, b, c, shape, accumulate, TILING_I8, |t, rows, cols| {
+        // SAFETY: `run_tiles_native_b` hands out tiles inside the checked matrices with
+        // strides matching `TILING_I8` (16-byte chunks, two per native tile row); the caller
+        // guarantees AVX2.
+        unsafe { with_tile_shape!(tile_i8_avx2, rows, cols, t) }
+    });
+}
+
+/// The AVX512-VNNI native-B kernel for many rows: [`tile_i8_vnni`] over B in place
+/// ([`run_tiles_native_b`]), the row sums of A taken once per call.
+///
+/// # Safety
+///
+/// The CPU must support AVX2, AVX512-VL and AVX512-VNNI; the caller has checked the shape and
+/// the slice lengths ([`NativeBShape`]).
+pub(super) unsafe fn native_b_tiled_vnni(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
+    let row_sums = row_sums(a, shape.m, shape.k, shape.lda);
+    run_tiles_native_b(a, b, c, shape, accumulate, TILING_VNNI, |t, rows, cols| {
+        let sums = &row_sums[t.row..];
+        // SAFETY: as in `native_b_tiled_avx2`, and `sums` has an entry for each of the tile's
+        // rows; the caller guarantees the CPU features.
+        unsafe { with_tile_shape!(tile_i8_vnni, rows, cols, (t, sums)) }
+    });
 }
 
 /// The sums of eight vectors of i32 lanes, as one vector (lane `r` = sum of `v[r]`), wrapping.
