@@ -456,3 +456,59 @@ fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f
     );
     assert!(matches!(e2, Err(Error::Length { .. })));
 }
+
+#[test]
+fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards() {
+    // From 32 rows per chunk the engine rotates and quantises on every lane (each a share of
+    // the rows) instead of on the caller; a row's output must not depend on where it was
+    // quantised, nor on the chunk around it (speculative decoding relies on it), with and
+    // without rotation and residual activations, on one core (always the caller) and three.
+    use rknn_matmul::engine::{LinearOptions, Rotation};
+    let mut rng = fastrand::Rng::with_seed(0x4C41_4E45);
+    let (k, n) = (192, 64);
+    let w = random(&mut rng, n * k);
+    let m = 75;
+    let mut x = random(&mut rng, m * k);
+    for r in 0..m {
+        x[r * k + r % k] = 40.0 + r as f32;
+    }
+    for (rotate, residual) in [(false, false), (true, false), (false, true), (true, true)] {
+        let opts = LinearOptions {
+            rotation: rotate.then(|| Rotation::hadamard(k, 11)),
+            residual_activations: residual,
+        };
+        let mut outs = Vec::new();
+        for cores in [1, 3] {
+            let e = engine(cores);
+            let lin = e
+                .linear_with(&w, n, k, WeightFormat::W8A8, opts.clone())
+                .unwrap();
+            for rows in [m, 33, 32, 31] {
+                let got = lin.forward_vec(&x[..rows * k], rows).unwrap();
+                let one_by_one: Vec<f32> = x[..rows * k]
+                    .chunks_exact(k)
+                    .flat_map(|row| lin.forward_vec(row, 1).unwrap())
+                    .collect();
+                assert!(
+                    got.iter()
+                        .zip(&one_by_one)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "rotate {rotate} residual {residual}, {cores} core(s), {rows} rows"
+                );
+                if rows == m {
+                    outs.push(got);
+                }
+            }
+        }
+        assert_eq!(outs[0], outs[1], "one core and three");
+        if !residual {
+            // Without residuals, the reference W8A8 product of the (rotated) operands.
+            let (mut rx, mut rw) = (x.clone(), w.clone());
+            if let Some(r) = &opts.rotation {
+                r.apply_rows(&mut rx);
+                r.apply_rows(&mut rw);
+            }
+            assert_eq!(outs[1], common::reference_w8a8(&rx, &rw, m, k, n));
+        }
+    }
+}

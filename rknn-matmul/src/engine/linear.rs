@@ -4,7 +4,8 @@
 //! padded to the chip's alignment, split into N shards (one per NPU core) and K segments (the
 //! chip's segment size: one context with K above it ran 14x slower on RK3588), written in the
 //! native B layout and kept resident in NPU memory. `forward` quantises the activations once
-//! per row into a buffer the workers share, each worker packs native A for its segments, runs
+//! per row into a buffer the workers share (the caller alone for a few rows; every lane a share
+//! of the rows for a prompt chunk), each worker packs native A for its segments, runs
 //! them on its core, accumulates the segments and scales into its own output block, and the
 //! caller copies each block into its columns of the output.
 //!
@@ -19,7 +20,7 @@ use half::f16;
 use rknn_chip::Layout;
 
 use super::glue;
-use super::scheduler::Work;
+use super::scheduler::{Round, Work};
 use super::stats::{Counters, Phase};
 use super::{Inner, Rotation, Scratch};
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
@@ -288,10 +289,28 @@ pub(crate) struct Forward {
     out: Vec<f32>,
 }
 
+/// Rows of a prompt chunk to rotate and quantise on a lane: the quantisation of many rows is
+/// split over the lanes instead of running on the caller while the cores wait.
+pub(crate) struct QuantizeRows {
+    /// The chunk's input rows [m, k].
+    x: Arc<Vec<f32>>,
+    /// The rows of `x` this lane quantises.
+    rows: std::ops::Range<usize>,
+    k: usize,
+    k_pad: usize,
+    rotation: Option<Rotation>,
+    /// Each row quantised twice (itself and its residual), as [`quantize_with_residual`].
+    residual: bool,
+    /// Buffers for the result, returned in the reply: [rows × per, k_pad] and [rows × per].
+    q: Vec<i8>,
+    scales: Vec<f32>,
+}
+
 /// A task of the engine's workers.
 pub(crate) enum Task {
     Register { id: u64, spec: Box<ShardSpec> },
     Forward(Forward),
+    Quantize(QuantizeRows),
     Remove { id: u64 },
     Ping,
     Exit,
@@ -312,6 +331,9 @@ pub(crate) struct WorkerState {
     io: LaneIo,
     acc: Vec<i32>,
     facc: Vec<f32>,
+    /// Rotated rows and residuals of a [`Task::Quantize`].
+    rotated: Vec<f32>,
+    residual: Vec<f32>,
     stats: Arc<Counters>,
 }
 
@@ -323,23 +345,35 @@ impl WorkerState {
             io: LaneIo::default(),
             acc: Vec::new(),
             facc: Vec::new(),
+            rotated: Vec::new(),
+            residual: Vec::new(),
             stats,
         }
     }
 }
 
+/// What a worker gives back.
+pub(crate) enum Reply {
+    /// Nothing (registration, removal, ping).
+    Done,
+    /// A forward's output block [m, valid].
+    Block(Vec<f32>),
+    /// A [`QuantizeRows`]'s rows and scales.
+    Quantized { q: Vec<i8>, scales: Vec<f32> },
+}
+
 impl Work for Task {
     type State = WorkerState;
-    /// A forward's output block.
-    type Reply = Option<Vec<f32>>;
+    type Reply = Reply;
 
-    fn run(self, st: &mut WorkerState) -> Result<Option<Vec<f32>>> {
+    fn run(self, st: &mut WorkerState) -> Result<Reply> {
         match self {
             Task::Register { id, spec } => {
                 let shard = build_shard(&st.rt, &mut st.io, *spec)?;
                 st.shards.insert(id, shard);
-                Ok(None)
+                Ok(Reply::Done)
             }
+            Task::Quantize(job) => Ok(quantize_share(job, &mut st.rotated, &mut st.residual)),
             Task::Forward(f) => {
                 // A Linear removes its shards only when dropped, after its last forward.
                 let shard = st
@@ -360,13 +394,13 @@ impl Work for Task {
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
                 };
-                Ok(Some(out))
+                Ok(Reply::Block(out))
             }
             Task::Remove { id } => {
                 st.shards.remove(&id);
-                Ok(None)
+                Ok(Reply::Done)
             }
-            Task::Ping | Task::Exit => Ok(None),
+            Task::Ping | Task::Exit => Ok(Reply::Done),
         }
     }
 
@@ -589,6 +623,47 @@ fn quantize_with_residual(
     }
 }
 
+/// Rotates and quantises a lane's share of a chunk: the same per-row operations as the caller's
+/// path ([`glue::quantize_rows`], [`quantize_with_residual`], the rotation row by row), so the
+/// same bits whichever lane quantises a row.
+fn quantize_share(job: QuantizeRows, rotated: &mut Vec<f32>, residual: &mut Vec<f32>) -> Reply {
+    let QuantizeRows {
+        x,
+        rows,
+        k,
+        k_pad,
+        rotation,
+        residual: twice,
+        mut q,
+        mut scales,
+    } = job;
+    let n = rows.len();
+    let per = if twice { 2 } else { 1 };
+    let src = &x[rows.start * k..rows.end * k];
+    let src = match &rotation {
+        Some(r) => {
+            rotated.clear();
+            rotated.extend_from_slice(src);
+            r.apply_rows(rotated);
+            &rotated[..]
+        }
+        None => src,
+    };
+    q.resize(n * per * k_pad, 0);
+    scales.resize(n * per, 0.0);
+    if twice {
+        quantize_with_residual(src, n, k, k_pad, residual, &mut q, &mut scales);
+    } else {
+        glue::quantize_rows(src, n, k, k_pad, &mut q, &mut scales);
+    }
+    Reply::Quantized { q, scales }
+}
+
+/// Input rows per chunk from which the rotation and quantisation are split over the lanes: a
+/// prompt chunk, where they were about a seventh of the caller's time (decode's single row
+/// stays on the caller: a round of hand-offs would cost more than it saves).
+const LANE_QUANTIZE_MIN_ROWS: usize = 32;
+
 /// Recycles a shared buffer: the workers dropped their clones before replying, so the caller
 /// owns it again and no allocation happens in steady state.
 fn reuse<T: Clone>(buf: &mut Arc<Vec<T>>) -> &mut Vec<T> {
@@ -664,8 +739,17 @@ impl Linear {
             let rows = mc * per;
             let bucket = inner.cfg.bucket(rows);
             let x_chunk = &x[r0 * self.k..(r0 + mc) * self.k];
+            let on_lanes = self.format == WeightFormat::W8A8
+                && mc >= LANE_QUANTIZE_MIN_ROWS
+                && inner.pool.len() > 1;
+            if on_lanes {
+                timed(&inner.stats, Phase::Quantize, || {
+                    self.quantize_on_lanes(&mut round, x_chunk, mc, per, bucket)
+                })?;
+            }
             let s: &mut Scratch = round.scratch();
             let x_chunk = match &self.rotation {
+                _ if on_lanes => x_chunk,
                 Some(r) => timed(&inner.stats, Phase::Quantize, || {
                     s.rotated.clear();
                     s.rotated.extend_from_slice(x_chunk);
@@ -675,6 +759,7 @@ impl Linear {
                 None => x_chunk,
             };
             match self.format {
+                WeightFormat::W8A8 if on_lanes => {}
                 WeightFormat::W8A8 if per == 2 => timed(&inner.stats, Phase::Quantize, || {
                     let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
                     q.resize(bucket * self.k_pad, 0);
@@ -731,7 +816,7 @@ impl Linear {
             })?;
             let out_chunk = &mut out[r0 * self.n..(r0 + mc) * self.n];
             for (i, reply) in replies.into_iter().enumerate() {
-                let (Some(Some(block)), Some(plan)) =
+                let (Some(Reply::Block(block)), Some(plan)) =
                     (reply, &self.shards.get(i).and_then(Option::as_ref))
                 else {
                     continue;
@@ -747,6 +832,62 @@ impl Linear {
             r0 += mc;
         }
         inner.stats.forward();
+        Ok(())
+    }
+
+    /// Rotates and quantises the chunk `x` ([mc, K]) into the round's shared `q` and `scales`
+    /// ([bucket, K_pad], [bucket]; rows past `mc × per` zero), each lane taking a contiguous
+    /// share of the rows.
+    fn quantize_on_lanes(
+        &self,
+        round: &mut Round<'_, Task, Scratch>,
+        x: &[f32],
+        mc: usize,
+        per: usize,
+        bucket: usize,
+    ) -> Result<()> {
+        let lanes = self.inner.pool.len();
+        let share = mc.div_ceil(lanes);
+        let xs = reuse(&mut round.scratch().x);
+        xs.clear();
+        xs.extend_from_slice(x);
+        let replies = round.run_all(|i, s| {
+            let rows = (i * share).min(mc)..((i + 1) * share).min(mc);
+            (!rows.is_empty()).then(|| {
+                Task::Quantize(QuantizeRows {
+                    x: s.x.clone(),
+                    rows,
+                    k: self.k,
+                    k_pad: self.k_pad,
+                    rotation: self.rotation.clone(),
+                    residual: per == 2,
+                    q: std::mem::take(&mut s.q_parts[i]),
+                    scales: std::mem::take(&mut s.scale_parts[i]),
+                })
+            })
+        })?;
+        let s = round.scratch();
+        let (q, scales) = (reuse(&mut s.q), reuse(&mut s.scales));
+        q.resize(bucket * self.k_pad, 0);
+        scales.resize(bucket, 0.0);
+        let mut filled = 0;
+        for (i, reply) in replies.into_iter().enumerate() {
+            if let Some(Reply::Quantized {
+                q: part,
+                scales: part_scales,
+            }) = reply
+            {
+                let row0 = i * share * per;
+                q[row0 * self.k_pad..][..part.len()].copy_from_slice(&part);
+                scales[row0..][..part_scales.len()].copy_from_slice(&part_scales);
+                filled += part_scales.len();
+                s.q_parts[i] = part;
+                s.scale_parts[i] = part_scales;
+            }
+        }
+        debug_assert_eq!(filled, mc * per, "every row quantised once");
+        q[mc * per * self.k_pad..].fill(0);
+        scales[mc * per..].fill(0.0);
         Ok(())
     }
 

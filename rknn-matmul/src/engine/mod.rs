@@ -148,6 +148,9 @@ pub(crate) struct Scratch {
     scales: Arc<Vec<f32>>,
     x: Arc<Vec<f32>>,
     outs: [Vec<f32>; MAX_WORKERS],
+    /// Each lane's share of a chunk quantised on the lanes (rows, then scales), recycled.
+    q_parts: [Vec<i8>; MAX_WORKERS],
+    scale_parts: [Vec<f32>; MAX_WORKERS],
 }
 
 pub(crate) struct Inner {
