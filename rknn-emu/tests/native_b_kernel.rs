@@ -72,6 +72,28 @@ fn run(
     c
 }
 
+/// Checks every backend on one case, overwriting and accumulating onto random prior values of
+/// C, against the reference; returns the number of backends checked.
+fn check_case(rng: &mut fastrand::Rng, a: &[i8], bt: &[i8], shape: NativeBShape) -> usize {
+    let NativeBShape { m, n, k, sn, lda } = shape;
+    let b = native(bt, n, k, sn);
+    let want = reference(a, bt, m, n, k, lda);
+    let prior: Vec<i32> = (0..m * n).map(|_| rng.i32(..)).collect();
+    let want_acc: Vec<i32> = want
+        .iter()
+        .zip(&prior)
+        .map(|(w, p)| w.wrapping_add(*p))
+        .collect();
+    let backends = runs();
+    for &backend in &backends {
+        let got = run(backend, a, &b, &prior, shape, false);
+        assert_eq!(got, want, "{backend:?} {shape:?}");
+        let got = run(backend, a, &b, &prior, shape, true);
+        assert_eq!(got, want_acc, "{backend:?} {shape:?} accumulating");
+    }
+    backends.len()
+}
+
 #[test]
 fn every_backend_matches_the_reference() {
     let mut rng = fastrand::Rng::with_seed(0x4E41_5449);
@@ -84,22 +106,8 @@ fn every_backend_matches_the_reference() {
         let lda = k + [0, 0, 1, 32, 7][rng.usize(..5)];
         let a = fill(&mut rng, m * lda, case / 4);
         let bt = fill(&mut rng, n * k, case / 4 + case % 3);
-        let b = native(&bt, n, k, sn);
         let shape = NativeBShape { m, n, k, sn, lda };
-        let want = reference(&a, &bt, m, n, k, lda);
-        let prior: Vec<i32> = (0..m * n).map(|_| rng.i32(..)).collect();
-        let want_acc: Vec<i32> = want
-            .iter()
-            .zip(&prior)
-            .map(|(w, p)| w.wrapping_add(*p))
-            .collect();
-        for backend in runs() {
-            let got = run(backend, &a, &b, &prior, shape, false);
-            assert_eq!(got, want, "{backend:?} {shape:?}");
-            let got = run(backend, &a, &b, &prior, shape, true);
-            assert_eq!(got, want_acc, "{backend:?} {shape:?} accumulating");
-            checked += 1;
-        }
+        checked += check_case(&mut rng, &a, &bt, shape);
     }
     assert!(checked >= 600);
 }
@@ -123,24 +131,8 @@ fn many_rows_run_register_tiles_over_b_in_place() {
         let lda = k + [0, 1, 32][case % 3];
         let a = fill(&mut rng, (m - 1) * lda + k, case / 4);
         let bt = fill(&mut rng, n * k, case / 4 + case % 3);
-        let b = native(&bt, n, k, sn);
         let shape = NativeBShape { m, n, k, sn, lda };
-        let want = reference(&a, &bt, m, n, k, lda);
-        let prior: Vec<i32> = (0..m * n).map(|_| rng.i32(..)).collect();
-        let want_acc: Vec<i32> = want
-            .iter()
-            .zip(&prior)
-            .map(|(w, p)| w.wrapping_add(*p))
-            .collect();
-        for backend in runs() {
-            assert_eq!(
-                run(backend, &a, &b, &prior, shape, false),
-                want,
-                "{backend:?} {shape:?}"
-            );
-            let got = run(backend, &a, &b, &prior, shape, true);
-            assert_eq!(got, want_acc, "{backend:?} {shape:?} accumulating");
-        }
+        check_case(&mut rng, &a, &bt, shape);
         cases += 1;
     }
     assert_eq!(cases, 40);
