@@ -4,10 +4,12 @@
 //!
 //! ```sh
 //! cargo bench -p rknn-llm --bench decode -- MODEL.gguf [--backend f32|emulator|npu]
-//!     [--cores NPU_CORES] [-t THREADS] [-n TG] [-p PP] [-r REPS] [--json]
+//!     [--cores NPU_CORES] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH]
+//!     [--cache-type f32|f16] [--json]
 //! ```
 //!
-//! `tg`: N tokens decoded one at a time from an empty cache; `pp`: a prompt of P tokens in one
+//! `tg`: N tokens decoded one at a time from an empty cache (or after DEPTH positions of
+//! context, llama-bench's `-d`, not timed); `pp`: a prompt of P tokens in one
 //! forward call. Token ids are arbitrary (as in llama-bench). Each test runs `-r` times after a
 //! warm-up; the mean and standard deviation of tokens per second are printed. `scripts/bench/
 //! llm-vs-llama-cpp.sh` runs this beside llama-bench and writes the comparison.
@@ -17,7 +19,7 @@ use std::time::Instant;
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model, Residual,
+    CacheType, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model, Residual,
 };
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Backend, Platform, Runtime};
@@ -67,6 +69,8 @@ fn main() {
     let (mut threads, mut tg, mut pp, mut reps) = (2usize, 128usize, 0usize, 5usize);
     let (mut backend, mut json, mut cores) = ("f32".to_string(), false, None);
     let mut opts = EngineOptions::default();
+    let mut cache = CacheType::F32;
+    let mut depth = 0usize;
     while let Some(a) = args.next() {
         let mut next = |what: &str| {
             args.next()
@@ -77,6 +81,7 @@ fn main() {
             "-n" => tg = next("-n").parse().expect("-n number"),
             "-p" => pp = next("-p").parse().expect("-p number"),
             "-r" => reps = next("-r").parse().expect("-r number"),
+            "-d" => depth = next("-d").parse().expect("-d number"),
             "--backend" => backend = next("--backend"),
             "--cores" => cores = Some(next("--cores").parse().expect("--cores number")),
             "--json" => json = true,
@@ -90,12 +95,19 @@ fn main() {
                 }
             }
             "--no-rotation" => opts.rotate = false,
+            "--cache-type" => {
+                cache = match next("--cache-type").as_str() {
+                    "f32" => CacheType::F32,
+                    "f16" => CacheType::F16,
+                    other => panic!("--cache-type f32|f16, not {other}"),
+                }
+            }
             _ => path = Some(a),
         }
     }
     let Some(path) = path else {
         eprintln!(
-            "usage: decode MODEL.gguf [--backend f32|emulator|npu] [-t THREADS] [-n TG] [-p PP] [-r REPS] [--json]"
+            "usage: decode MODEL.gguf [--backend f32|emulator|npu] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH] [--cache-type f32|f16] [--json]"
         );
         return;
     };
@@ -125,6 +137,7 @@ fn main() {
     };
     let t = Instant::now();
     let mut model = Model::load(&file, factory.as_mut(), pool, &mut |_, _| {}).unwrap();
+    model.set_cache_type(cache);
     let load_s = t.elapsed().as_secs_f64();
     eprintln!("loaded {path} in {load_s:.2} s, backend {backend}, {threads} threads");
     let n_vocab = model.config().n_vocab as u32;
@@ -146,11 +159,18 @@ fn main() {
     }
     if tg > 0 {
         let mut rates = Vec::new();
+        let context: Vec<u32> = (0..depth as u32)
+            .map(|i| (i * 104_729 + 3) % n_vocab)
+            .collect();
         for r in 0..=reps {
             model.reset();
+            // The context before the timed tokens (llama-bench's `-d`), not timed.
+            for (c, chunk) in context.chunks(128).enumerate() {
+                model.forward(chunk, c * 128, Logits::None).unwrap();
+            }
             let t = Instant::now();
             let mut tok = 1u32;
-            for pos in 0..tg {
+            for pos in depth..depth + tg {
                 let l = model.forward(&[tok], pos, Logits::Last).unwrap();
                 tok = (l.len() as u32 + pos as u32 * 31) % n_vocab;
             }
@@ -159,8 +179,12 @@ fn main() {
             }
         }
         let (m, sd) = mean_sd(&rates);
-        println!("tg{tg}: {m:.2} ± {sd:.2} tok/s");
-        results.insert(format!("tg{tg}"), serde_json::json!({"mean": m, "sd": sd}));
+        let name = match depth {
+            0 => format!("tg{tg}"),
+            d => format!("tg{tg}@d{d}"),
+        };
+        println!("{name}: {m:.2} ± {sd:.2} tok/s");
+        results.insert(name, serde_json::json!({"mean": m, "sd": sd}));
     }
     let bw = stream_read(threads);
     println!("stream read, {threads} threads: {bw:.2} GB/s");

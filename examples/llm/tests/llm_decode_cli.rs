@@ -90,11 +90,36 @@ fn greedy_generation_reproduces_llama_cpp() {
             assert_eq!(got.len(), 20);
         }
         assert_eq!(doc["backend"], "f32");
+        assert_eq!(doc["stats"]["cache_type"], "f32", "the default cache");
         assert!(doc["prefill_tok_s"].as_f64().unwrap() > 0.0);
         for key in ["text", "decode_tok_s", "stats"] {
             assert!(doc.get(key).is_some(), "missing {key}");
         }
     }
+}
+
+#[test]
+fn an_f16_cache_is_reported_and_an_unknown_type_refused() {
+    let doc = json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "-p",
+        "hello world",
+        "-n",
+        "4",
+        "--cache-type",
+        "f16",
+        "--json",
+    ]));
+    assert_eq!(doc["stats"]["cache_type"], "f16");
+    let n = ids(&doc["generated_ids"]).len();
+    assert!(
+        n == 4 || (n < 4 && doc["stats"]["stop"] == "eog"),
+        "{n} tokens"
+    );
+    let o = llm_decode(&["-m", &tiny(), "-p", "x", "--cache-type", "q8"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cache-type"));
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{HostF32Factory, Logits, Model, ModelError};
+use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError};
 
 fn model(name: &str, threads: usize) -> Model {
     let pool = Arc::new(
@@ -66,6 +66,40 @@ fn logits_are_bit_identical_for_any_batch_split_and_thread_count() {
             want,
             "{name}"
         );
+    }
+}
+
+#[test]
+fn an_f16_cache_keeps_batch_invariance_and_stays_close_to_the_f32_cache() {
+    let mut rng = fastrand::Rng::with_seed(13);
+    for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
+        let mut exact = model(name, 2);
+        let mut half = model(name, 2);
+        half.set_cache_type(CacheType::F16);
+        assert_eq!(half.cache().cache_type(), CacheType::F16);
+        let n_vocab = half.config().n_vocab as u32;
+        let tokens: Vec<u32> = (0..41).map(|_| rng.u32(..n_vocab)).collect();
+        let reference = logits_in_chunks(&mut half, &tokens, 1);
+        for chunk in [3, 16, 41] {
+            assert_eq!(
+                logits_in_chunks(&mut half, &tokens, chunk),
+                reference,
+                "{name} chunk {chunk}"
+            );
+        }
+        // Half the bytes of the f32 cache for the same positions.
+        let f32_logits = logits_in_chunks(&mut exact, &tokens, 41);
+        assert_eq!(half.cache().len(), exact.cache().len());
+        assert_eq!(2 * half.cache().bytes(), exact.cache().bytes());
+        // Keys and values rounded to 11 bits move the logits a little, not a lot.
+        let (mut worst, mut scale) = (0f32, 0f32);
+        for (a, b) in reference.iter().zip(&f32_logits) {
+            let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
+            worst = worst.max((a - b).abs());
+            scale = scale.max(b.abs());
+        }
+        assert!(worst > 0.0, "{name}: f16 rounding changed nothing");
+        assert!(worst < 1e-2 * scale.max(1.0), "{name}: {worst} of {scale}");
     }
 }
 

@@ -85,6 +85,7 @@ fn lookup_is_lossless_on_small_random_models() {
             &[
                 (&["--backend", "f32"], &[]),
                 (&["--backend", "emulator"], &[]),
+                (&["--backend", "emulator", "--cache-type", "f16"], &[]),
                 (&["--backend", "npu", "--platform", "rk3588"], npu),
             ],
         );

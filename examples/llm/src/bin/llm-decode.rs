@@ -23,7 +23,9 @@ use serde_json::json;
 
 use rknn_llm::chat::ChatFormat;
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual};
+use rknn_llm::model::{
+    CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual,
+};
 use rknn_llm::sample::{Sampler, SamplerConfig, Verdict};
 use rknn_llm::spec::{DraftPolicy, PromptLookup, SpecStats};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
@@ -64,6 +66,15 @@ enum ResidualArg {
     OutputDown,
     /// Every linear (the widest accuracy margin; prefill does twice the integer work).
     All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CacheTypeArg {
+    /// f32 keys and values (exact; the default).
+    F32,
+    /// f16 keys and values, as llama.cpp's default cache: half the memory and half the bytes
+    /// attention reads per position.
+    F16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -133,6 +144,9 @@ struct Args {
     /// Tokens per forward call while evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
+    /// How the KV cache stores keys and values.
+    #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
+    cache_type: CacheTypeArg,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.8)]
     temp: f32,
@@ -370,6 +384,7 @@ fn run(args: Args) -> Result<(), Error> {
                 "kernel": rknn_llm::model::kernels::selected().name(),
                 "seed": seed,
                 "n_ctx": model.config().n_ctx,
+                "cache_type": model.cache().cache_type().name(),
                 "matmul_s": stats.matmul.as_secs_f64(),
                 "attention_s": stats.attention.as_secs_f64(),
                 "other_s": stats.other.as_secs_f64(),
@@ -477,7 +492,7 @@ fn load_model(
         bar.set_position(done);
     };
     let engine = open_engine(args)?;
-    let model = match &engine {
+    let mut model = match &engine {
         None => Model::load(
             file,
             &mut HostF32Factory::new(pool.clone()),
@@ -508,6 +523,10 @@ fn load_model(
         }
     };
     bar.finish_and_clear();
+    model.set_cache_type(match args.cache_type {
+        CacheTypeArg::F32 => CacheType::F32,
+        CacheTypeArg::F16 => CacheType::F16,
+    });
     Ok((model, engine))
 }
 

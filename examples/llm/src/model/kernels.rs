@@ -21,6 +21,9 @@
 
 use std::sync::OnceLock;
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 /// One implementation of [`dot`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -146,6 +149,70 @@ impl Kernel {
             _ => add_scaled_rows(p, rows, stride, out),
         }
     }
+}
+
+impl Kernel {
+    /// [`Kernel::dot_rows`] over rows stored as f16 (an f16 KV cache): each row is taken exactly
+    /// as f32 (every f16 is one), so the result is `dot_rows` of the converted rows, bit for bit,
+    /// on every backend. AVX2 converts in registers (F16C) as it loads; the others convert one
+    /// row at a time into a buffer.
+    ///
+    /// # Panics
+    /// As [`Kernel::dot_rows`].
+    pub fn dot_rows_f16(self, a: &[f32], rows: &[f16], stride: usize, out: &mut [f32]) {
+        check_rows(a.len(), rows.len(), stride, out.len());
+        #[cfg(target_arch = "x86_64")]
+        if self == Kernel::Avx2 && has_f16c() {
+            assert!(self.is_available(), "AVX2/FMA not available");
+            // SAFETY: AVX2 and FMA (checked just above) and F16C (`has_f16c`) are available;
+            // `check_rows` proved every row `t < out.len()` lies inside `rows`.
+            unsafe { x86::dot_rows_f16_avx2(a, rows, stride, out) };
+            return;
+        }
+        let mut row = vec![0.0f32; a.len()];
+        for (t, o) in out.iter_mut().enumerate() {
+            rows[t * stride..t * stride + a.len()].convert_to_f32_slice(&mut row);
+            *o = self.dot(a, &row);
+        }
+    }
+
+    /// [`Kernel::add_scaled_rows`] over rows stored as f16: the same products and additions in
+    /// the same order as on the converted rows, bit for bit, on every backend.
+    ///
+    /// # Panics
+    /// As [`Kernel::add_scaled_rows`].
+    pub fn add_scaled_rows_f16(self, p: &[f32], rows: &[f16], stride: usize, out: &mut [f32]) {
+        check_rows(out.len(), rows.len(), stride, p.len());
+        #[cfg(target_arch = "x86_64")]
+        if self == Kernel::Avx2 && has_f16c() {
+            assert!(self.is_available(), "AVX2/FMA not available");
+            // SAFETY: AVX2 (checked just above) and F16C (`has_f16c`) are available;
+            // `check_rows` proved every row `t < p.len()` lies inside `rows`.
+            unsafe { x86::add_scaled_rows_f16_avx2(p, rows, stride, out) };
+            return;
+        }
+        // Blocks of rows converted at a time, in increasing `t`: every element of `out` sees
+        // the same additions in the same order as in one pass.
+        const BLOCK: usize = 64;
+        let w = out.len();
+        if w == 0 {
+            return;
+        }
+        let mut block = vec![0.0f32; BLOCK.min(p.len()) * w];
+        for (b, ps) in p.chunks(BLOCK).enumerate() {
+            for (i, dst) in block.chunks_exact_mut(w).take(ps.len()).enumerate() {
+                let t = b * BLOCK + i;
+                rows[t * stride..t * stride + w].convert_to_f32_slice(dst);
+            }
+            self.add_scaled_rows(ps, &block[..ps.len() * w], w, out);
+        }
+    }
+}
+
+/// Whether the CPU converts f16 in hardware (F16C; every AVX2 CPU in practice, checked anyway).
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    std::arch::is_x86_feature_detected!("f16c")
 }
 
 /// Panics unless `count` rows of `width` at `stride` fit in `len` elements.
@@ -318,6 +385,109 @@ mod x86 {
         };
         head + super::tail(&a[k32..], &b[k32..])
     }
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and every row `t < out.len()`
+    /// (`rows[t * stride..t * stride + a.len()]`) must lie inside `rows`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows_f16_avx2(
+        a: &[f32],
+        rows: &[half::f16],
+        stride: usize,
+        out: &mut [f32],
+    ) {
+        for (t, o) in out.iter_mut().enumerate() {
+            // SAFETY: the features are the caller's contract, as is the row's extent.
+            *o = unsafe { dot_f16_avx2(a, rows.get_unchecked(t * stride..t * stride + a.len())) };
+        }
+    }
+
+    /// [`dot_avx2`] with `b` in f16, converted exactly as it is loaded: the same operations in
+    /// the same order on the same values.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `a.len() == b.len()`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f16_avx2(a: &[f32], b: &[half::f16]) -> f32 {
+        let k32 = a.len() - a.len() % 32;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY: AVX2, FMA and F16C are available (the caller's contract); every load reads 8
+        // elements at i + 8q + 8 <= k32 <= the length of both slices (f16 is 2 bytes).
+        let head = unsafe {
+            let mut r = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < k32 {
+                for (q, reg) in r.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(i + 8 * q));
+                    let y = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i + 8 * q).cast()));
+                    *reg = _mm256_fmadd_ps(x, y, *reg);
+                }
+                i += 32;
+            }
+            let r0 = _mm256_add_ps(r[0], r[2]);
+            let r1 = _mm256_add_ps(r[1], r[3]);
+            let v = _mm256_add_ps(r0, r1);
+            let v4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+            let v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1));
+            _mm_cvtss_f32(v1)
+        };
+        let mut tail = [0.0f32; 32];
+        let tail = &mut tail[..a.len() - k32];
+        for (t, h) in tail.iter_mut().zip(&b[k32..]) {
+            *t = h.to_f32();
+        }
+        head + super::tail(&a[k32..], tail)
+    }
+
+    /// `out[j] += p[t] * f32(rows[t * stride + j])`, rows in increasing `t`, each product
+    /// rounded and then added, as [`super::add_scaled_rows`] on the converted rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C, and every row `t < p.len()`
+    /// (`rows[t * stride..t * stride + out.len()]`) must lie inside `rows`.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn add_scaled_rows_f16_avx2(
+        p: &[f32],
+        rows: &[half::f16],
+        stride: usize,
+        out: &mut [f32],
+    ) {
+        const B: usize = super::SCALED_ROWS_BLOCK;
+        let w = out.len();
+        let whole = w - w % B;
+        // SAFETY: AVX2 and F16C are available (the caller's contract); the loads of row `t`
+        // read `rows[t * stride + j0..t * stride + j0 + B]` with `j0 + B <= whole <= w`, inside
+        // the row; `out`'s block `j0..j0 + B` is inside `out`.
+        unsafe {
+            for j0 in (0..whole).step_by(B) {
+                let o = out.as_mut_ptr().add(j0);
+                let mut acc = [_mm256_setzero_ps(); B / 8];
+                for (q, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(o.add(8 * q));
+                }
+                for (t, &pt) in p.iter().enumerate() {
+                    let pv = _mm256_set1_ps(pt);
+                    let r = rows.as_ptr().add(t * stride + j0);
+                    for (q, a) in acc.iter_mut().enumerate() {
+                        let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(8 * q).cast()));
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, v));
+                    }
+                }
+                for (q, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(o.add(8 * q), *a);
+                }
+            }
+        }
+        for (t, &pt) in p.iter().enumerate() {
+            for (o, h) in out[whole..]
+                .iter_mut()
+                .zip(&rows[t * stride + whole..t * stride + w])
+            {
+                *o += pt * h.to_f32();
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -379,6 +549,43 @@ mod tests {
                         assert_eq!(got.to_bits(), want.to_bits(), "{} k={k}", kern.name());
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_row_kernels_equal_the_f32_ones_on_the_converted_rows_on_every_backend() {
+        let mut rng = fastrand::Rng::with_seed(4);
+        for (k, stride, n) in [
+            (64, 64, 150),
+            (64, 192, 37),
+            (33, 40, 70),
+            (150, 160, 7),
+            (0, 3, 4),
+        ] {
+            let a = random(&mut rng, k);
+            let rows: Vec<f16> = random(&mut rng, n.max(1) * stride)
+                .iter()
+                .map(|&x| f16::from_f32(x * 3.0))
+                .collect();
+            let converted: Vec<f32> = rows.iter().map(|h| h.to_f32()).collect();
+            let p = random(&mut rng, n);
+            let mut want_dots = vec![0.0; n];
+            Kernel::Scalar.dot_rows(&a, &converted, stride, &mut want_dots);
+            let start = random(&mut rng, k);
+            let mut want_sum = start.clone();
+            Kernel::Scalar.add_scaled_rows(&p, &converted, stride, &mut want_sum);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for &kern in Kernel::all() {
+                if !kern.is_available() {
+                    continue;
+                }
+                let mut dots = vec![0.0; n];
+                kern.dot_rows_f16(&a, &rows, stride, &mut dots);
+                assert_eq!(bits(&dots), bits(&want_dots), "{} dot k={k}", kern.name());
+                let mut sum = start.clone();
+                kern.add_scaled_rows_f16(&p, &rows, stride, &mut sum);
+                assert_eq!(bits(&sum), bits(&want_sum), "{} sum k={k}", kern.name());
             }
         }
     }

@@ -13,6 +13,7 @@
 //! lengths alone (see [`kernels`]); rows are never mixed.
 
 pub mod kernels;
+mod kv_cache;
 pub mod linear;
 pub mod npu;
 
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorView, Value};
+use kv_cache::KvRows;
+pub use kv_cache::{CacheType, KvCache};
 pub use linear::{BackendError, F32Linear, HostF32Factory, LinearFactory, LinearOp, LinearRole};
 pub use npu::{EngineFactory, EngineLinear, EngineOptions, Residual};
 
@@ -387,30 +390,6 @@ struct Layer {
     w_down: Linear,
 }
 
-/// Keys and values of every past position, one buffer per (layer, KV head) at index
-/// `layer * n_head_kv + head`, each `[position][head_dim]`: attention reads one head's keys
-/// (and values) front to back, so they are contiguous and the hardware prefetcher streams
-/// them (interleaved heads, `[position][n_head_kv * head_dim]`, made every row a strided read
-/// and attention 2–3× slower at long contexts).
-#[derive(Debug, Default)]
-pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    len: usize,
-}
-
-impl KvCache {
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is held.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// Which rows of logits [`Model::forward`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -608,11 +587,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
-            cache: KvCache {
-                k: vec![Vec::new(); c.n_layer * c.n_head_kv],
-                v: vec![Vec::new(); c.n_layer * c.n_head_kv],
-                len: 0,
-            },
+            cache: KvCache::new(c.n_layer * c.n_head_kv, CacheType::F32),
             pool,
             logits: Vec::new(),
             stats: Stats::default(),
@@ -646,12 +621,15 @@ impl Model {
         self.truncate(0);
     }
 
+    /// Stores keys and values as `ty` from now on; the cache is emptied (positions written in
+    /// one type are not converted to the other).
+    pub fn set_cache_type(&mut self, ty: CacheType) {
+        let c = &self.config;
+        self.cache = KvCache::new(c.n_layer * c.n_head_kv, ty);
+    }
+
     fn truncate(&mut self, pos: usize) {
-        let hd = self.config.head_dim;
-        for buf in self.cache.k.iter_mut().chain(self.cache.v.iter_mut()) {
-            buf.truncate(pos * hd);
-        }
-        self.cache.len = pos;
+        self.cache.truncate(pos, self.config.head_dim);
     }
 
     /// Runs `tokens` at positions `pos..pos + tokens.len()` and returns the requested logits,
@@ -745,7 +723,7 @@ impl Model {
                         .iter_mut()
                         .zip(row.chunks_exact(c.head_dim))
                     {
-                        buf.extend_from_slice(head);
+                        buf.extend(head);
                     }
                 }
             }
@@ -955,8 +933,8 @@ fn attention(
     c: &Config,
     pool: Option<&rayon::ThreadPool>,
     q: &[f32],
-    k_cache: &[Vec<f32>],
-    v_cache: &[Vec<f32>],
+    k_cache: &[KvRows],
+    v_cache: &[KvRows],
     pos: usize,
     out: &mut [f32],
 ) {
@@ -971,7 +949,10 @@ fn attention(
         let n_t = pos + r + 1;
         let mut scores = vec![0.0f32; n_t];
         let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
-        kern.dot_rows(qh, &k_cache[g], hd, &mut scores);
+        match &k_cache[g] {
+            KvRows::F32(keys) => kern.dot_rows(qh, keys, hd, &mut scores),
+            KvRows::F16(keys) => kern.dot_rows_f16(qh, keys, hd, &mut scores),
+        }
         let mut max = f32::NEG_INFINITY;
         for s in scores.iter_mut() {
             *s *= scale;
@@ -987,7 +968,10 @@ fn attention(
             *s *= inv;
         }
         o.fill(0.0);
-        kern.add_scaled_rows(&scores, &v_cache[g], hd, o);
+        match &v_cache[g] {
+            KvRows::F32(values) => kern.add_scaled_rows(&scores, values, hd, o),
+            KvRows::F16(values) => kern.add_scaled_rows_f16(&scores, values, hd, o),
+        }
     };
     match pool {
         None => out
@@ -1036,10 +1020,12 @@ mod tests {
         let q = random(m * c.q_dim());
         let k: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
         let v: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
+        let rows = |x: &[Vec<f32>]| -> Vec<KvRows> { x.iter().cloned().map(KvRows::F32).collect() };
+        let (kr, vr) = (rows(&k), rows(&v));
         let mut serial = vec![0.0; m * c.q_dim()];
         let mut parallel = serial.clone();
-        attention(&c, None, &q, &k, &v, pos, &mut serial);
-        attention(&c, Some(&pool), &q, &k, &v, pos, &mut parallel);
+        attention(&c, None, &q, &kr, &vr, pos, &mut serial);
+        attention(&c, Some(&pool), &q, &kr, &vr, pos, &mut parallel);
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&serial), bits(&parallel));
         // And it is causal softmax attention (f64 reference).
@@ -1069,6 +1055,68 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn attention_over_an_f16_cache_is_attention_over_its_rounded_values() {
+        // On one thread and on the pool: exactly the f32 cache's result on the f16-rounded keys
+        // and values (every kernel backend is checked against that in `kernels`).
+        let c = Config {
+            arch: Architecture::Llama,
+            n_vocab: 16,
+            n_embd: 128,
+            n_layer: 1,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 32,
+            n_ctx: 512,
+            rms_eps: 1e-5,
+            rope_base: 10_000.0,
+            rope_freq_scale: 1.0,
+            n_rot: 32,
+            rope_style: RopeStyle::Adjacent,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let mut rng = fastrand::Rng::with_seed(6);
+        let (pos, m, hd) = (150, 3, c.head_dim);
+        let mut random = |n: usize| (0..n).map(|_| rng.f32() * 4.0 - 2.0).collect::<Vec<f32>>();
+        let q = random(m * c.q_dim());
+        let k: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
+        let v: Vec<Vec<f32>> = (0..c.n_head_kv).map(|_| random((pos + m) * hd)).collect();
+        let round = |x: &Vec<f32>| -> Vec<f32> {
+            x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect()
+        };
+        let exact_rows =
+            |x: &[Vec<f32>]| -> Vec<KvRows> { x.iter().map(|b| KvRows::F32(round(b))).collect() };
+        let half_rows = |x: &[Vec<f32>]| -> Vec<KvRows> {
+            x.iter()
+                .map(|b| {
+                    let mut r = KvRows::F16(Vec::new());
+                    r.extend(b);
+                    r
+                })
+                .collect()
+        };
+        let mut want = vec![0.0; m * c.q_dim()];
+        attention(
+            &c,
+            None,
+            &q,
+            &exact_rows(&k),
+            &exact_rows(&v),
+            pos,
+            &mut want,
+        );
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for pool in [None, Some(&pool)] {
+            let mut got = vec![0.0; m * c.q_dim()];
+            attention(&c, pool, &q, &half_rows(&k), &half_rows(&v), pos, &mut got);
+            assert_eq!(bits(&got), bits(&want), "pool: {}", pool.is_some());
         }
     }
 }
