@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::*;
 
+/// Every test of this file takes it: those that count descriptors must not see another's.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -270,6 +271,10 @@ fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor() {
 /// worker thread) while one of them registers and drops a linear of its own.
 #[test]
 fn a_small_engine_shared_by_two_threads() {
+    // Serial with the tests that count this process's descriptors: making an engine opens and
+    // closes some (the CPU topology under /sys, the runtime library), which a count taken
+    // meanwhile would see.
+    let _serial = serial();
     let rt = common::runtime_with(|_| {});
     let engine = engine_on(&rt, 2);
     let (n, k) = (40, 32);
