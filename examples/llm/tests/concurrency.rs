@@ -1,7 +1,7 @@
 //! The library's `Send + Sync` types used from several threads at once, each result checked
 //! against the same work done on one thread: the tokenizer, the mapped GGUF file and its
-//! tensor views, and one linear of each backend (host f32, W8A8 on the emulated NPU) that two
-//! threads forward through together.
+//! tensor views, one linear of each backend (host f32, W8A8 on the emulated NPU) that two
+//! threads forward through together, and a model's filled KV cache read by several threads.
 
 mod common;
 
@@ -120,4 +120,37 @@ fn one_linear_of_each_backend_serves_several_threads() {
             }
         });
     }
+}
+
+#[test]
+fn a_filled_f16_kv_cache_is_read_from_several_threads() {
+    use rknn_llm::model::{CacheType, Logits, Model};
+    let file = &tiny_models()[1];
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap(),
+    );
+    let mut factory = HostF32Factory::new(pool.clone());
+    let mut model = Model::load(file, &mut factory, pool, &mut |_, _| {}).unwrap();
+    model.set_cache_type(CacheType::F16);
+    model.forward(&[1, 2, 3, 4, 5], 0, Logits::None).unwrap();
+    let cache = model.cache();
+    let want = (cache.len(), cache.bytes(), cache.cache_type());
+    assert_eq!(want.0, 5);
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..ROUNDS)
+                        .map(|_| (cache.len(), cache.bytes(), cache.cache_type()))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for r in readers {
+            assert!(r.join().unwrap().iter().all(|&got| got == want));
+        }
+    });
 }
