@@ -3,8 +3,8 @@
 //!
 //! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
 //! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. A last table streams a B of 288 MiB
-//! (72 MiB quick; K = 576) at `M = 1`, as decode does, against a plain streaming read. Each figure is the best of several
-//! runs (at least 3 and at least ~1 s), single-threaded. GOPS counts a multiply and an add as
+//! (72 MiB quick; K = 576) at `M = 1` and `M = 2`, as decode does, against a plain streaming
+//! read; `--dram` runs only that table. Each figure is the best of several runs (at least 3 and at least ~1 s), single-threaded. GOPS counts a multiply and an add as
 //! two operations: `2 * M * N * K / time`.
 //!
 //! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
@@ -376,7 +376,9 @@ fn main() {
         if quick { " (quick sizes)" } else { "" }
     );
     let mut rng = fastrand::Rng::with_seed(42);
-    for m in ms {
+    // `--dram`: only the matrix-vector table (the decode case).
+    let dram_only = std::env::args().any(|a| a == "--dram");
+    for m in ms.into_iter().filter(|_| !dram_only) {
         bench_m(m, n, k, &mut rng);
     }
     // K = 576: the hidden size of the model the decode benchmark of rknn-matmul plays.

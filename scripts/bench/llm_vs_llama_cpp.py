@@ -28,6 +28,26 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
 
+def ensure_python_deps():
+    """Re-runs this script under the cache's private venv (the one scripts/llama-cpp.sh makes)
+    with gguf and numpy installed there, unless this Python already has them: a fresh machine
+    has neither, and the system Python stays untouched."""
+    try:
+        import gguf  # noqa: F401
+        import numpy  # noqa: F401
+        return
+    except ImportError:
+        pass
+    venv = os.path.join(CACHE, "py")
+    py = os.path.join(venv, "bin", "python3")
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
+        sys.exit("gguf/numpy still missing from " + venv)
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "gguf==0.19.0", "numpy"], check=True)
+    os.execv(py, [py] + sys.argv)
+
+
 def peak_rss_mb(cmd):
     """Runs cmd and returns the peak RSS of that child in MB (RUSAGE_CHILDREN is a maximum
     over every child so far, so each measurement runs in a fresh Python process)."""
@@ -43,6 +63,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
+    ensure_python_deps()
     t = str(a.threads)
     model = sh([os.path.join(ROOT, "scripts/fetch-model.sh")]).strip()
     sh([os.path.join(ROOT, "scripts/llama-cpp.sh")])  # builds llama.cpp once, into the cache
@@ -56,7 +77,7 @@ def main():
     decode_bin = os.path.join(ROOT, "target/release/llm-decode")
 
     # Weight bytes streamed per decode token: every matrix once in int8 (the tied head too).
-    import gguf  # noqa: E402 (PyPI gguf, installed by the fixture scripts)
+    import gguf  # noqa: E402 (PyPI gguf, see ensure_python_deps)
     r = gguf.GGUFReader(model)
     names = {x.name for x in r.tensors}
     wbytes = sum(int(x.n_elements) for x in r.tensors if len(x.shape) == 2 and x.name != "token_embd.weight")
