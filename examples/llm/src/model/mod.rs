@@ -12,6 +12,7 @@
 //! products, attention scores, softmax sums, norms) runs in an order fixed by the vector
 //! lengths alone (see [`kernels`]); rows are never mixed.
 
+mod exp;
 pub mod kernels;
 mod kv_cache;
 pub mod linear;
@@ -852,14 +853,15 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`, for rows of `width`.
+/// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)` ([`exp::exp`]), for rows of
+/// `width`.
 fn swiglu(width: usize, gate: &mut [f32], up: &[f32]) {
     by_row_blocks(width, gate, up, swiglu_rows);
 }
 
 fn swiglu_rows(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp::exp(-*g)) * u;
     }
 }
 
@@ -958,11 +960,11 @@ fn attention(
             *s *= scale;
             max = max.max(*s);
         }
-        let mut sum = 0.0f64;
+        // Two loops: the first vectorises, the in-order f64 sum cannot.
         for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += f64::from(*s);
+            *s = exp::exp(*s - max);
         }
+        let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
         let inv = (1.0 / sum) as f32;
         for s in scores.iter_mut() {
             *s *= inv;
