@@ -31,14 +31,8 @@ const X_MAX: f32 = 88.0;
 /// `e^x`, see the module documentation for its range and accuracy.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    // `max`/`min` would turn NaN into a bound; comparisons keep it.
-    let x = if x < X_MIN {
-        X_MIN
-    } else if x > X_MAX {
-        X_MAX
-    } else {
-        x
-    };
+    // NaN stays NaN through `clamp`.
+    let x = x.clamp(X_MIN, X_MAX);
     let t = x * LOG2E + ROUNDER;
     let n = t - ROUNDER;
     let n_bits = (t.to_bits() as i32).wrapping_sub(ROUNDER.to_bits() as i32);
@@ -47,7 +41,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e_r = p * r2 + r + 1.0;
     let scale = f32::from_bits((n_bits.wrapping_add(127) << 23) as u32);
     e_r * scale
