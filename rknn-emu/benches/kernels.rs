@@ -4,8 +4,9 @@
 //! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
 //! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. A last table streams a B of 288 MiB
 //! (72 MiB quick; K = 576) at `M = 1` and `M = 2`, as decode does, against a plain streaming
-//! read; `--dram` runs only that table. Each figure is the best of several runs (at least 3 and at least ~1 s), single-threaded. GOPS counts a multiply and an add as
-//! two operations: `2 * M * N * K / time`.
+//! read; `--dram` runs only that table. Each figure is the best of several runs (at least 3
+//! and at least ~1 s), single-threaded. GOPS counts a multiply and an add as two operations:
+//! `2 * M * N * K / time`.
 //!
 //! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
 //! `gemm_i8_i32` with every available backend (the scalar one is the plain dot-product loop on
