@@ -42,11 +42,45 @@ pub(crate) struct Instance {
 }
 
 /// The modelled device time of the runs made so far.
-#[derive(Default)]
 struct Modelled {
     /// Per live context that has run: its core and its totals.
     contexts: HashMap<u64, ContextModelled>,
+    /// How many of `contexts` are on each core (index capped at 63), kept with every change
+    /// of `contexts` so that a run counts the busy cores without walking all of them (a model
+    /// holds hundreds of contexts, and every run of every core asks).
+    on_core: [u32; 64],
     total: ModelledTime,
+}
+
+impl Default for Modelled {
+    fn default() -> Modelled {
+        Modelled {
+            contexts: HashMap::new(),
+            on_core: [0; 64],
+            total: ModelledTime::default(),
+        }
+    }
+}
+
+impl Modelled {
+    /// Puts context `ctx` on `core` (a context's core changes with its core mask).
+    fn place(&mut self, ctx: u64, core: usize) -> &mut ContextModelled {
+        let entry = self.contexts.entry(ctx);
+        let new = matches!(entry, std::collections::hash_map::Entry::Vacant(_));
+        let c = entry.or_default();
+        if !new {
+            self.on_core[c.core.min(63)] -= 1;
+        }
+        c.core = core;
+        self.on_core[core.min(63)] += 1;
+        c
+    }
+
+    fn forget(&mut self, ctx: u64) {
+        if let Some(c) = self.contexts.remove(&ctx) {
+            self.on_core[c.core.min(63)] -= 1;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -108,17 +142,10 @@ impl Instance {
             (core_mask.trailing_zeros() as usize).min(cores - 1)
         };
         let mut md = self.modelled();
-        let entry = md.contexts.entry(ctx).or_default();
-        entry.core = core;
+        md.place(ctx, core);
         let busy = match self.cfg.busy_cores {
             BusyCores::Fixed(b) => b,
-            BusyCores::ActiveContexts => {
-                let mut seen = [false; 64];
-                for c in md.contexts.values() {
-                    seen[c.core.min(63)] = true;
-                }
-                seen.iter().filter(|&&s| s).count()
-            }
+            BusyCores::ActiveContexts => md.on_core.iter().filter(|&&n| n > 0).count(),
         };
         let cost = model.run(&Run {
             m,
@@ -134,7 +161,7 @@ impl Instance {
 
     /// Forgets a destroyed context (it no longer counts as an active core).
     pub(crate) fn forget_context(&self, ctx: u64) {
-        self.modelled().contexts.remove(&ctx);
+        self.modelled().forget(ctx);
     }
 
     /// The instance's state. A panic inside a call is caught at the ABI boundary and leaves

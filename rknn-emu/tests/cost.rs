@@ -281,11 +281,19 @@ fn busy_cores_are_the_cores_of_the_active_contexts() {
     let total = emu.modelled();
     assert_eq!(total.per_core[0], at(1) + 2 * at(3));
     assert_eq!(total.per_core[1], at(2));
-    drop((c1, c2));
-    // Destroyed contexts no longer count.
-    c0.run();
-    assert_eq!(get(&c0).last.unwrap().time(), at(1));
-    drop((c0, c0b));
+    // A context moved to another core counts there, and no longer on its old one.
+    drop(c2);
+    let api = emu.api();
+    // SAFETY: a live context.
+    let moved = unsafe { (api.rknn_matmul_set_core_mask)(c0b.ctx, RKNN_NPU_CORE_2) };
+    assert_eq!(moved, 0);
+    c0b.run();
+    assert_eq!((get(&c0b).core, get(&c0b).last.unwrap().time()), (2, at(3)));
+    // Destroyed contexts no longer count: cores 1 and 2 are left.
+    drop(c0);
+    c1.run();
+    assert_eq!(get(&c1).last.unwrap().time(), at(2));
+    drop((c1, c0b));
     assert!(emu.context_modelled(1).is_none());
 }
 

@@ -285,7 +285,7 @@ pub(crate) struct Forward {
     per: usize,
     bucket: usize,
     input: Input,
-    /// The worker's output block [m, valid], returned in the reply.
+    /// The worker's output buffer, returned in the reply holding the block [m, valid].
     out: Vec<f32>,
 }
 
@@ -356,7 +356,8 @@ impl WorkerState {
 pub(crate) enum Reply {
     /// Nothing (registration, removal, ping).
     Done,
-    /// A forward's output block [m, valid].
+    /// A forward's output block: its first `m × valid` values are [m, valid] (the buffer keeps
+    /// its largest length from call to call).
     Block(Vec<f32>),
     /// A [`QuantizeRows`]'s rows and scales.
     Quantized { q: Vec<i8>, scales: Vec<f32> },
@@ -518,7 +519,13 @@ fn forward_shard<K: EngineKind>(
     stats: &Counters,
 ) -> Result<Vec<f32>> {
     let (width, sk, sn) = (shard.width, shard.sk, shard.sn);
-    acc.resize(bucket * width, K::Acc::default());
+    // The first segment sets every accumulator, so the buffer only grows (zeroing it again
+    // whenever a wider linear followed a narrower one was a memset per call).
+    let need = bucket * width;
+    if acc.len() < need {
+        acc.resize(need, K::Acc::default());
+    }
+    let acc = &mut acc[..need];
     let mut shared = K::shared(lane).get_mut(&shard.domain);
     for (i, seg) in shard.segments.iter_mut().enumerate() {
         let io = match (&mut seg.own, shared.as_deref_mut()) {
@@ -536,7 +543,13 @@ fn forward_shard<K: EngineKind>(
             K::accumulate(io.c.as_slice(), bucket, width, sn, acc, i == 0)
         });
     }
-    out.resize(m * shard.valid, 0.0);
+    // As `acc`: the block keeps its largest length and the reply its first `m × valid`
+    // values, which `finish` writes in full.
+    let used = m * shard.valid;
+    if out.len() < used {
+        out.resize(used, 0.0);
+    }
+    let block = &mut out[..used];
     timed(stats, Phase::Collect, || {
         K::finish(
             acc,
@@ -546,7 +559,7 @@ fn forward_shard<K: EngineKind>(
             shard.valid,
             row_scales,
             &shard.ch_scales,
-            &mut out,
+            block,
         )
     });
     Ok(out)
@@ -821,9 +834,10 @@ impl Linear {
                 else {
                     continue;
                 };
+                // The block's first `mc × valid` values are this call's ([`forward_shard`]).
                 for (dst, src) in out_chunk
                     .chunks_exact_mut(self.n)
-                    .zip(block.chunks_exact(plan.valid))
+                    .zip(block[..mc * plan.valid].chunks_exact(plan.valid))
                 {
                     dst[plan.n0..plan.n0 + plan.valid].copy_from_slice(src);
                 }

@@ -119,6 +119,28 @@ impl Rotation {
 /// it with AVX2; Rust never fuses a multiply and an add, so every backend gives the same bits.
 #[inline(always)]
 pub(super) fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+    rotate_rows_with(signs, mix, k, x, sign_fwht64);
+}
+
+/// One block's step: `block *= signs`, then [`fwht64`]. A backend may replace it by one that
+/// gives the same bits (the same products, butterflies and scaling in another arrangement).
+#[inline(always)]
+pub(super) fn sign_fwht64(block: &mut [f32; HADAMARD_BLOCK], signs: &[f32; HADAMARD_BLOCK]) {
+    for (v, s) in block.iter_mut().zip(signs) {
+        *v *= s;
+    }
+    fwht64(block);
+}
+
+/// [`rotate_rows`] with `block_step` for each whole block (its signs and transform).
+#[inline(always)]
+pub(super) fn rotate_rows_with(
+    signs: &[f32],
+    mix: Option<&[f32]>,
+    k: usize,
+    x: &mut [f32],
+    block_step: impl Fn(&mut [f32; HADAMARD_BLOCK], &[f32; HADAMARD_BLOCK]),
+) {
     thread_local! {
         static COPY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -136,10 +158,9 @@ pub(super) fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut 
         {
             let block: &mut [f32; HADAMARD_BLOCK] =
                 block.try_into().expect("chunks_exact gives whole blocks");
-            for (v, s) in block.iter_mut().zip(signs) {
-                *v *= s;
-            }
-            fwht64(block);
+            let signs: &[f32; HADAMARD_BLOCK] =
+                signs.try_into().expect("chunks_exact gives whole blocks");
+            block_step(block, signs);
         }
         if let Some(q) = mix {
             mix_blocks(row, q, blocks, &mut copy);

@@ -10,11 +10,12 @@
 
 use super::{RowPlan, fast, quantize_one};
 use std::arch::x86_64::{
-    __m256, __m256i, _CMP_ORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_and_ps,
-    _mm256_and_si256, _mm256_cmp_ps, _mm256_cvtps_epi32, _mm256_cvtps_ph, _mm256_loadu_ps,
-    _mm256_loadu_si256, _mm256_max_epu32, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps,
-    _mm256_packs_epi16, _mm256_packs_epi32, _mm256_permutevar8x32_epi32, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_storeu_si256,
+    __m256, __m256i, _CMP_ORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_add_ps,
+    _mm256_and_ps, _mm256_and_si256, _mm256_blend_ps, _mm256_cmp_ps, _mm256_cvtps_epi32,
+    _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epu32, _mm256_max_ps,
+    _mm256_min_ps, _mm256_mul_ps, _mm256_packs_epi16, _mm256_packs_epi32, _mm256_permute_ps,
+    _mm256_permute2f128_ps, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setr_epi32, _mm256_setzero_si256, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_ps,
 };
 use std::ptr;
 
@@ -360,5 +361,57 @@ unsafe fn pack_f16_blocks<const SK: usize>(
 /// AVX2 is available.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
-    crate::engine::rotation::rotate_rows(signs, mix, k, x)
+    crate::engine::rotation::rotate_rows_with(signs, mix, k, x, |block, signs| {
+        // SAFETY: AVX2 is available (contract).
+        unsafe { sign_fwht64(block, signs) }
+    })
+}
+
+/// [`sign_fwht64`](crate::engine::rotation::sign_fwht64) in eight registers: the butterflies
+/// of distance 1, 2 and 4 within each register (the partner brought in by a permute, the sum
+/// kept in the lower lane and the difference `a - b` in the upper one), those of 8, 16 and 32
+/// between registers. Each output is the same `a + b` or `a - b` of the same operands as the
+/// portable loops, so the bits are the same; the compiler does not find this arrangement for
+/// the short distances, which were most of a decode token's rotation.
+///
+/// # Safety
+///
+/// AVX2 is available.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn sign_fwht64(block: &mut [f32; 64], signs: &[f32; 64]) {
+    // SAFETY: every load and store is of 8 floats at `8 * j`, j < 8, inside the 64-float
+    // arrays; AVX2 is available (contract).
+    unsafe {
+        let (p, sp) = (block.as_mut_ptr(), signs.as_ptr());
+        let mut v: [__m256; 8] = std::array::from_fn(|j| {
+            _mm256_mul_ps(
+                _mm256_loadu_ps(p.add(8 * j)),
+                _mm256_loadu_ps(sp.add(8 * j)),
+            )
+        });
+        for x in &mut v {
+            // Distance 1: partner [x1, x0, x3, x2]; distance 2: [x2, x3, x0, x1] per half;
+            // distance 4: the other half.
+            let s = _mm256_permute_ps::<0b10_11_00_01>(*x);
+            *x = _mm256_blend_ps::<0b1010_1010>(_mm256_add_ps(*x, s), _mm256_sub_ps(s, *x));
+            let s = _mm256_permute_ps::<0b01_00_11_10>(*x);
+            *x = _mm256_blend_ps::<0b1100_1100>(_mm256_add_ps(*x, s), _mm256_sub_ps(s, *x));
+            let s = _mm256_permute2f128_ps::<0x01>(*x, *x);
+            *x = _mm256_blend_ps::<0b1111_0000>(_mm256_add_ps(*x, s), _mm256_sub_ps(s, *x));
+        }
+        for h in [1, 2, 4] {
+            for base in (0..8).step_by(2 * h) {
+                for j in base..base + h {
+                    let (a, b) = (v[j], v[j + h]);
+                    v[j] = _mm256_add_ps(a, b);
+                    v[j + h] = _mm256_sub_ps(a, b);
+                }
+            }
+        }
+        let eighth = _mm256_set1_ps(0.125);
+        for (j, x) in v.iter().enumerate() {
+            _mm256_storeu_ps(p.add(8 * j), _mm256_mul_ps(*x, eighth));
+        }
+    }
 }
