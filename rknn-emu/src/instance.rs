@@ -64,7 +64,7 @@ impl Default for Modelled {
 
 impl Modelled {
     /// Puts context `ctx` on `core` (a context's core changes with its core mask).
-    fn place(&mut self, ctx: u64, core: usize) -> &mut ContextModelled {
+    fn place(&mut self, ctx: u64, core: usize) {
         let entry = self.contexts.entry(ctx);
         let new = matches!(entry, std::collections::hash_map::Entry::Vacant(_));
         let c = entry.or_default();
@@ -73,7 +73,6 @@ impl Modelled {
         }
         c.core = core;
         self.on_core[core.min(63)] += 1;
-        c
     }
 
     fn forget(&mut self, ctx: u64) {
