@@ -8,9 +8,11 @@
 //! * [`model`]: the llama / qwen2 forward pass with a KV cache.
 //! * [`sample`]: greedy, temperature, top-k, top-p, repetition penalty.
 //! * [`spec`]: lossless speculative decoding by prompt lookup.
+//! * [`generate`]: prefill, then decode token by token or by verified drafts.
 //! * [`chat`]: the ChatML, Llama-3 and Llama-2 chat formats.
 
 pub mod chat;
+pub mod generate;
 pub mod gguf;
 pub mod model;
 pub mod sample;

@@ -132,3 +132,59 @@ fn sampling_with_lookup_runs_and_reports_its_counts() {
         "reproducible with a seed"
     );
 }
+
+/// A chat turn that ends on an accepted draft has already fed its last token; the next turn
+/// must not feed it again. Each turn's line reports the context length, which must be the
+/// same with and without speculation (an earlier version fed such a token twice: 87 positions
+/// against 86 after this first turn), and so must the replies.
+#[test]
+fn chat_turns_hold_the_same_context_with_and_without_lookup() {
+    use std::io::Write;
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let input = "Copy this line exactly, nothing else: apples, bread, cheese, dates, eggs, flour, \
+                 grapes, honey, ice cream, jam, kiwis, lemons, milk, noodles, oats, pears.\n\
+                 Thanks. Now say it once more.\n";
+    let chat = |spec: &str| {
+        let mut cmd = common::llm_decode();
+        cmd.args([
+            "-m",
+            model.to_str().unwrap(),
+            "--chat",
+            "-n",
+            "13",
+            "--temp",
+            "0",
+        ])
+        .args(["-t", "2", "--backend", "emulator", "--spec", spec])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8(out.stderr).unwrap();
+        let contexts: Vec<String> = err
+            .split("context ")
+            .skip(1)
+            .map(|s| s.split('/').next().unwrap().to_string())
+            .collect();
+        (String::from_utf8(out.stdout).unwrap(), contexts, err)
+    };
+    let (plain, plain_ctx, _) = chat("none");
+    let (spec, spec_ctx, err) = chat("lookup");
+    assert_eq!(plain_ctx.len(), 2, "two turns: {plain_ctx:?}");
+    assert_eq!(spec_ctx, plain_ctx, "{err}");
+    assert_eq!(spec, plain);
+}

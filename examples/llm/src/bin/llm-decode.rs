@@ -22,13 +22,14 @@ use clap::{Parser, ValueEnum};
 use serde_json::json;
 
 use rknn_llm::chat::ChatFormat;
+use rknn_llm::generate::{Generation, Generator, Stop, rate};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
     CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual,
 };
-use rknn_llm::sample::{Sampler, SamplerConfig, Verdict};
-use rknn_llm::spec::{DraftPolicy, PromptLookup, SpecStats};
-use rknn_llm::tokenizer::{StreamDecoder, Tokenizer};
+use rknn_llm::sample::{Sampler, SamplerConfig};
+use rknn_llm::spec::PromptLookup;
+use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::{Platform, Runtime, RuntimeOptions};
 
@@ -131,7 +132,7 @@ struct Args {
     /// Drafted tokens per verify pass at most.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     draft_max: u16,
-    /// The longest n-gram prompt lookup matches (falls back to 2).
+    /// The longest n-gram prompt lookup matches (then shorter ones, down to 3-grams).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     ngram: u16,
     /// Seed of the W8A8 input rotations.
@@ -283,10 +284,12 @@ fn run(args: Args) -> Result<(), Error> {
         SpecArg::Lookup => Some(PromptLookup {
             draft_max: usize::from(args.draft_max),
             ngram_max: usize::from(args.ngram),
-            ngram_min: usize::from(args.ngram).min(3),
+            ngram_min: usize::from(args.ngram).min(PromptLookup::default().ngram_min),
         }),
     };
-    let mut run = Run {
+    let stream = !args.json;
+    let mut stdout = std::io::stdout();
+    let mut run = Generator {
         model: &mut model,
         emulator,
         lookup,
@@ -294,9 +297,9 @@ fn run(args: Args) -> Result<(), Error> {
         tok: &tok,
         sampler: &mut sampler,
         batch: args.batch_size,
-        n_predict: args.n_predict,
-        dump: dump.as_mut(),
-        stream: !args.json,
+        n_predict: usize::try_from(args.n_predict).ok(),
+        logits_out: dump.as_mut().map(|d| d as &mut dyn Write),
+        text_out: stream.then_some(&mut stdout as &mut dyn Write),
     };
 
     if args.chat {
@@ -321,12 +324,13 @@ fn run(args: Args) -> Result<(), Error> {
     if prompt_ids.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
-    if run.stream {
+    if stream {
         print!("{echo}");
         std::io::stdout().flush()?;
     }
     let out = run.generate(&prompt_ids, 0)?;
-    if run.stream {
+    drop(run);
+    if stream {
         println!();
     }
     if let Some(d) = dump.as_mut() {
@@ -542,261 +546,6 @@ fn random_seed() -> u64 {
     nanos ^ (u64::from(std::process::id()) << 32)
 }
 
-fn rate(n: usize, t: Duration) -> f64 {
-    if n == 0 || t.is_zero() {
-        0.0
-    } else {
-        n as f64 / t.as_secs_f64()
-    }
-}
-
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// An end-of-generation token was sampled.
-    Eog,
-    /// `-n` tokens were generated.
-    NPredict,
-    /// The context is full.
-    Context,
-}
-
-impl Stop {
-    fn name(self) -> &'static str {
-        match self {
-            Stop::Eog => "eog",
-            Stop::NPredict => "n_predict",
-            Stop::Context => "context",
-        }
-    }
-}
-
-struct Generated {
-    generated: Vec<u32>,
-    text: String,
-    prefill_time: Duration,
-    decode_time: Duration,
-    decode_forwards: usize,
-    /// Token decisions made from decode passes' logits (one per pass without speculation).
-    decisions: usize,
-    /// What speculation did.
-    spec: SpecStats,
-    /// The emulator's modelled RK3588 NPU time of prefill and decode (busiest core), when the
-    /// matmuls ran on the emulator.
-    modelled: Option<(Duration, Duration)>,
-    stop: Stop,
-    /// The position after the last token fed to the model.
-    end_pos: usize,
-}
-
-/// One generation session's state.
-struct Run<'a> {
-    model: &'a mut Model,
-    /// The emulator running the matmuls, whose cost model times them as an RK3588 would.
-    emulator: Option<&'a rknn_matmul::rknn_emu::Emulator>,
-    /// Prompt lookup, when speculating.
-    lookup: Option<PromptLookup>,
-    /// Every token fed so far (the context drafts are looked up in).
-    history: Vec<u32>,
-    tok: &'a Tokenizer,
-    sampler: &'a mut Sampler,
-    batch: usize,
-    n_predict: i64,
-    dump: Option<&'a mut BufWriter<File>>,
-    stream: bool,
-}
-
-impl Run<'_> {
-    /// Evaluates `prompt` at `pos` (the cache holds `0..pos`), then samples until an
-    /// end-of-generation token, `n_predict` tokens or a full context, streaming the text.
-    fn generate(&mut self, prompt: &[u32], pos: usize) -> Result<Generated, Error> {
-        let n_ctx = self.model.config().n_ctx;
-        let n_vocab = self.model.config().n_vocab;
-        let m0 = self.emulator.map(|e| e.modelled());
-        let t = Instant::now();
-        let mut last = Vec::new();
-        for (c, chunk) in prompt.chunks(self.batch).enumerate() {
-            let is_last = (c + 1) * self.batch >= prompt.len();
-            let which = match (&self.dump, is_last) {
-                (Some(_), _) => Logits::All,
-                (None, true) => Logits::Last,
-                (None, false) => Logits::None,
-            };
-            let logits = self.model.forward(chunk, pos + c * self.batch, which)?;
-            if let Some(d) = self.dump.as_mut() {
-                write_rows(d, logits)?;
-            }
-            if is_last {
-                last = logits[logits.len() - n_vocab..].to_vec();
-            }
-        }
-        prompt.iter().for_each(|&t| self.sampler.accept(t));
-        let prefill_time = t.elapsed();
-        let m1 = self.emulator.map(|e| e.modelled());
-
-        let mut pos = pos + prompt.len();
-        self.history.extend_from_slice(prompt);
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut decoder = StreamDecoder::new(self.tok);
-        let mut decode_time = Duration::ZERO;
-        let (mut decode_forwards, mut decisions) = (0usize, 0usize);
-        let mut spec = SpecStats::default();
-        let mut policy = DraftPolicy::new(self.lookup.map_or(0, |l| l.draft_max));
-        let limit = usize::try_from(self.n_predict).unwrap_or(usize::MAX);
-        let t = Instant::now();
-        // The token decided for position `pos`, emitted, then fed with any drafted tokens.
-        let mut token = self.sampler.sample(&last);
-        let stop = 'generate: loop {
-            if generated.len() >= limit {
-                break Stop::NPredict;
-            }
-            if self.tok.is_eog(token) {
-                break Stop::Eog;
-            }
-            let out = Out {
-                sampler: self.sampler,
-                history: &mut self.history,
-                generated: &mut generated,
-                decoder: &mut decoder,
-                text: &mut text,
-                stream: self.stream,
-            };
-            out.keep(token)?;
-            if generated.len() >= limit {
-                break Stop::NPredict;
-            }
-            if pos >= n_ctx {
-                break Stop::Context;
-            }
-            // Room for drafts: the tokens still to generate, and the context after `token`.
-            let room = (limit - generated.len())
-                .min(n_ctx - pos - 1)
-                .min(policy.next_len());
-            let drafts: Vec<u32> = match &self.lookup {
-                Some(l) => l.draft(&self.history, room).to_vec(),
-                None => Vec::new(),
-            };
-            let mut batch = Vec::with_capacity(1 + drafts.len());
-            batch.push(token);
-            batch.extend_from_slice(&drafts);
-            let which = if drafts.is_empty() {
-                Logits::Last
-            } else {
-                Logits::All
-            };
-            let rows = self.model.forward(&batch, pos, which)?;
-            pos += 1;
-            decode_forwards += 1;
-            let accepted_before = spec.accepted;
-            if !drafts.is_empty() {
-                spec.passes += 1;
-                spec.drafted += drafts.len();
-            }
-            // Each drafted token stands if the model, at its position, would have chosen it.
-            let mut next = None;
-            for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
-                if let Some(d) = self.dump.as_mut() {
-                    write_rows(d, row)?;
-                }
-                decisions += 1;
-                let Some(&drafted) = drafts.get(i) else {
-                    next = Some(self.sampler.sample(row));
-                    break;
-                };
-                match self.sampler.verify(row, drafted) {
-                    Verdict::Reject(t) => {
-                        next = Some(t);
-                        break;
-                    }
-                    Verdict::Accept => {
-                        spec.accepted += 1;
-                        if self.tok.is_eog(drafted) {
-                            break 'generate Stop::Eog;
-                        }
-                        let out = Out {
-                            sampler: self.sampler,
-                            history: &mut self.history,
-                            generated: &mut generated,
-                            decoder: &mut decoder,
-                            text: &mut text,
-                            stream: self.stream,
-                        };
-                        out.keep(drafted)?;
-                        pos += 1;
-                        if generated.len() >= limit {
-                            break 'generate Stop::NPredict;
-                        }
-                    }
-                }
-            }
-            policy.record(drafts.len(), spec.accepted - accepted_before);
-            token = next.expect("the last row of a verify pass decides a token");
-        };
-        decode_time += t.elapsed();
-        let modelled = match (self.emulator, m0, m1) {
-            (Some(e), Some(m0), Some(m1)) => Some((
-                m1.since(&m0).busiest_core(),
-                e.modelled().since(&m1).busiest_core(),
-            )),
-            _ => None,
-        };
-        let rest = decoder.finish();
-        self.emit(&rest, &mut text)?;
-        Ok(Generated {
-            generated,
-            text,
-            prefill_time,
-            decode_time,
-            decode_forwards,
-            decisions,
-            spec,
-            modelled,
-            stop,
-            end_pos: pos,
-        })
-    }
-
-    fn emit(&self, piece: &str, text: &mut String) -> Result<(), Error> {
-        text.push_str(piece);
-        if self.stream && !piece.is_empty() {
-            let mut out = std::io::stdout().lock();
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
-        }
-        Ok(())
-    }
-}
-
-/// Where a generated token goes (borrowed field by field, so a verify pass's logits, borrowed
-/// from the model, stay readable meanwhile).
-struct Out<'r, 'd> {
-    sampler: &'r mut Sampler,
-    history: &'r mut Vec<u32>,
-    generated: &'r mut Vec<u32>,
-    decoder: &'r mut StreamDecoder<'d>,
-    text: &'r mut String,
-    stream: bool,
-}
-
-impl Out<'_, '_> {
-    /// Emits a generated token: kept, recorded for the repetition penalty and the lookup, and
-    /// streamed as text.
-    fn keep(self, token: u32) -> Result<(), Error> {
-        self.generated.push(token);
-        self.sampler.accept(token);
-        self.history.push(token);
-        let piece = self.decoder.push(token)?;
-        self.text.push_str(&piece);
-        if self.stream && !piece.is_empty() {
-            let mut out = std::io::stdout().lock();
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
-        }
-        Ok(())
-    }
-}
-
 fn write_rows(out: &mut BufWriter<File>, rows: &[f32]) -> Result<(), Error> {
     for v in rows {
         out.write_all(&v.to_le_bytes())?;
@@ -807,7 +556,7 @@ fn write_rows(out: &mut BufWriter<File>, rows: &[f32]) -> Result<(), Error> {
 /// Interactive chat: every line of stdin is a user message; the KV cache carries the
 /// conversation, so each turn evaluates only its own tokens.
 fn chat(
-    run: &mut Run<'_>,
+    run: &mut Generator<'_>,
     format: &ChatFormat,
     system: Option<&str>,
     first: Option<&str>,
@@ -839,13 +588,11 @@ fn chat(
         let out = run.generate(&ids, pos)?;
         println!();
         pos = out.end_pos;
-        // generate() stops before feeding the last sampled token; feed it so the cache holds
-        // the whole reply (the end-of-turn marker is added by the next turn's text).
-        if out.stop == Stop::NPredict {
-            if let Some(&t) = out.generated.last() {
-                run.model.forward(&[t], pos, Logits::None)?;
-                pos += 1;
-            }
+        // The cache must hold the whole reply (the end-of-turn marker comes with the next
+        // turn's text).
+        if let Some(t) = out.unfed.filter(|_| out.stop == Stop::NPredict) {
+            run.model.forward(&[t], pos, Logits::None)?;
+            pos += 1;
         }
         eprintln!(
             "[{} tokens, {:.1} tok/s, context {pos}/{}]",
@@ -864,7 +611,7 @@ struct Summary<'a> {
     speculating: bool,
     load_time: Duration,
     prompt_tokens: usize,
-    out: &'a Generated,
+    out: &'a Generation,
     threads: usize,
     seed: u64,
     backend: &'static str,
@@ -893,22 +640,13 @@ impl Summary<'_> {
                 s.drafted,
                 s.accepted,
                 100.0 * s.acceptance(),
-                tokens_per_pass(o)
+                o.tokens_per_pass()
             );
         }
     }
 }
 
-/// Token decisions per decode forward pass: 1 without speculation, more as drafts are accepted.
-fn tokens_per_pass(o: &Generated) -> f64 {
-    if o.decode_forwards == 0 {
-        0.0
-    } else {
-        o.decisions as f64 / o.decode_forwards as f64
-    }
-}
-
-fn spec_json(args: &Args, o: &Generated) -> serde_json::Value {
+fn spec_json(args: &Args, o: &Generation) -> serde_json::Value {
     match args.spec {
         SpecArg::None => json!({"mode": "none"}),
         SpecArg::Lookup => json!({
@@ -919,7 +657,7 @@ fn spec_json(args: &Args, o: &Generated) -> serde_json::Value {
             "drafted": o.spec.drafted,
             "accepted": o.spec.accepted,
             "acceptance": o.spec.acceptance(),
-            "tokens_per_pass": tokens_per_pass(o),
+            "tokens_per_pass": o.tokens_per_pass(),
         }),
     }
 }
