@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo bench -p rknn-llm --bench spec -- MODEL.gguf [-t THREADS] [-n TOKENS] [-r REPS]
-//!     [--prompts DIR] [--ngram-min N] [--draft-max K] [--json OUT.json]
+//!     [--prompts DIR] [--only SUBSTRING] [--ngram-min N] [--draft-max K] [--json OUT.json]
 //! ```
 //!
 //! Per prompt: the median decode tok/s of each mode, the median of the per-pair ratios
@@ -40,6 +40,7 @@ fn main() {
     let mut path = None;
     let mut json = None;
     let mut lookup = PromptLookup::default();
+    let mut only: Option<String> = None;
     let mut prompts = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/spec_prompts").to_string();
     while let Some(a) = args.next() {
         let mut next = |what: &str| {
@@ -51,6 +52,7 @@ fn main() {
             "-n" => tokens = next("-n").parse().expect("-n number"),
             "-r" => reps = next("-r").parse().expect("-r number"),
             "--prompts" => prompts = next("--prompts"),
+            "--only" => only = Some(next("--only")),
             "--ngram-min" => lookup.ngram_min = next("--ngram-min").parse().expect("number"),
             "--draft-max" => lookup.draft_max = next("--draft-max").parse().expect("number"),
             "--json" => json = Some(next("--json")),
@@ -59,7 +61,7 @@ fn main() {
     }
     let Some(path) = path else {
         eprintln!(
-            "usage: spec MODEL.gguf [-t THREADS] [-n TOKENS] [-r REPS] [--prompts DIR] [--json OUT]"
+            "usage: spec MODEL.gguf [-t THREADS] [-n TOKENS] [-r REPS] [--prompts DIR] [--only SUBSTRING] [--json OUT]"
         );
         return;
     };
@@ -81,6 +83,10 @@ fn main() {
         .unwrap_or_else(|e| panic!("{prompts}: {e}"))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .filter(|p| {
+            only.as_ref()
+                .is_none_or(|o| p.to_string_lossy().contains(o.as_str()))
+        })
         .collect();
     files.sort();
     let mut generate = |ids: &[u32], lookup: Option<PromptLookup>| -> Generation {
