@@ -14,12 +14,12 @@
 //! warm-up; the mean and standard deviation of tokens per second are printed. `scripts/bench/
 //! llm-vs-llama-cpp.sh` runs this beside llama-bench and writes the comparison.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model, Residual,
+    CacheType, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model,
+    Residual, host_pool,
 };
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Backend, Platform, Runtime};
@@ -111,12 +111,7 @@ fn main() {
         );
         return;
     };
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap(),
-    );
+    let pool = host_pool(threads).unwrap();
     let file = GgufFile::open(&path).unwrap();
     let engine = match backend.as_str() {
         "f32" => None,

@@ -13,11 +13,9 @@
 //! In one process the two modes share the same physical pages of the weights; separate
 //! processes (`scripts/bench/spec.py`) add page placement to the noise of each run.
 
-use std::sync::Arc;
-
 use rknn_llm::generate::{Generation, Generator, rate};
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{EngineFactory, EngineOptions, Model};
+use rknn_llm::model::{EngineFactory, EngineOptions, Model, host_pool};
 use rknn_llm::sample::{Sampler, SamplerConfig};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
@@ -65,12 +63,7 @@ fn main() {
         );
         return;
     };
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap(),
-    );
+    let pool = host_pool(threads).unwrap();
     let file = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let rt = Runtime::emulator(Platform::Rk3588).unwrap();

@@ -25,7 +25,7 @@ use rknn_llm::chat::ChatFormat;
 use rknn_llm::generate::{Generation, Generator, Stop, rate};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual,
+    CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual, host_pool,
 };
 use rknn_llm::sample::{Sampler, SamplerConfig};
 use rknn_llm::spec::PromptLookup;
@@ -229,12 +229,8 @@ fn run(args: Args) -> Result<(), Error> {
         Some(t) => t,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("llm-host-{i}"))
-            .build()?,
-    );
+    // This thread drives the model: as the pool's member 0 it runs each pass itself.
+    let pool = host_pool(threads)?;
     let (mut model, engine) = load_model(&file, pool, &args)?;
     if model.config().n_vocab != tok.n_vocab() {
         return Err(format!(

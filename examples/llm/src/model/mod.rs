@@ -13,6 +13,7 @@
 //! lengths alone (see [`kernels`]); rows are never mixed.
 
 mod exp;
+mod host_pool;
 pub mod kernels;
 mod kv_cache;
 pub mod linear;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorView, Value};
+pub use host_pool::host_pool;
 use kv_cache::KvRows;
 pub use kv_cache::{CacheType, KvCache};
 pub use linear::{BackendError, F32Linear, HostF32Factory, LinearFactory, LinearOp, LinearRole};
