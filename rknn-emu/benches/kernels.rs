@@ -3,7 +3,7 @@
 //!
 //! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
 //! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. A last table streams a B of 288 MiB
-//! (72 MiB quick; K = 576) at `M = 1` and `M = 2`, as decode does, against a plain streaming
+//! (72 MiB quick; K = 576) at `M = 1, 2, 8, 32`, as decode and its verify passes do, against a plain streaming
 //! read; `--dram` runs only that table. Each figure is the best of several runs (at least 3
 //! and at least ~1 s), single-threaded. GOPS counts a multiply and an add as two operations:
 //! `2 * M * N * K / time`.
@@ -330,14 +330,21 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
         gemm_i8_native_b(black_box(&a), black_box(&native), &mut c, shape, false);
         black_box(&c);
     }));
-    // Two rows, as a linear whose activations are quantised twice (row and residual) runs.
-    let a2: Vec<i8> = (0..2 * k).map(|_| rng.i8(..)).collect();
-    let mut c2 = vec![0i32; 2 * n];
-    let shape2 = NativeBShape { m: 2, ..shape };
-    let nat2 = gbs(time(&mut || {
-        gemm_i8_native_b(black_box(&a2), black_box(&native), &mut c2, shape2, false);
-        black_box(&c2);
-    }));
+    // More rows: a linear whose activations are quantised twice (row and residual) runs 2,
+    // speculative verify passes 2-32.
+    let more: Vec<(usize, f64)> = [2, 8, 32]
+        .into_iter()
+        .map(|m| {
+            let am: Vec<i8> = (0..m * k).map(|_| rng.i8(..)).collect();
+            let mut cm = vec![0i32; m * n];
+            let shape = NativeBShape { m, ..shape };
+            let g = gbs(time(&mut || {
+                gemm_i8_native_b(black_box(&am), black_box(&native), &mut cm, shape, false);
+                black_box(&cm);
+            }));
+            (m, g)
+        })
+        .collect();
     println!();
     println!(
         "M = 1, N = {n}, K = {k}: B is {} MiB, beyond the caches (selected backend `{}`)",
@@ -348,11 +355,15 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
     println!("| kernel | GB/s of B | / streaming read |");
     println!("|---|---:|---:|");
     for (name, g) in [
-        ("streaming read (sum of u64 words)", stream),
-        ("gemm_i8_i32 (B as [N, K])", dot),
-        ("gemm_i8_native_b (native B)", nat),
-        ("gemm_i8_native_b (native B), M = 2", nat2),
-    ] {
+        ("streaming read (sum of u64 words)".to_string(), stream),
+        ("gemm_i8_i32 (B as [N, K])".to_string(), dot),
+        ("gemm_i8_native_b (native B)".to_string(), nat),
+    ]
+    .into_iter()
+    .chain(
+        more.iter()
+            .map(|&(m, g)| (format!("gemm_i8_native_b (native B), M = {m}"), g)),
+    ) {
         println!("| {name} | {g:.2} | {:.2} |", g / stream);
     }
 }

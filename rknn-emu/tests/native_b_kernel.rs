@@ -102,7 +102,7 @@ fn every_backend_matches_the_reference() {
         let sn = [8, 16, 24, 32][case % 4];
         let n = sn * rng.usize(1..=5);
         let k = NATIVE_B_SK * rng.usize(1..=12);
-        let m = [1, 1, 2, 3, 4, 5, 8, 13][rng.usize(..8)];
+        let m = [1, 1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 32][rng.usize(..12)];
         let lda = k + [0, 0, 1, 32, 7][rng.usize(..5)];
         let a = fill(&mut rng, m * lda, case / 4);
         let bt = fill(&mut rng, n * k, case / 4 + case % 3);
