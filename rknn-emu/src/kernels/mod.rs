@@ -469,6 +469,9 @@ impl NativeBShape {
 /// tiles run over B in place, stepping through the native layout's strides (no copy of B into
 /// `[N, K]`).
 ///
+/// On the AVX512-VNNI backend of a build by Rust 1.89 or later, one 512-bit kernel runs every
+/// `m` (row groups over each block of B while it is in cache; see `docs/emulator-performance.md`).
+///
 /// With `accumulate` the sums are added to C (wrapping), otherwise they overwrite it. Exact
 /// for `k <= 131071` like [`gemm_i8_i32`], and bit-identical on every backend.
 ///
@@ -529,7 +532,7 @@ fn run_native_b(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the backend is available, i.e. the CPU has AVX2, AVX512-VL and AVX512-VNNI;
         // the shape and lengths are checked above.
-        KernelBackend::Avx512Vnni if tiled => unsafe {
+        KernelBackend::Avx512Vnni if tiled && !x86::ZMM_BUILT => unsafe {
             x86::native_b_tiled_vnni(a, b, c, shape, accumulate)
         },
         #[cfg(target_arch = "aarch64")]

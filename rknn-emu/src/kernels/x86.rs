@@ -482,12 +482,14 @@ pub(super) unsafe fn native_b_avx2(
 }
 
 /// The AVX512-VNNI native-B kernel (see [`super::gemm_i8_native_b`]): `vpdpbusd` with B
-/// offset to unsigned, as in [`gemm_i8_i32_vnni`].
+/// offset to unsigned, as in [`gemm_i8_i32_vnni`]. Built by Rust 1.89 or later, the 512-bit
+/// [`native_b_zmm`] for every M; by older compilers, the 256-bit loop (M up to
+/// [`super::NATIVE_B_STREAM_MAX_M`]; [`native_b_tiled_vnni`] above).
 ///
 /// # Safety
 ///
-/// The CPU must support AVX2, AVX512-VL and AVX512-VNNI; the caller has checked the shape and
-/// the slice lengths ([`NativeBShape`]).
+/// The CPU must support AVX2, AVX512-VL and AVX512-VNNI (and so AVX512-F); the caller has
+/// checked the shape and the slice lengths ([`NativeBShape`]).
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn native_b_vnni(
     a: &[i8],
@@ -509,10 +511,10 @@ pub(super) unsafe fn native_b_vnni(
 /// 1.89, where the AVX-512 intrinsics are stable. The MSRV's build (1.85) runs the 256-bit
 /// [`native_b`] on VNNI CPUs too.
 #[rustversion::since(1.89)]
-const ZMM_BUILT: bool = true;
+pub(super) const ZMM_BUILT: bool = true;
 /// See above.
 #[rustversion::before(1.89)]
-const ZMM_BUILT: bool = false;
+pub(super) const ZMM_BUILT: bool = false;
 
 /// Rows of A the 512-bit native-B kernel runs together on each load of B: its accumulators
 /// are `ROWS x 4` registers. Measured on this AMD EPYC guest (`cargo bench -p rknn-emu --bench
@@ -521,11 +523,13 @@ const ZMM_BUILT: bool = false;
 #[rustversion::since(1.89)]
 const ZMM_ROWS: usize = 3;
 
-/// The native-B kernel on 512-bit registers, for every M up to
-/// [`super::NATIVE_B_STREAM_MAX_M`]: column block by column block of B, the rows of A in
-/// groups of up to [`ZMM_ROWS`] ([`rows_zmm`]), while the first group prefetches the next
-/// block, so that B still streams from memory once, front to back, and every other group finds
-/// the block in cache.
+/// The native-B kernel on 512-bit registers, for every M: column block by column block of B,
+/// the rows of A in groups of up to [`ZMM_ROWS`] ([`rows_zmm`]), while the first group
+/// prefetches the next block, so that B still streams from memory once, front to back, and
+/// every other group finds the block in cache. Above [`super::NATIVE_B_STREAM_MAX_M`] rows it
+/// replaces the register tiles too ([`native_b_tiled_vnni`]): prompt chunks of the demo model
+/// (pp128 on two emulated cores) went from 1382-1482 to 1764-2049 tok/s, and one thread over
+/// B of 1536 x 576 from 186 to 406 GMAC/s at M = 128 (4096 x 4096: 166 -> 249).
 ///
 /// Why (measured against [`native_b`] with the 256-bit `vpdpbusd`, single thread, 2026-12-01,
 /// AMD EPYC guest): a 512-bit `vpdpbusd` does twice the work, several rows share each load of
@@ -535,21 +539,29 @@ const ZMM_ROWS: usize = 3;
 ///
 /// # Safety
 ///
-/// AVX2, AVX512-F and AVX512-VNNI; the shape and lengths checked by the caller, `m` at most
-/// [`super::NATIVE_B_STREAM_MAX_M`].
+/// AVX2, AVX512-F and AVX512-VNNI; the shape and lengths checked by the caller.
 #[rustversion::since(1.89)]
 #[target_feature(enable = "avx2,avx512f,avx512vnni")]
-unsafe fn native_b_zmm(a: &[i8], b: &[i8], c: &mut [i32], shape: NativeBShape, accumulate: bool) {
+pub(super) unsafe fn native_b_zmm(
+    a: &[i8],
+    b: &[i8],
+    c: &mut [i32],
+    shape: NativeBShape,
+    accumulate: bool,
+) {
     const SK: usize = NATIVE_B_SK;
     let NativeBShape { m, n, k, sn, lda } = shape;
-    assert!(
-        m <= super::NATIVE_B_STREAM_MAX_M,
-        "M = {m} runs the tiled kernel"
-    );
     // `vpdpbusd` multiplies unsigned by signed bytes: B is offset by 128 in registers, and
     // `sum (b + 128) a = sum b a + 128 sum a` is corrected with each row's sum.
-    let mut sums = [0i32; super::NATIVE_B_STREAM_MAX_M];
-    for (i, s) in sums.iter_mut().enumerate().take(m) {
+    let mut on_stack = [0i32; super::NATIVE_B_STREAM_MAX_M];
+    let mut on_heap = Vec::new();
+    let sums: &mut [i32] = if m <= on_stack.len() {
+        &mut on_stack[..m]
+    } else {
+        on_heap.resize(m, 0);
+        &mut on_heap
+    };
+    for (i, s) in sums.iter_mut().enumerate() {
         *s = a[i * lda..i * lda + k]
             .iter()
             .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)));
@@ -595,7 +607,7 @@ unsafe fn native_b_zmm(a: &[i8], b: &[i8], c: &mut [i32], shape: NativeBShape, a
 
 /// See above.
 #[rustversion::before(1.89)]
-unsafe fn native_b_zmm(_: &[i8], _: &[i8], _: &mut [i32], _: NativeBShape, _: bool) {
+pub(super) unsafe fn native_b_zmm(_: &[i8], _: &[i8], _: &mut [i32], _: NativeBShape, _: bool) {
     unreachable!("ZMM_BUILT is false: the 256-bit kernel runs");
 }
 
