@@ -218,7 +218,7 @@ unsafe extern "C" fn matmul_create<const S: usize>(
             info.iommu_domain_id,
             inst.cfg.group_order,
         );
-        inst.state().add_context(handle, c);
+        inst.state_mut().add_context(handle, c);
         fill_io(io_attr, &descs);
         // SAFETY: checked non-null.
         unsafe { *ctx = handle as rknn_matmul_ctx };
@@ -299,7 +299,7 @@ unsafe extern "C" fn matmul_create_dynamic_shape<const S: usize>(
             info.iommu_domain_id,
             inst.cfg.group_order,
         );
-        inst.state().add_context(handle, c);
+        inst.state_mut().add_context(handle, c);
         // SAFETY: checked non-null.
         unsafe { *ctx = handle as rknn_matmul_ctx };
         Ok(())
@@ -542,7 +542,7 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
             Ok(())
         })?;
         inst.forget_context(handle(ctx));
-        let mut st = inst.state();
+        let mut st = inst.state_mut();
         st.contexts.remove(&handle(ctx));
         st.domains.remove(&handle(ctx));
         let orphans = st.memories.count_for_ctx(handle(ctx));
@@ -661,7 +661,7 @@ fn create(
             )
         })?
     };
-    let mut st = inst.state();
+    let mut st = inst.state_mut();
     let st = &mut *st;
     st.memories
         .create(&inst.cfg, ctx, domain, size, source, &mut st.next_fd)
@@ -755,7 +755,7 @@ unsafe extern "C" fn destroy_mem<const S: usize>(
             return Err(param("rknn_destroy_mem: mem must not be NULL"));
         }
         let inst = inst(S)?;
-        let mut st = inst.state();
+        let mut st = inst.state_mut();
         let owner = st
             .memories
             .get(mem)

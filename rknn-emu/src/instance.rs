@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::Duration;
 
 use rknn_chip::ShapeRules;
@@ -29,7 +31,10 @@ pub(crate) struct Instance {
     pub(crate) cfg: EmuConfig,
     /// `cfg.rules` resolved for `cfg.platform`, once, when the instance is created.
     pub(crate) rules: ShapeRules,
-    state: Mutex<State>,
+    /// Read by every call (handle lookups), written by creation and destruction: a read lock
+    /// lets two emulated cores look up their handles at once (with a mutex they queued on
+    /// each other several times per run).
+    state: RwLock<State>,
     /// Memories still alive when their context was destroyed (the docs say: memories first).
     pub(crate) orphaned: AtomicUsize,
     /// Calls refused because another thread was using the same context.
@@ -105,7 +110,7 @@ impl Instance {
             rules: cfg.rules.resolve(cfg.platform),
             cost: cfg.cost.resolve(cfg.platform),
             cfg,
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 next_fd: 100,
                 ..State::default()
             }),
@@ -163,11 +168,16 @@ impl Instance {
         self.modelled().forget(ctx);
     }
 
-    /// The instance's state. A panic inside a call is caught at the ABI boundary and leaves
+    /// The instance's state, to read it. A panic inside a call is caught at the ABI boundary and leaves
     /// the state consistent (every mutation is a single insert or remove), so poisoning is
     /// ignored.
-    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The instance's state, to change it (as [`Instance::state`] for poisoning).
+    pub(crate) fn state_mut(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

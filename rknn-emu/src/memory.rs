@@ -230,8 +230,12 @@ pub(crate) struct Memory {
     pub(crate) size: usize,
 }
 
-// SAFETY: `desc` is an owned allocation; access is serialised by the instance's mutex.
+// SAFETY: `desc` is an owned allocation, created in `Memories::create` and freed in
+// `Memories::destroy`, both through `&mut` (the instance's write lock).
 unsafe impl Send for Memory {}
+// SAFETY: through `&Memory` (the instance's read lock) `desc` is only compared as a key, never
+// dereferenced; the bytes are behind `Shared`, which is `Sync` itself.
+unsafe impl Sync for Memory {}
 
 /// Why an allocation failed; each maps to a NULL return and a diagnostic.
 #[derive(Debug, PartialEq, Eq)]
