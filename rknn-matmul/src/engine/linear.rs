@@ -21,7 +21,7 @@ use rknn_chip::Layout;
 
 use super::glue;
 use super::scheduler::{Round, Work};
-use super::stats::{Counters, Phase};
+use super::stats::{Counters, Lap, Phase};
 use super::{Inner, Rotation, Scratch};
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
 use crate::error::{Error, Matrix, Result};
@@ -335,10 +335,12 @@ pub(crate) struct WorkerState {
     rotated: Vec<f32>,
     residual: Vec<f32>,
     stats: Arc<Counters>,
+    /// This lane's index: its cell of the counters.
+    lane: usize,
 }
 
 impl WorkerState {
-    pub(crate) fn new(rt: Runtime, stats: Arc<Counters>) -> WorkerState {
+    pub(crate) fn new(rt: Runtime, stats: Arc<Counters>, lane: usize) -> WorkerState {
         WorkerState {
             rt,
             shards: HashMap::new(),
@@ -348,6 +350,7 @@ impl WorkerState {
             rotated: Vec::new(),
             residual: Vec::new(),
             stats,
+            lane,
         }
     }
 }
@@ -381,7 +384,7 @@ impl Work for Task {
                     .shards
                     .get_mut(&f.id)
                     .expect("a live Linear's shards are registered on its workers");
-                let stats = &st.stats;
+                let stats = (&*st.stats, st.lane);
                 let out = match (shard, f.input) {
                     (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
                         let rows = (f.m, f.per, f.bucket);
@@ -497,10 +500,11 @@ fn build<K: EngineKind>(
     })
 }
 
+/// Runs `f`, counted as one run of `phase` by the callers.
 fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
     let t = Instant::now();
     let r = f();
-    stats.add(phase, t.elapsed());
+    stats.add(stats.callers(), phase, t.elapsed());
     r
 }
 
@@ -516,7 +520,7 @@ fn forward_shard<K: EngineKind>(
     (m, per, bucket): (usize, usize, usize),
     acc: &mut Vec<K::Acc>,
     mut out: Vec<f32>,
-    stats: &Counters,
+    (stats, lane_index): (&Counters, usize),
 ) -> Result<Vec<f32>> {
     let (width, sk, sn) = (shard.width, shard.sk, shard.sn);
     // The first segment sets every accumulator, so the buffer only grows (zeroing it again
@@ -527,6 +531,8 @@ fn forward_shard<K: EngineKind>(
     }
     let acc = &mut acc[..need];
     let mut shared = K::shared(lane).get_mut(&shard.domain);
+    // One clock read per phase boundary, one update of this lane's counters per call.
+    let mut lap = Lap::start();
     for (i, seg) in shard.segments.iter_mut().enumerate() {
         let io = match (&mut seg.own, shared.as_deref_mut()) {
             (Some(own), _) => own,
@@ -534,14 +540,18 @@ fn forward_shard<K: EngineKind>(
             // Built with sharing: the lane's pair of this domain exists from the shard's build.
             (None, _) => unreachable!("a shard's lane has the shared A/C of its domain"),
         };
-        seg.mm.set_m(bucket)?;
-        timed(stats, Phase::Pack, || {
-            K::pack_a(x, bucket, ld, seg.k0, seg.ks, sk, io.a.as_mut_slice())
+        let ran = seg.mm.set_m(bucket).map(|()| {
+            K::pack_a(x, bucket, ld, seg.k0, seg.ks, sk, io.a.as_mut_slice());
+            lap.mark(Phase::Pack);
+            seg.mm.run(&io.a, &seg.b, &mut io.c)
         });
-        timed(stats, Phase::Run, || seg.mm.run(&io.a, &seg.b, &mut io.c))?;
-        timed(stats, Phase::Collect, || {
-            K::accumulate(io.c.as_slice(), bucket, width, sn, acc, i == 0)
-        });
+        lap.mark(Phase::Run);
+        if let Err(e) = ran.and_then(|r| r) {
+            stats.add_lap(lane_index, &lap);
+            return Err(e);
+        }
+        K::accumulate(io.c.as_slice(), bucket, width, sn, acc, i == 0);
+        lap.mark(Phase::Collect);
     }
     // As `acc`: the block keeps its largest length and the reply its first `m × valid`
     // values, which `finish` writes in full.
@@ -550,18 +560,18 @@ fn forward_shard<K: EngineKind>(
         out.resize(used, 0.0);
     }
     let block = &mut out[..used];
-    timed(stats, Phase::Collect, || {
-        K::finish(
-            acc,
-            m,
-            per,
-            width,
-            shard.valid,
-            row_scales,
-            &shard.ch_scales,
-            block,
-        )
-    });
+    K::finish(
+        acc,
+        m,
+        per,
+        width,
+        shard.valid,
+        row_scales,
+        &shard.ch_scales,
+        block,
+    );
+    lap.mark(Phase::Collect);
+    stats.add_lap(lane_index, &lap);
     Ok(out)
 }
 

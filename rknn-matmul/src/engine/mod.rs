@@ -294,11 +294,11 @@ impl Engine {
                 ),
             });
         }
-        let stats = Arc::new(Counters::default());
+        let stats = Arc::new(Counters::new(cores));
         let pin = cfg.pinning.cpus(&CpuTopology::detect());
         let inline = cfg
             .caller_runs_core0
-            .then(|| WorkerState::new(rt.clone(), stats.clone()));
+            .then(|| WorkerState::new(rt.clone(), stats.clone(), 0));
         let first_thread = usize::from(inline.is_some());
         let mut workers = Vec::with_capacity(cores);
         for i in first_thread..cores {
@@ -308,7 +308,7 @@ impl Engine {
                     // Best effort: a container may forbid it; the engine still works unpinned.
                     let _ = topology::pin_current_thread(&cpus);
                 }
-                WorkerState::new(rt, stats)
+                WorkerState::new(rt, stats, i)
             };
             workers.push(Worker::spawn(i, cfg.spin, init)?);
         }

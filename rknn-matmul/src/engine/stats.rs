@@ -3,14 +3,14 @@
 //! numbers (decode spent 7.8 % of tracked time in host glue, prefill 20.3 %).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A phase of a forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Activation quantisation (caller thread).
     Quantize,
-    /// Native A packing (workers).
+    /// Native A packing, with the dynamic shape's selection (workers).
     Pack,
     /// `rknn_matmul_run` (workers).
     Run,
@@ -18,31 +18,72 @@ pub enum Phase {
     Collect,
 }
 
+/// One writer's counters, alone in its cache lines (128 bytes: CPUs prefetch lines in
+/// pairs). The lanes of an engine run on different cores: counters they shared moved between
+/// the cores on every phase of every run.
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+#[repr(align(128))]
+struct Cell {
     count: [AtomicU64; 4],
     nanos: [AtomicU64; 4],
     forwards: AtomicU64,
 }
 
+/// The engine's counters: a cell per lane, and one for the callers (quantisation, forwards).
+#[derive(Debug)]
+pub(crate) struct Counters {
+    cells: Box<[Cell]>,
+}
+
 impl Counters {
-    pub(crate) fn add(&self, phase: Phase, d: Duration) {
+    /// Counters for `lanes` lanes and the callers.
+    pub(crate) fn new(lanes: usize) -> Counters {
+        Counters {
+            cells: (0..=lanes).map(|_| Cell::default()).collect(),
+        }
+    }
+
+    /// The writer index of the callers' cell (lanes are `0..lanes`).
+    pub(crate) fn callers(&self) -> usize {
+        self.cells.len() - 1
+    }
+
+    /// Adds one run of `phase` that took `d`, for `writer`.
+    pub(crate) fn add(&self, writer: usize, phase: Phase, d: Duration) {
+        let c = &self.cells[writer];
         let i = phase as usize;
-        self.count[i].fetch_add(1, Ordering::Relaxed);
-        self.nanos[i].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        c.count[i].fetch_add(1, Ordering::Relaxed);
+        c.nanos[i].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds the phases of `lap`, for `writer`.
+    pub(crate) fn add_lap(&self, writer: usize, lap: &Lap) {
+        let c = &self.cells[writer];
+        for i in (0..4).filter(|&i| lap.count[i] > 0) {
+            c.count[i].fetch_add(lap.count[i], Ordering::Relaxed);
+            c.nanos[i].fetch_add(lap.spent[i].as_nanos() as u64, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn forward(&self) {
-        self.forwards.fetch_add(1, Ordering::Relaxed);
+        self.cells[self.callers()]
+            .forwards
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
+        let sum = |f: &dyn Fn(&Cell) -> &AtomicU64| -> u64 {
+            self.cells
+                .iter()
+                .map(|c| f(c).load(Ordering::Relaxed))
+                .sum()
+        };
         let get = |i: usize| PhaseStats {
-            count: self.count[i].load(Ordering::Relaxed),
-            time: Duration::from_nanos(self.nanos[i].load(Ordering::Relaxed)),
+            count: sum(&|c| &c.count[i]),
+            time: Duration::from_nanos(sum(&|c| &c.nanos[i])),
         };
         Stats {
-            forwards: self.forwards.load(Ordering::Relaxed),
+            forwards: sum(&|c| &c.forwards),
             quantize: get(0),
             pack: get(1),
             run: get(2),
@@ -51,10 +92,38 @@ impl Counters {
     }
 
     pub(crate) fn reset(&self) {
-        for a in self.count.iter().chain(&self.nanos) {
-            a.store(0, Ordering::Relaxed);
+        for c in self.cells.iter() {
+            for a in c.count.iter().chain(&c.nanos).chain([&c.forwards]) {
+                a.store(0, Ordering::Relaxed);
+            }
         }
-        self.forwards.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Consecutive phases timed with one clock read at each boundary (a forward shard's pack, run
+/// and collect, segment after segment), added to the counters once at the end.
+pub(crate) struct Lap {
+    last: Instant,
+    spent: [Duration; 4],
+    count: [u64; 4],
+}
+
+impl Lap {
+    /// Starts timing the first phase.
+    pub(crate) fn start() -> Lap {
+        Lap {
+            last: Instant::now(),
+            spent: [Duration::ZERO; 4],
+            count: [0; 4],
+        }
+    }
+
+    /// Ends a run of `phase` (begun at the previous mark) and starts the next.
+    pub(crate) fn mark(&mut self, phase: Phase) {
+        let now = Instant::now();
+        self.spent[phase as usize] += now - self.last;
+        self.count[phase as usize] += 1;
+        self.last = now;
     }
 }
 
@@ -106,5 +175,49 @@ impl std::fmt::Display for Stats {
         row(f, "pack", self.pack)?;
         row(f, "run", self.run)?;
         row(f, "collect", self.collect)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_and_callers_add_up_in_the_snapshot() {
+        let c = Counters::new(2);
+        assert_eq!(c.callers(), 2);
+        std::thread::scope(|s| {
+            for lane in 0..2 {
+                let c = &c;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        let mut lap = Lap::start();
+                        lap.mark(Phase::Pack);
+                        lap.mark(Phase::Run);
+                        lap.mark(Phase::Collect);
+                        lap.mark(Phase::Collect);
+                        c.add_lap(lane, &lap);
+                    }
+                });
+            }
+            for _ in 0..500 {
+                c.add(c.callers(), Phase::Quantize, Duration::from_nanos(3));
+                c.forward();
+            }
+        });
+        let s = c.snapshot();
+        assert_eq!(
+            (
+                s.forwards,
+                s.quantize.count,
+                s.pack.count,
+                s.run.count,
+                s.collect.count
+            ),
+            (500, 500, 2000, 2000, 4000)
+        );
+        assert_eq!(s.quantize.time, Duration::from_nanos(1500));
+        c.reset();
+        assert_eq!(c.snapshot(), Stats::default());
     }
 }
