@@ -260,13 +260,12 @@ pub(super) unsafe fn gemm_i8_i32_vnni(
 /// The wrapping sums of the `m` rows of `k` elements of A (row stride `lda`): the VNNI
 /// kernels' offset correction.
 fn row_sums(a: &[i8], m: usize, k: usize, lda: usize) -> Vec<i32> {
-    (0..m)
-        .map(|i| {
-            a[i * lda..i * lda + k]
-                .iter()
-                .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)))
-        })
-        .collect()
+    (0..m).map(|i| row_sum(&a[i * lda..i * lda + k])).collect()
+}
+
+/// The wrapping sum of a row of A.
+fn row_sum(row: &[i8]) -> i32 {
+    row.iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x)))
 }
 
 /// `acc + the sum of four u8(u) * i8(s) products in each i32 lane` (`vpdpbusd`, wrapping).
@@ -562,9 +561,7 @@ pub(super) unsafe fn native_b_zmm(
         &mut on_heap
     };
     for (i, s) in sums.iter_mut().enumerate() {
-        *s = a[i * lda..i * lda + k]
-            .iter()
-            .fold(0i32, |s, &x| s.wrapping_add(i32::from(x)));
+        *s = row_sum(&a[i * lda..i * lda + k]);
     }
     let c = c.as_mut_ptr();
     for jb in 0..n / sn {
