@@ -640,6 +640,11 @@ impl Model {
     ///
     /// `pos` may be at most the number of cached positions; a smaller `pos` first drops the
     /// cached positions from `pos` on (to re-run a different continuation).
+    ///
+    /// The pass runs inside the model's pool. Called from a thread of that pool (a pool from
+    /// [`host_pool`] on the calling thread) it runs on this thread directly; from elsewhere it
+    /// is handed to a pool thread, which costs a wake-up per pass and, during decode, CPU time
+    /// the pool's idle threads spend looking for work.
     pub fn forward(
         &mut self,
         tokens: &[u32],
