@@ -533,8 +533,10 @@ const ZMM_ROWS: usize = 3;
 /// Why (measured against [`native_b`] with the 256-bit `vpdpbusd`, single thread, 2026-12-01,
 /// AMD EPYC guest): a 512-bit `vpdpbusd` does twice the work, several rows share each load of
 /// B, and the products of a column group accumulate across every tile before one reduction.
-/// From memory (N = 49152, K = 576, the demo model's output head): M = 1 50 -> 61 GB/s of B,
-/// M = 2 37 -> 62 GB/s, M = 8 2.10 -> 1.05 ms, M = 32 7.0 -> 3.0 ms.
+/// The demo model's output head (N = 49152, K = 576: 28 MB of B, partly held by this guest's
+/// 32 MB L3): M = 1 50 -> 61 GB/s of B, M = 2 37 -> 62 GB/s, M = 8 2.10 -> 1.05 ms, M = 32
+/// 7.0 -> 3.0 ms. Truly from memory (288 MiB, `--dram` of the kernels bench) M = 1 is level
+/// with the 256-bit kernel and M = 2 0.93 -> 0.97-1.08 of a plain read.
 ///
 /// # Safety
 ///
