@@ -189,6 +189,19 @@ impl<T: Element> TensorMem<T> {
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
 
+    /// The CPU view as bytes (the engine's idle lanes read weights through it to warm the CPU
+    /// caches).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        // SAFETY: as in `as_slice`; `T: Element` has no padding, so every byte of the `len`
+        // elements is initialised, and u8 has alignment 1.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.data.as_ptr().cast::<u8>(),
+                self.len * std::mem::size_of::<T>(),
+            )
+        }
+    }
+
     /// The CPU view, for writing. Marks the memory as changed, so the next run syncs it and
     /// binds it again.
     pub fn as_mut_slice(&mut self) -> &mut [T] {

@@ -201,6 +201,82 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop() {
 }
 
 #[test]
+fn idle_workers_read_the_next_linear_ahead_and_change_no_bit() {
+    let rt = common::runtime_with(|_| {});
+    let cores = 2.min(rt.npu_cores());
+    let budget = 64 << 10;
+    let make = |warm_bytes| {
+        let cfg = EngineConfig {
+            cores: Some(cores),
+            pinning: rknn_matmul::engine::topology::Pinning::None,
+            warm_bytes: Some(warm_bytes),
+            ..EngineConfig::default()
+        };
+        Engine::new(&rt, cfg).unwrap()
+    };
+    let (on, off) = (make(budget), make(0));
+    let mut rng = fastrand::Rng::with_seed(21);
+    // Three linears run in order, as a model's layers are: (N, K), one above the K segment.
+    let shapes = [(96, 200), (320, 96), (64, 8192 + 40)];
+    let ws: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(n, k)| random(&mut rng, n * k))
+        .collect();
+    let lins = |e: &Engine| -> Vec<_> {
+        ws.iter()
+            .zip(shapes)
+            .map(|(w, (n, k))| e.linear(w, n, k, WeightFormat::W8A8).unwrap())
+            .collect()
+    };
+    let (lin_on, lin_off) = (lins(&on), lins(&off));
+    on.reset_stats();
+    let rounds = 3;
+    for round in 0..rounds {
+        for (i, &(n, k)) in shapes.iter().enumerate() {
+            let x = random(&mut rng, 2 * k);
+            let a = lin_on[i].forward_vec(&x, 2).unwrap();
+            let b = lin_off[i].forward_vec(&x, 2).unwrap();
+            let want = common::reference_w8a8(&x, &ws[i], 2, k, n);
+            for (what, got) in [("reading ahead", &a), ("not reading ahead", &b)] {
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits()),
+                    "{what}, round {round}, linear {i}"
+                );
+            }
+            // Host work between two linears, long enough for a whole read-ahead.
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+    }
+    let s = on.stats();
+    if cores > 1 {
+        // The order is known from the first forward of the second round (0 → 1 → 2 → 0): an
+        // idle spell after each later forward, each at most the budget of its own shard and
+        // as much of the calling thread's lane's.
+        let spells = ((rounds - 1) * shapes.len()) as u64;
+        assert!(s.warmed_bytes > 0, "nothing read ahead");
+        assert!(
+            s.warmed_bytes <= spells * 2 * budget as u64,
+            "{}",
+            s.warmed_bytes
+        );
+    }
+    assert_eq!(off.stats().warmed_bytes, 0);
+    // The lanes' own counters add up to the engine's.
+    let lanes = on.lane_stats();
+    assert_eq!(lanes.len(), cores);
+    let sum = |f: fn(&rknn_matmul::engine::Stats) -> u64| lanes.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|l| l.run.count), s.run.count);
+    assert_eq!(sum(|l| l.warmed_bytes), s.warmed_bytes);
+    assert_eq!(
+        sum(|l| l.quantize.count),
+        0,
+        "the callers' quantisation is in no lane"
+    );
+}
+
+#[test]
 fn without_sharing_every_segment_has_its_own_a_and_c() {
     let rt = common::runtime_with(|_| {});
     let e = Engine::new(

@@ -304,3 +304,55 @@ fn a_small_engine_shared_by_two_threads() {
     drop(engine);
     assert_eq!(rt.handle_budget().live(), 0);
 }
+
+/// Idle workers read the next linear's weights ahead, those of the calling thread's lane by
+/// address: a linear dropped while a worker reads it ahead must never have its weights read
+/// after they are freed (natively a fault: the emulator unmaps them; Miri runs this test too)
+/// nor change a bit of any result. (Threads sharing an engine while it reads ahead, which it
+/// does by default on the emulator: `threads_sharing_one_engine_...` above.)
+#[test]
+fn linears_dropped_while_idle_workers_read_them_ahead() {
+    let _serial = serial();
+    let rt = common::runtime_with(|_| {});
+    let cfg = EngineConfig {
+        cores: Some(2.min(rt.npu_cores())),
+        pinning: rknn_matmul::engine::topology::Pinning::None,
+        // Every byte of these shards (4 MiB each natively: a worker is then still reading when
+        // the caller drops the linear; smaller under Miri, which checks every access but runs
+        // slowly).
+        warm_bytes: Some(8 << 20),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(&rt, cfg).expect("an engine");
+    let (n, k) = if cfg!(miri) { (64, 64) } else { (1024, 8192) };
+    let rounds = if cfg!(miri) { 2 } else { 12 };
+    let mut rng = fastrand::Rng::with_seed(30);
+    for r in 0..rounds {
+        let ws: Vec<Vec<f32>> = (0..3).map(|_| random(&mut rng, n * k)).collect();
+        let mut lins: Vec<_> = ws
+            .iter()
+            .map(|w| Some(engine.linear(w, n, k, WeightFormat::W8A8).unwrap()))
+            .collect();
+        // Twice in order, so that the workers learn it: after the last forward a worker reads
+        // the first linear ahead, which every third round drops first, at once.
+        let mut ran = Vec::new();
+        for _ in 0..2 {
+            for (i, lin) in lins.iter().enumerate() {
+                let x = random(&mut rng, k);
+                let y = lin.as_ref().unwrap().forward_vec(&x, 1).unwrap();
+                ran.push((i, x, y));
+            }
+        }
+        for i in 0..3 {
+            lins[(r + i) % 3] = None;
+        }
+        // The bits of every result, checked once (the naive reference is the slow part).
+        for (i, x, y) in ran.into_iter().filter(|_| r == 0) {
+            let want = common::reference_w8a8(&x, &ws[i], 1, k, n);
+            assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+    assert!(engine.stats().warmed_bytes > 0, "nothing was read ahead");
+    drop(engine);
+    assert_eq!(rt.handle_budget().live(), 0);
+}

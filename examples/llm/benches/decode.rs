@@ -5,13 +5,16 @@
 //! ```sh
 //! cargo bench -p rknn-llm --bench decode -- MODEL.gguf [--backend f32|emulator|npu]
 //!     [--cores NPU_CORES] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH]
-//!     [--cache-type f32|f16] [--json]
+//!     [--cache-type f32|f16] [--warm BYTES] [--ab-warm PAIRS] [--json]
 //! ```
 //!
 //! `tg`: N tokens decoded one at a time from an empty cache (or after DEPTH positions of
 //! context, llama-bench's `-d`, not timed); `pp`: a prompt of P tokens in one
 //! forward call. Token ids are arbitrary (as in llama-bench). Each test runs `-r` times after a
-//! warm-up; the mean and standard deviation of tokens per second are printed. `scripts/bench/
+//! warm-up; the mean and standard deviation of tokens per second are printed. `--warm BYTES`
+//! sets the engine's read-ahead (`EngineConfig::warm_bytes`); `--ab-warm PAIRS` then times
+//! `tg` against a second model whose engine reads nothing ahead, PAIRS alternating pairs
+//! (ABBA), and prints the median ratio. `scripts/bench/
 //! llm-vs-llama-cpp.sh` runs this beside llama-bench and writes the comparison.
 
 use std::time::Instant;
@@ -57,6 +60,24 @@ fn stream_read(threads: usize) -> f64 {
     best
 }
 
+/// Decodes `tg` tokens one at a time after `context` (not timed) from an empty cache; tok/s.
+fn tg_rate(model: &mut Model, context: &[u32], tg: usize) -> f64 {
+    let n_vocab = model.config().n_vocab as u32;
+    model.reset();
+    // The context before the timed tokens (llama-bench's `-d`), not timed.
+    for (c, chunk) in context.chunks(128).enumerate() {
+        model.forward(chunk, c * 128, Logits::None).unwrap();
+    }
+    let depth = context.len();
+    let t = Instant::now();
+    let mut tok = 1u32;
+    for pos in depth..depth + tg {
+        let l = model.forward(&[tok], pos, Logits::Last).unwrap();
+        tok = (l.len() as u32 + pos as u32 * 31) % n_vocab;
+    }
+    tg as f64 / t.elapsed().as_secs_f64()
+}
+
 fn mean_sd(rates: &[f64]) -> (f64, f64) {
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let sd = (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
@@ -71,6 +92,8 @@ fn main() {
     let mut opts = EngineOptions::default();
     let mut cache = CacheType::F32;
     let mut depth = 0usize;
+    let mut warm = None;
+    let mut ab_pairs = 0usize;
     while let Some(a) = args.next() {
         let mut next = |what: &str| {
             args.next()
@@ -84,6 +107,8 @@ fn main() {
             "-d" => depth = next("-d").parse().expect("-d number"),
             "--backend" => backend = next("--backend"),
             "--cores" => cores = Some(next("--cores").parse().expect("--cores number")),
+            "--warm" => warm = Some(next("--warm").parse().expect("--warm bytes")),
+            "--ab-warm" => ab_pairs = next("--ab-warm").parse().expect("--ab-warm pairs"),
             "--json" => json = true,
             "--residual" => {
                 opts.residual = match next("--residual").as_str() {
@@ -107,31 +132,32 @@ fn main() {
     }
     let Some(path) = path else {
         eprintln!(
-            "usage: decode MODEL.gguf [--backend f32|emulator|npu] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH] [--cache-type f32|f16] [--json]"
+            "usage: decode MODEL.gguf [--backend f32|emulator|npu] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH] [--cache-type f32|f16] [--warm BYTES] [--ab-warm PAIRS] [--json]"
         );
         return;
     };
     let pool = host_pool(threads).unwrap();
     let file = GgufFile::open(&path).unwrap();
-    let engine = match backend.as_str() {
+    let rt = match backend.as_str() {
         "f32" => None,
         "emulator" => Some(Runtime::emulator(Platform::Rk3588).unwrap()),
         "npu" => Some(Runtime::open(Backend::Npu, Default::default()).unwrap()),
         other => panic!("unknown backend {other}"),
-    }
-    .map(|rt| {
+    };
+    let engine = rt.as_ref().map(|rt| {
         let cfg = EngineConfig {
             cores,
+            warm_bytes: warm,
             ..EngineConfig::default()
         };
-        Engine::new(&rt, cfg).unwrap()
+        Engine::new(rt, cfg).unwrap()
     });
     let mut factory: Box<dyn LinearFactory> = match &engine {
         None => Box::new(HostF32Factory::new(pool.clone())),
         Some(e) => Box::new(EngineFactory::new(e.clone(), opts)),
     };
     let t = Instant::now();
-    let mut model = Model::load(&file, factory.as_mut(), pool, &mut |_, _| {}).unwrap();
+    let mut model = Model::load(&file, factory.as_mut(), pool.clone(), &mut |_, _| {}).unwrap();
     model.set_cache_type(cache);
     let load_s = t.elapsed().as_secs_f64();
     eprintln!("loaded {path} in {load_s:.2} s, backend {backend}, {threads} threads");
@@ -158,19 +184,9 @@ fn main() {
             .map(|i| (i * 104_729 + 3) % n_vocab)
             .collect();
         for r in 0..=reps {
-            model.reset();
-            // The context before the timed tokens (llama-bench's `-d`), not timed.
-            for (c, chunk) in context.chunks(128).enumerate() {
-                model.forward(chunk, c * 128, Logits::None).unwrap();
-            }
-            let t = Instant::now();
-            let mut tok = 1u32;
-            for pos in depth..depth + tg {
-                let l = model.forward(&[tok], pos, Logits::Last).unwrap();
-                tok = (l.len() as u32 + pos as u32 * 31) % n_vocab;
-            }
+            let rate = tg_rate(&mut model, &context, tg);
             if r > 0 {
-                rates.push(tg as f64 / t.elapsed().as_secs_f64());
+                rates.push(rate);
             }
         }
         let (m, sd) = mean_sd(&rates);
@@ -179,7 +195,40 @@ fn main() {
             d => format!("tg{tg}@d{d}"),
         };
         println!("{name}: {m:.2} ± {sd:.2} tok/s");
-        results.insert(name, serde_json::json!({"mean": m, "sd": sd}));
+        results.insert(name.clone(), serde_json::json!({"mean": m, "sd": sd}));
+        if let (Some(rt), true) = (&rt, ab_pairs > 0) {
+            // The same decode with the workers' read-ahead off, in a second model on its own
+            // engine, the two alternating (ABBA): the machine's drift hits both alike.
+            let cfg = EngineConfig {
+                cores,
+                warm_bytes: Some(0),
+                ..EngineConfig::default()
+            };
+            let other = Engine::new(rt, cfg).unwrap();
+            let mut f = EngineFactory::new(other.clone(), opts);
+            let mut plain = Model::load(&file, &mut f, pool.clone(), &mut |_, _| {}).unwrap();
+            plain.set_cache_type(cache);
+            tg_rate(&mut plain, &context, tg);
+            let mut ratios = Vec::new();
+            for p in 0..ab_pairs {
+                let (a, b) = if p % 2 == 0 {
+                    let a = tg_rate(&mut model, &context, tg);
+                    (a, tg_rate(&mut plain, &context, tg))
+                } else {
+                    let b = tg_rate(&mut plain, &context, tg);
+                    (tg_rate(&mut model, &context, tg), b)
+                };
+                ratios.push(a / b);
+            }
+            ratios.sort_by(f64::total_cmp);
+            let med = ratios[ratios.len() / 2];
+            println!(
+                "{name} with read-ahead / without: median {med:.3} over {ab_pairs} pairs (range {:.3}-{:.3})",
+                ratios[0],
+                ratios[ratios.len() - 1]
+            );
+            results.insert("read_ahead_ratio".into(), med.into());
+        }
     }
     let bw = stream_read(threads);
     println!("stream read, {threads} threads: {bw:.2} GB/s");
@@ -194,13 +243,23 @@ fn main() {
     if let Some(e) = &engine {
         let st = e.stats();
         eprintln!(
-            "engine: quantize {:.2} s, pack {:.2} s, run {:.2} s, collect {:.2} s over {} forwards",
+            "engine: quantize {:.2} s, pack {:.2} s, run {:.2} s, collect {:.2} s over {} forwards, {:.1} MB read ahead",
             st.quantize.time.as_secs_f64(),
             st.pack.time.as_secs_f64(),
             st.run.time.as_secs_f64(),
             st.collect.time.as_secs_f64(),
-            st.forwards
+            st.forwards,
+            st.warmed_bytes as f64 / 1e6
         );
+        for (i, l) in e.lane_stats().iter().enumerate() {
+            eprintln!(
+                "  lane {i}: pack {:.2} s, run {:.2} s, collect {:.2} s, {:.1} MB read ahead",
+                l.pack.time.as_secs_f64(),
+                l.run.time.as_secs_f64(),
+                l.collect.time.as_secs_f64(),
+                l.warmed_bytes as f64 / 1e6
+            );
+        }
     }
     if json {
         results.insert("backend".into(), backend.into());

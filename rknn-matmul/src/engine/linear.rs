@@ -22,6 +22,7 @@ use rknn_chip::Layout;
 use super::glue;
 use super::scheduler::{Round, Work};
 use super::stats::{Counters, Lap, Phase};
+use super::warm::{self, PeerBytes, Warmer};
 use super::{Inner, Rotation, Scratch};
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
 use crate::error::{Error, Matrix, Result};
@@ -308,10 +309,21 @@ pub(crate) struct QuantizeRows {
 
 /// A task of the engine's workers.
 pub(crate) enum Task {
-    Register { id: u64, spec: Box<ShardSpec> },
+    Register {
+        id: u64,
+        spec: Box<ShardSpec>,
+    },
     Forward(Forward),
     Quantize(QuantizeRows),
-    Remove { id: u64 },
+    /// Parts of the calling thread's lane's weights of linear `id` for this worker to read
+    /// ahead while idle (see [`Warmer::add_peer`]).
+    Peer {
+        id: u64,
+        parts: Vec<PeerBytes>,
+    },
+    Remove {
+        id: u64,
+    },
     Ping,
     Exit,
 }
@@ -337,11 +349,20 @@ pub(crate) struct WorkerState {
     stats: Arc<Counters>,
     /// This lane's index: its cell of the counters.
     lane: usize,
+    /// What to read ahead while idle (workers only: the calling thread's lane is never idle).
+    warm: Warmer,
 }
 
 impl WorkerState {
-    pub(crate) fn new(rt: Runtime, stats: Arc<Counters>, lane: usize) -> WorkerState {
+    /// A lane's state; `warm_bytes`: bytes of each linear's weights it reads ahead while idle.
+    pub(crate) fn new(
+        rt: Runtime,
+        stats: Arc<Counters>,
+        lane: usize,
+        warm_bytes: usize,
+    ) -> WorkerState {
         WorkerState {
+            warm: Warmer::new(warm_bytes),
             rt,
             shards: HashMap::new(),
             io: LaneIo::default(),
@@ -357,8 +378,10 @@ impl WorkerState {
 
 /// What a worker gives back.
 pub(crate) enum Reply {
-    /// Nothing (registration, removal, ping).
+    /// Nothing (removal, ping).
     Done,
+    /// A shard was built: its weights' ranges, in the order its runs read them.
+    Registered(Vec<PeerBytes>),
     /// A forward's output block: its first `m × valid` values are [m, valid] (the buffer keeps
     /// its largest length from call to call).
     Block(Vec<f32>),
@@ -374,7 +397,12 @@ impl Work for Task {
         match self {
             Task::Register { id, spec } => {
                 let shard = build_shard(&st.rt, &mut st.io, *spec)?;
+                let ranges = shard.b_bytes().map(PeerBytes::of).collect();
                 st.shards.insert(id, shard);
+                Ok(Reply::Registered(ranges))
+            }
+            Task::Peer { id, parts } => {
+                st.warm.add_peer(id, parts);
                 Ok(Reply::Done)
             }
             Task::Quantize(job) => Ok(quantize_share(job, &mut st.rotated, &mut st.residual)),
@@ -385,6 +413,7 @@ impl Work for Task {
                     .get_mut(&f.id)
                     .expect("a live Linear's shards are registered on its workers");
                 let stats = (&*st.stats, st.lane);
+                st.warm.starts(f.id);
                 let out = match (shard, f.input) {
                     (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
                         let rows = (f.m, f.per, f.bucket);
@@ -398,9 +427,11 @@ impl Work for Task {
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
                 };
+                st.warm.ended(f.id);
                 Ok(Reply::Block(out))
             }
             Task::Remove { id } => {
+                st.warm.forget(id);
                 st.shards.remove(&id);
                 Ok(Reply::Done)
             }
@@ -410,6 +441,27 @@ impl Work for Task {
 
     fn is_exit(&self) -> bool {
         matches!(self, Task::Exit)
+    }
+
+    fn idle(st: &mut WorkerState, interrupted: &dyn Fn() -> bool) {
+        let Some(id) = st.warm.take_pending() else {
+            return;
+        };
+        let own = st.shards.get(&id).into_iter().flat_map(AnyShard::b_bytes);
+        let read = warm::read_ahead(own, st.warm.peers(id), st.warm.budget(), interrupted);
+        st.stats.add_warmed(st.lane, read);
+    }
+}
+
+impl AnyShard {
+    /// The bytes of its weights, segment by segment (the order a run reads them).
+    fn b_bytes(&self) -> impl Iterator<Item = &[u8]> {
+        let (i8s, f16s) = match self {
+            AnyShard::I8(s) => (Some(&s.segments), None),
+            AnyShard::F16(s) => (None, Some(&s.segments)),
+        };
+        let i8s = i8s.into_iter().flatten().map(|seg| seg.b.as_bytes());
+        i8s.chain(f16s.into_iter().flatten().map(|seg| seg.b.as_bytes()))
     }
 }
 
@@ -933,11 +985,15 @@ impl Drop for Linear {
         if let Ok(mut plan) = self.inner.domains.lock() {
             plan.release(self.domain, self.b_bytes);
         }
-        let _ = self.inner.pool.round().run_all(|i, _| {
-            self.shards[i]
-                .as_ref()
-                .map(|_| Task::Remove { id: self.id })
-        });
+        // The workers first, the calling thread's lane after their replies: a worker may read
+        // that lane's weights ahead until it has forgotten them ([`Warmer::add_peer`]).
+        let inline = usize::from(self.inner.pool.has_inline_lane());
+        for lanes in [inline..self.shards.len(), 0..inline] {
+            let _ = self.inner.pool.round().run_all(|i, _| {
+                (lanes.contains(&i) && self.shards[i].is_some())
+                    .then_some(Task::Remove { id: self.id })
+            });
+        }
     }
 }
 

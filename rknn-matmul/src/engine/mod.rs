@@ -25,6 +25,7 @@ mod rotation;
 mod scheduler;
 mod stats;
 pub mod topology;
+mod warm;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -41,10 +42,11 @@ pub use stats::{Phase, PhaseStats, Stats};
 use crate::error::{Error, Result};
 use crate::matmul::Core;
 use crate::runtime::Runtime;
-use linear::{ShardSpec, ShardWeights, Task, WorkerState, plan_shards};
+use linear::{Reply, ShardSpec, ShardWeights, Task, WorkerState, plan_shards};
 use scheduler::{MAX_WORKERS, Pool, Worker};
 use stats::Counters;
 use topology::{CpuTopology, Pinning};
+use warm::PeerBytes;
 
 /// Up to this many rows, every M is its own bucket.
 const EXACT_BUCKETS_UP_TO: usize = 32;
@@ -84,7 +86,16 @@ pub struct EngineConfig {
     /// Bytes one IOMMU domain holds (default 4 GiB, \[doc\] driver >= 0.9.8). Weights beyond it
     /// are placed in the next domain, automatically.
     pub iommu_domain_bytes: u64,
+    /// Bytes of each linear's weights that an idle worker reads ahead into the CPU caches, of
+    /// its own shard and as much again of the calling thread's lane's, while the caller does
+    /// the host work before that linear (default: [`DEFAULT_WARM_BYTES`] on an emulated runtime,
+    /// whose cores read B from host memory; 0, off, on hardware, where the NPU reads B by DMA).
+    /// The next linear is learned from the order of the forwards.
+    pub warm_bytes: Option<usize>,
 }
+
+/// [`EngineConfig::warm_bytes`] on an emulated runtime.
+pub const DEFAULT_WARM_BYTES: usize = 256 << 10;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -96,6 +107,7 @@ impl Default for EngineConfig {
             caller_runs_core0: true,
             share_io_memories: true,
             iommu_domain_bytes: 4 << 30,
+            warm_bytes: None,
         }
     }
 }
@@ -156,6 +168,8 @@ pub(crate) struct Scratch {
 pub(crate) struct Inner {
     rt: Runtime,
     cfg: EngineConfig,
+    /// Bytes per lane and linear the workers read ahead (see [`EngineConfig::warm_bytes`]).
+    warm: usize,
     pool: Pool<Task, Scratch>,
     stats: Arc<Counters>,
     next_id: AtomicU64,
@@ -296,9 +310,14 @@ impl Engine {
         }
         let stats = Arc::new(Counters::new(cores));
         let pin = cfg.pinning.cpus(&CpuTopology::detect());
+        let warm = cfg.warm_bytes.unwrap_or(if rt.is_hardware() {
+            0
+        } else {
+            DEFAULT_WARM_BYTES
+        });
         let inline = cfg
             .caller_runs_core0
-            .then(|| WorkerState::new(rt.clone(), stats.clone(), 0));
+            .then(|| WorkerState::new(rt.clone(), stats.clone(), 0, 0));
         let first_thread = usize::from(inline.is_some());
         let mut workers = Vec::with_capacity(cores);
         for i in first_thread..cores {
@@ -308,7 +327,7 @@ impl Engine {
                     // Best effort: a container may forbid it; the engine still works unpinned.
                     let _ = topology::pin_current_thread(&cpus);
                 }
-                WorkerState::new(rt, stats, i)
+                WorkerState::new(rt, stats, i, warm)
             };
             workers.push(Worker::spawn(i, cfg.spin, init)?);
         }
@@ -317,6 +336,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 rt: rt.clone(),
                 cfg,
+                warm,
                 pool,
                 stats,
                 next_id: AtomicU64::new(1),
@@ -343,6 +363,12 @@ impl Engine {
     /// The per-phase counters.
     pub fn stats(&self) -> Stats {
         self.inner.stats.snapshot()
+    }
+
+    /// Each lane's counters (lane 0 first): a lane whose `run` and `collect` take longer than
+    /// the others' makes every round wait for it.
+    pub fn lane_stats(&self) -> Vec<Stats> {
+        self.inner.stats.lanes()
     }
 
     /// Zeroes the counters.
@@ -637,7 +663,7 @@ impl Engine {
             .iter()
             .map(|p| p.map(|plan| shard(plan.n0, plan.width)).transpose())
             .collect::<Result<Vec<_>>>()?;
-        inner.pool.round().run_all(|i, _| {
+        let built = inner.pool.round().run_all(|i, _| {
             let weights = weights[i].take()?;
             plans[i].map(|plan| Task::Register {
                 id,
@@ -653,6 +679,21 @@ impl Engine {
                 }),
             })
         })?;
+        // The calling thread's lane is never idle: the workers read its weights ahead too,
+        // each a share of the first `warm` bytes.
+        let workers = inner.pool.len() - 1;
+        if let (true, Some(Reply::Registered(caller_lane))) = (
+            inner.warm > 0 && inner.pool.has_inline_lane() && workers > 0,
+            &built[0],
+        ) {
+            let share = inner.warm.div_ceil(workers);
+            inner.pool.round().run_all(|i, _| {
+                // Lane 0 is the calling thread's own.
+                plans[i].filter(|_| i > 0)?;
+                let parts = PeerBytes::window(caller_lane, (i - 1) * share, share);
+                Some(Task::Peer { id, parts })
+            })?;
+        }
         Ok(linear)
     }
 }

@@ -45,6 +45,11 @@ pub(crate) trait Work: Send + 'static {
     fn run(self, state: &mut Self::State) -> Result<Self::Reply>;
     /// Whether this task ends the worker's loop (sent when the pool is dropped).
     fn is_exit(&self) -> bool;
+    /// Work a worker may do after replying, before it waits for its next task; it stops as
+    /// soon as `interrupted()` (a task was posted). Default: none.
+    fn idle(state: &mut Self::State, interrupted: &dyn Fn() -> bool) {
+        let _ = (state, interrupted);
+    }
 }
 
 struct SlotState<T: Work> {
@@ -128,6 +133,7 @@ impl<T: Work> Worker<T> {
             let mut state = init();
             let mut seen = 0u64;
             loop {
+                T::idle(&mut state, &|| s.posted.load(Ordering::Acquire) > seen);
                 spin_until(s.spin, || s.posted.load(Ordering::Acquire) > seen);
                 let mut st = lock(&s.state);
                 while st.posted <= seen {
@@ -272,6 +278,11 @@ impl<T: Work, S> Pool<T, S> {
     /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
         self.lanes
+    }
+
+    /// Whether lane 0 runs on the calling thread.
+    pub(crate) fn has_inline_lane(&self) -> bool {
+        self.lanes > self.workers.len()
     }
 
     /// Takes the pool for one round (waits for another caller's round to finish).

@@ -27,6 +27,7 @@ struct Cell {
     count: [AtomicU64; 4],
     nanos: [AtomicU64; 4],
     forwards: AtomicU64,
+    warmed: AtomicU64,
 }
 
 /// The engine's counters: a cell per lane, and one for the callers (quantisation, forwards).
@@ -65,6 +66,13 @@ impl Counters {
         }
     }
 
+    /// Adds `bytes` read ahead by `writer` (an idle worker).
+    pub(crate) fn add_warmed(&self, writer: usize, bytes: u64) {
+        self.cells[writer]
+            .warmed
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
     pub(crate) fn forward(&self) {
         self.cells[self.callers()]
             .forwards
@@ -72,11 +80,22 @@ impl Counters {
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
+        Counters::sum(&self.cells)
+    }
+
+    /// Each lane's own counters (the callers' quantisation and forwards are in none of them).
+    pub(crate) fn lanes(&self) -> Vec<Stats> {
+        let lanes = &self.cells[..self.callers()];
+        lanes
+            .iter()
+            .map(std::slice::from_ref)
+            .map(Counters::sum)
+            .collect()
+    }
+
+    fn sum(cells: &[Cell]) -> Stats {
         let sum = |f: &dyn Fn(&Cell) -> &AtomicU64| -> u64 {
-            self.cells
-                .iter()
-                .map(|c| f(c).load(Ordering::Relaxed))
-                .sum()
+            cells.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
         };
         let get = |i: usize| PhaseStats {
             count: sum(&|c| &c.count[i]),
@@ -84,6 +103,7 @@ impl Counters {
         };
         Stats {
             forwards: sum(&|c| &c.forwards),
+            warmed_bytes: sum(&|c| &c.warmed),
             quantize: get(0),
             pack: get(1),
             run: get(2),
@@ -93,7 +113,12 @@ impl Counters {
 
     pub(crate) fn reset(&self) {
         for c in self.cells.iter() {
-            for a in c.count.iter().chain(&c.nanos).chain([&c.forwards]) {
+            for a in c
+                .count
+                .iter()
+                .chain(&c.nanos)
+                .chain([&c.forwards, &c.warmed])
+            {
                 a.store(0, Ordering::Relaxed);
             }
         }
@@ -150,6 +175,9 @@ pub struct Stats {
     pub run: PhaseStats,
     /// Output collection.
     pub collect: PhaseStats,
+    /// Bytes of weights idle workers read ahead into the CPU caches
+    /// ([`super::EngineConfig::warm_bytes`]).
+    pub warmed_bytes: u64,
 }
 
 impl Stats {
@@ -174,7 +202,8 @@ impl std::fmt::Display for Stats {
         row(f, "quantize", self.quantize)?;
         row(f, "pack", self.pack)?;
         row(f, "run", self.run)?;
-        row(f, "collect", self.collect)
+        row(f, "collect", self.collect)?;
+        writeln!(f, "  read ahead {:.1} MB", self.warmed_bytes as f64 / 1e6)
     }
 }
 

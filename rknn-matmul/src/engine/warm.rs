@@ -1,0 +1,318 @@
+//! Idle workers read the next linear's weights ahead, into the CPU caches.
+//!
+//! Why: on an emulated runtime every NPU core is a CPU thread that reads its B from host
+//! memory, and decode is bound by that reading (a token reads every weight byte once). Between
+//! two linears the caller does host work (attention, norms, quantising the next input) while
+//! the workers wait, and the memory bus has nothing to do. A worker that has replied reads the
+//! first bytes of the next linear's B, its own shard's and a share of the calling thread's
+//! lane's, so that the run finds them in the caches. On the 2-vCPU AMD EPYC guest this was
+//! written on, 256-512 KiB read by one core were then read by the other at 69-84 GB/s, against
+//! 30-33 GB/s from memory (docs/engine-performance.md).
+//!
+//! The next linear is learned, not declared: a model runs its linears in the same order token
+//! after token, so each worker remembers which linear followed which on its lane.
+//!
+//! On hardware the NPU reads B by DMA and warming the CPU's caches would only take memory
+//! bandwidth from it: [`super::EngineConfig::warm_bytes`] is 0 there by default.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+
+/// Bytes read per step before the worker checks for its next task again (a few hundred
+/// nanoseconds from memory: a posted task waits no longer than that).
+const STEP: usize = 4096;
+
+/// CPU cache line: one read per line brings all of it (64 bytes on x86-64 and on the
+/// Cortex-A76/A55).
+const LINE: usize = 64;
+
+/// Part of another lane's resident weights, by address. It does not keep them alive: see
+/// [`Warmer::add_peer`] for the protocol that does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an address and a length, read only under the protocol of `Warmer::add_peer` (the
+// memory outlives every read because its lane frees it only after this worker has dropped the
+// range); reading plain bytes that no thread writes is sound from any thread.
+unsafe impl Send for PeerBytes {}
+
+impl PeerBytes {
+    /// The range of `bytes`.
+    pub(crate) fn of(bytes: &[u8]) -> PeerBytes {
+        PeerBytes {
+            ptr: NonNull::from(bytes).cast(),
+            len: bytes.len(),
+        }
+    }
+
+    /// The bytes `start..start + len` of the concatenation of `parts`, as parts.
+    pub(crate) fn window(parts: &[PeerBytes], start: usize, len: usize) -> Vec<PeerBytes> {
+        let mut out = Vec::new();
+        let (mut at, end) = (0usize, start.saturating_add(len));
+        for p in parts {
+            let (lo, hi) = (at.max(start), (at + p.len).min(end));
+            if lo < hi {
+                out.push(PeerBytes {
+                    ptr: offset(p.ptr, lo - at),
+                    len: hi - lo,
+                });
+            }
+            at += p.len;
+        }
+        out
+    }
+}
+
+/// `ptr + n`, for an `n` inside the range that starts at `ptr` (so never null).
+fn offset(ptr: NonNull<u8>, n: usize) -> NonNull<u8> {
+    NonNull::new(ptr.as_ptr().wrapping_add(n)).expect("an offset inside a range is not null")
+}
+
+/// A worker's read-ahead state: what follows what, the other lane's ranges it warms, and the
+/// linear to warm while idle.
+#[derive(Debug, Default)]
+pub(crate) struct Warmer {
+    /// Bytes per lane and linear to read ahead (0: off).
+    budget: usize,
+    last: Option<u64>,
+    next: HashMap<u64, u64>,
+    peers: HashMap<u64, Vec<PeerBytes>>,
+    pending: Option<u64>,
+}
+
+impl Warmer {
+    pub(crate) fn new(budget: usize) -> Warmer {
+        Warmer {
+            budget,
+            ..Warmer::default()
+        }
+    }
+
+    /// Bytes per lane and linear it reads ahead.
+    pub(crate) fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// A forward of linear `id` starts: it follows the previous one (a chunked forward, the
+    /// same linear again, teaches nothing).
+    pub(crate) fn starts(&mut self, id: u64) {
+        if self.budget == 0 {
+            return;
+        }
+        self.pending = None;
+        if let Some(prev) = self.last.filter(|&p| p != id) {
+            self.next.insert(prev, id);
+        }
+        self.last = Some(id);
+    }
+
+    /// A forward of linear `id` ended: warm what followed it last time.
+    pub(crate) fn ended(&mut self, id: u64) {
+        self.pending = self.next.get(&id).copied();
+    }
+
+    /// The linear to warm now, taken (warmed once per idle spell).
+    pub(crate) fn take_pending(&mut self) -> Option<u64> {
+        self.pending.take()
+    }
+
+    /// The other lane's ranges this worker warms for `id`.
+    pub(crate) fn peers(&self, id: u64) -> &[PeerBytes] {
+        self.peers.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Warms `parts` of another lane's weights for linear `id` from now on.
+    ///
+    /// The protocol that keeps them alive: the engine registers them after the lane that owns
+    /// them has built them, and when the linear is dropped it removes it from every worker
+    /// (which calls [`Warmer::forget`]) in one round and only then from the owning lane. A
+    /// worker reads them only while idle, between tasks, so after its reply to the removal it
+    /// never reads them again.
+    pub(crate) fn add_peer(&mut self, id: u64, parts: Vec<PeerBytes>) {
+        self.peers.insert(id, parts);
+    }
+
+    /// Linear `id` is gone: forget its ranges and its place in the order.
+    pub(crate) fn forget(&mut self, id: u64) {
+        self.peers.remove(&id);
+        self.next.remove(&id);
+        self.next.retain(|_, n| *n != id);
+        if self.last == Some(id) {
+            self.last = None;
+        }
+        if self.pending == Some(id) {
+            self.pending = None;
+        }
+    }
+}
+
+/// Reads the first `budget` bytes of `own` (this lane's ranges, in the order its run reads
+/// them) and of `peers`, a step of each in turn, until done or `interrupted()`. Returns the
+/// bytes read.
+pub(crate) fn read_ahead<'a>(
+    own: impl Iterator<Item = &'a [u8]>,
+    peers: &[PeerBytes],
+    budget: usize,
+    interrupted: &dyn Fn() -> bool,
+) -> u64 {
+    let mut own = Cursor::new(own, budget);
+    let mut peer = Cursor::new(
+        peers.iter().map(|p| {
+            // SAFETY: a range registered with `Warmer::add_peer`, alive under its protocol:
+            // its lane frees it only after this worker has forgotten it, and this runs only
+            // while the worker is idle, between tasks. Nothing writes resident weights after
+            // their registration.
+            unsafe { std::slice::from_raw_parts(p.ptr.as_ptr().cast_const(), p.len) }
+        }),
+        budget,
+    );
+    let mut read = 0u64;
+    while !interrupted() {
+        let (a, b) = (own.step(), peer.step());
+        if a.is_empty() && b.is_empty() {
+            break;
+        }
+        touch(a);
+        touch(b);
+        read += (a.len() + b.len()) as u64;
+    }
+    read
+}
+
+/// Reads one byte of every cache line of `bytes`.
+fn touch(bytes: &[u8]) {
+    let sum = bytes
+        .iter()
+        .step_by(LINE)
+        .fold(0u8, |acc, &b| acc.wrapping_add(b));
+    std::hint::black_box(sum);
+}
+
+/// Steps of at most [`STEP`] bytes through ranges, up to a total.
+struct Cursor<'a, I: Iterator<Item = &'a [u8]>> {
+    ranges: I,
+    current: &'a [u8],
+    left: usize,
+}
+
+impl<'a, I: Iterator<Item = &'a [u8]>> Cursor<'a, I> {
+    fn new(ranges: I, total: usize) -> Self {
+        Cursor {
+            ranges,
+            current: &[],
+            left: total,
+        }
+    }
+
+    /// The next step (empty when done).
+    fn step(&mut self) -> &'a [u8] {
+        while self.current.is_empty() && self.left > 0 {
+            match self.ranges.next() {
+                Some(r) => self.current = r,
+                None => return &[],
+            }
+        }
+        let n = self.current.len().min(STEP).min(self.left);
+        let (head, rest) = self.current.split_at(n);
+        self.current = rest;
+        self.left -= n;
+        head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_worker_learns_which_linear_follows_which() {
+        let mut w = Warmer::new(1024);
+        // Two tokens of a three-linear model; the second linear's forward is chunked.
+        for id in [1, 2, 2, 3, 1, 2, 3] {
+            w.starts(id);
+            w.ended(id);
+        }
+        w.ended(3);
+        assert_eq!(w.take_pending(), Some(1));
+        assert_eq!(w.take_pending(), None, "taken once per idle spell");
+        w.ended(1);
+        assert_eq!(w.take_pending(), Some(2));
+        w.ended(2);
+        assert_eq!(
+            w.take_pending(),
+            Some(3),
+            "not 2: a chunked forward teaches nothing"
+        );
+        // A forward that starts cancels what was pending.
+        w.ended(1);
+        w.starts(2);
+        assert_eq!(w.take_pending(), None);
+        w.forget(3);
+        w.ended(2);
+        assert_eq!(w.take_pending(), None, "a forgotten linear is never warmed");
+        // Off: nothing is learned.
+        let mut off = Warmer::new(0);
+        off.starts(1);
+        off.starts(2);
+        off.ended(1);
+        assert_eq!(off.take_pending(), None);
+    }
+
+    #[test]
+    fn a_window_cuts_the_concatenation_of_ranges() {
+        let a = [0u8; 100];
+        let b = [0u8; 50];
+        let parts = [PeerBytes::of(&a), PeerBytes::of(&b)];
+        let got = |start, len| -> Vec<(usize, usize)> {
+            PeerBytes::window(&parts, start, len)
+                .iter()
+                .map(|p| {
+                    let at = p.ptr.as_ptr() as usize;
+                    let base = [a.as_ptr() as usize, b.as_ptr() as usize]
+                        .into_iter()
+                        .zip([a.len(), b.len()])
+                        .find(|&(base, len)| (base..base + len).contains(&at))
+                        .expect("inside a or b")
+                        .0;
+                    (at - base, p.len)
+                })
+                .collect()
+        };
+        assert_eq!(got(0, 30), [(0, 30)]);
+        assert_eq!(got(90, 30), [(90, 10), (0, 20)]);
+        assert_eq!(got(120, 1000), [(20, 30)]);
+        assert_eq!(got(150, 10), []);
+        assert_eq!(got(0, usize::MAX), [(0, 100), (0, 50)]);
+    }
+
+    #[test]
+    fn reading_ahead_takes_the_budget_of_its_own_and_every_peer_byte_until_interrupted() {
+        let own = vec![1u8; 3 * STEP + 10];
+        let seg2 = vec![2u8; STEP];
+        let peer = vec![3u8; STEP + 1];
+        let peers = [PeerBytes::of(&peer)];
+        let never = || false;
+        let read = read_ahead(
+            [&own[..], &seg2[..]].into_iter(),
+            &peers,
+            2 * STEP + 5,
+            &never,
+        );
+        assert_eq!(read, (2 * STEP + 5 + STEP + 1) as u64);
+        // Past the first segment into the second.
+        let read = read_ahead([&own[..], &seg2[..]].into_iter(), &[], usize::MAX, &never);
+        assert_eq!(read, (4 * STEP + 10) as u64);
+        // Interrupted after two checks: two steps of each.
+        let checks = Cell::new(0);
+        let after_two = || {
+            checks.set(checks.get() + 1);
+            checks.get() > 2
+        };
+        let read = read_ahead([&own[..]].into_iter(), &peers, usize::MAX, &after_two);
+        assert_eq!(read, (2 * STEP + STEP + 1) as u64);
+    }
+}
