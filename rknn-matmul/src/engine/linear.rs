@@ -427,7 +427,7 @@ impl Work for Task {
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
                 };
-                st.warm.ended(f.id);
+                st.warm.ended(f.id, f.bucket);
                 Ok(Reply::Block(out))
             }
             Task::Remove { id } => {

@@ -90,7 +90,8 @@ pub struct EngineConfig {
     /// its own shard and as much again of the calling thread's lane's, while the caller does
     /// the host work before that linear (default: [`DEFAULT_WARM_BYTES`] on an emulated runtime,
     /// whose cores read B from host memory; 0, off, on hardware, where the NPU reads B by DMA).
-    /// The next linear is learned from the order of the forwards.
+    /// The next linear is learned from the order of the forwards; only forwards of at most 32
+    /// rows of A (decode, speculative verify passes) are followed by a read-ahead.
     pub warm_bytes: Option<usize>,
 }
 

@@ -18,6 +18,12 @@
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
+/// Rows of A up to which a forward is followed by a read-ahead: decode (one or two rows) and
+/// speculative verify passes are bound by reading the weights; a prompt chunk's runs are bound
+/// by arithmetic, and its host work runs on the host pool's threads, which a reading worker
+/// would compete with for the CPUs (on the emulator every worker is a busy CPU thread).
+pub(crate) const MAX_ROWS: usize = 32;
+
 /// Bytes read per step before the worker checks for its next task again (a few hundred
 /// nanoseconds from memory: a posted task waits no longer than that).
 const STEP: usize = 4096;
@@ -109,9 +115,10 @@ impl Warmer {
         self.last = Some(id);
     }
 
-    /// A forward of linear `id` ended: warm what followed it last time.
-    pub(crate) fn ended(&mut self, id: u64) {
-        self.pending = self.next.get(&id).copied();
+    /// A forward of linear `id` over `rows` rows of A ended: warm what followed it last time,
+    /// after a forward of at most [`MAX_ROWS`] rows.
+    pub(crate) fn ended(&mut self, id: u64, rows: usize) {
+        self.pending = self.next.get(&id).copied().filter(|_| rows <= MAX_ROWS);
     }
 
     /// The linear to warm now, taken (warmed once per idle spell).
@@ -234,31 +241,31 @@ mod tests {
         // Two tokens of a three-linear model; the second linear's forward is chunked.
         for id in [1, 2, 2, 3, 1, 2, 3] {
             w.starts(id);
-            w.ended(id);
+            w.ended(id, 1);
         }
-        w.ended(3);
+        w.ended(3, 1);
         assert_eq!(w.take_pending(), Some(1));
         assert_eq!(w.take_pending(), None, "taken once per idle spell");
-        w.ended(1);
+        w.ended(1, 2);
         assert_eq!(w.take_pending(), Some(2));
-        w.ended(2);
-        assert_eq!(
-            w.take_pending(),
-            Some(3),
-            "not 2: a chunked forward teaches nothing"
-        );
+        w.ended(2, MAX_ROWS);
+        let chunked = "not 2: a chunked forward teaches nothing";
+        assert_eq!(w.take_pending(), Some(3), "{chunked}");
+        // Not after a prompt chunk.
+        w.ended(2, MAX_ROWS + 1);
+        assert_eq!(w.take_pending(), None);
         // A forward that starts cancels what was pending.
-        w.ended(1);
+        w.ended(1, 1);
         w.starts(2);
         assert_eq!(w.take_pending(), None);
         w.forget(3);
-        w.ended(2);
+        w.ended(2, 1);
         assert_eq!(w.take_pending(), None, "a forgotten linear is never warmed");
         // Off: nothing is learned.
         let mut off = Warmer::new(0);
         off.starts(1);
         off.starts(2);
-        off.ended(1);
+        off.ended(1, 1);
         assert_eq!(off.take_pending(), None);
     }
 
