@@ -21,43 +21,71 @@ use std::time::Instant;
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model,
+    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model,
     Residual, host_pool,
 };
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Backend, Platform, Runtime};
 
-/// GB/s of a plain read of a buffer far larger than the caches, split over `threads`.
-fn stream_read(threads: usize) -> f64 {
-    let words = (512usize << 20) / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let per = words / threads;
-    let read = |slice: &[u64]| -> u64 {
-        let mut lanes = [0u64; 8];
-        for c in slice.chunks_exact(8) {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                *l = l.wrapping_add(v);
-            }
+/// A plain read of a buffer far larger than the caches, split over `threads`: the streaming
+/// bandwidth that bounds decode.
+struct StreamRead {
+    buf: Vec<u64>,
+    threads: usize,
+}
+
+impl StreamRead {
+    fn new(threads: usize) -> StreamRead {
+        let words = (512usize << 20) / 8;
+        StreamRead {
+            buf: (0..words as u64).collect(),
+            threads,
         }
-        lanes.iter().fold(0, |a, &b| a.wrapping_add(b))
-    };
-    let mut best = 0f64;
-    for _ in 0..4 {
-        let t = Instant::now();
-        let sum: u64 = std::thread::scope(|s| {
-            let hs: Vec<_> = buf
-                .chunks(per)
-                .take(threads)
-                .map(|c| s.spawn(move || read(c)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap())
-                .fold(0, u64::wrapping_add)
-        });
-        std::hint::black_box(sum);
-        best = best.max((per * threads * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
-    best
+
+    /// GB/s, the best of `passes` passes.
+    fn measure(&self, passes: usize) -> f64 {
+        let per = self.buf.len() / self.threads;
+        let read = |slice: &[u64]| -> u64 {
+            let mut lanes = [0u64; 8];
+            for c in slice.chunks_exact(8) {
+                for (l, &v) in lanes.iter_mut().zip(c) {
+                    *l = l.wrapping_add(v);
+                }
+            }
+            lanes.iter().fold(0, |a, &b| a.wrapping_add(b))
+        };
+        let mut best = 0f64;
+        for _ in 0..passes {
+            let t = Instant::now();
+            let sum: u64 = std::thread::scope(|s| {
+                let hs: Vec<_> = self
+                    .buf
+                    .chunks(per)
+                    .take(self.threads)
+                    .map(|c| s.spawn(move || read(c)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap())
+                    .fold(0, u64::wrapping_add)
+            });
+            std::hint::black_box(sum);
+            best = best.max((per * self.threads * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        best
+    }
+}
+
+/// Bytes of weights a decode token reads on the NPU path: every linear of every layer and the
+/// output head, one byte per int8 weight.
+fn weight_bytes(c: &Config) -> f64 {
+    let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_ff);
+    (c.n_layer * (e * (qd + 2 * kvd) + qd * e + 2 * e * ff + ff * e) + c.n_vocab * e) as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Decodes `tg` tokens one at a time after `context` (not timed) from an empty cache; tok/s.
@@ -178,15 +206,23 @@ fn main() {
         println!("pp{pp}: {m:.2} ± {sd:.2} tok/s");
         results.insert(format!("pp{pp}"), serde_json::json!({"mean": m, "sd": sd}));
     }
+    // Measured beside each timed decode run as well as at the end: this machine's memory
+    // bandwidth moves by tens of percent within minutes, and decode's share of the limit is
+    // only meaningful against a read taken at the same time.
+    let stream = StreamRead::new(threads);
     if tg > 0 {
         let mut rates = Vec::new();
+        let mut shares = Vec::new();
         let context: Vec<u32> = (0..depth as u32)
             .map(|i| (i * 104_729 + 3) % n_vocab)
             .collect();
         for r in 0..=reps {
+            let before = stream.measure(2);
             let rate = tg_rate(&mut model, &context, tg);
+            let after = stream.measure(2);
             if r > 0 {
                 rates.push(rate);
+                shares.push(rate * weight_bytes(model.config()) / 1e9 / before.max(after));
             }
         }
         let (m, sd) = mean_sd(&rates);
@@ -196,6 +232,15 @@ fn main() {
         };
         println!("{name}: {m:.2} ± {sd:.2} tok/s");
         results.insert(name.clone(), serde_json::json!({"mean": m, "sd": sd}));
+        let share = median(shares.clone());
+        println!(
+            "{name}: {:.1} % of the streaming limit (median of {} runs, each against the better of two reads of {threads} threads right before and after it; range {:.1}-{:.1} %)",
+            100.0 * share,
+            shares.len(),
+            100.0 * shares.iter().copied().fold(f64::MAX, f64::min),
+            100.0 * shares.iter().copied().fold(0.0, f64::max)
+        );
+        results.insert("decode_share_paired".into(), share.into());
         if let (Some(rt), true) = (&rt, ab_pairs > 0) {
             // The same decode with the workers' read-ahead off, in a second model on its own
             // engine, the two alternating (ABBA): the machine's drift hits both alike.
@@ -220,8 +265,8 @@ fn main() {
                 };
                 ratios.push(a / b);
             }
+            let med = median(ratios.clone());
             ratios.sort_by(f64::total_cmp);
-            let med = ratios[ratios.len() / 2];
             println!(
                 "{name} with read-ahead / without: median {med:.3} over {ab_pairs} pairs (range {:.3}-{:.3})",
                 ratios[0],
@@ -230,7 +275,7 @@ fn main() {
             results.insert("read_ahead_ratio".into(), med.into());
         }
     }
-    let bw = stream_read(threads);
+    let bw = stream.measure(4);
     println!("stream read, {threads} threads: {bw:.2} GB/s");
     results.insert("stream_read_gb_s".into(), bw.into());
     let s = model.stats();
