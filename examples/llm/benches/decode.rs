@@ -79,7 +79,12 @@ impl StreamRead {
 /// Bytes of weights a decode token reads on the NPU path: every linear of every layer and the
 /// output head, one byte per int8 weight.
 fn weight_bytes(c: &Config) -> f64 {
-    let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_ff);
+    let (e, qd, kvd, ff) = (
+        c.n_embd,
+        c.n_head * c.head_dim,
+        c.n_head_kv * c.head_dim,
+        c.n_ff,
+    );
     (c.n_layer * (e * (qd + 2 * kvd) + qd * e + 2 * e * ff + ff * e) + c.n_vocab * e) as f64
 }
 
