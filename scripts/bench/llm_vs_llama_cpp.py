@@ -9,8 +9,9 @@
   reads taken right before and after it (this machine's bandwidth moves within minutes);
 - peak RSS of `llm-decode` and of `llama-completion` on the same 128-token prompt, 64 tokens.
 
-The two programs alternate, ROUNDS times. Needs the model (scripts/fetch-model.sh) and llama.cpp
-(scripts/llama-cpp.sh); converts the model to Q8_0 into the cache once.
+The two programs alternate, ROUNDS times, in ABBA order (which one runs first alternates from
+round to round). Needs the model (scripts/fetch-model.sh) and llama.cpp (scripts/llama-cpp.sh);
+converts the model to Q8_0 into the cache once.
 
 Usage: python3 scripts/bench/llm_vs_llama_cpp.py [--threads 2] [--rounds 2] [--json OUT.json]
 """
@@ -101,15 +102,23 @@ def main():
         f.write(text)
 
     ours, theirs, rss_ours, rss_theirs, bw = [], [], [], [], []
-    for _ in range(a.rounds):
+
+    def run_ours():
         out = sh(["cargo", "bench", "-q", "-p", "rknn-llm", "--bench", "decode", "--", model,
                   "--backend", "emulator", "-t", t, "-p", "128", "-n", "64", "-r", "3", "--json"], cwd=ROOT)
         d = json.loads(out.strip().splitlines()[-1])
         ours.append(d)
         bw.append(d["stream_read_gb_s"])
+
+    def run_theirs():
         lb = json.loads(sh([os.path.join(lbin, "llama-bench"), "-m", q8, "-t", t, "-p", "128",
                             "-n", "64", "-r", "3", "-o", "json"]))
         theirs.append({("pp128" if x["n_prompt"] else "tg64"): x["avg_ts"] for x in lb})
+
+    for i in range(a.rounds):
+        # ABBA: which program runs first alternates from round to round.
+        for run in ((run_ours, run_theirs) if i % 2 == 0 else (run_theirs, run_ours)):
+            run()
         rss_ours.append(peak_rss_mb([decode_bin, "-m", model, "-f", prompt_file, "-n", "64",
                                      "--temp", "0", "-t", t, "--backend", "emulator"]))
         rss_theirs.append(peak_rss_mb([os.path.join(lbin, "llama-completion"), "-m", q8, "-f",
