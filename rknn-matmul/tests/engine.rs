@@ -455,6 +455,15 @@ fn many_threads_share_one_engine() {
                     if i % 7 == 0 {
                         e.ping().unwrap();
                     }
+                    if i % 5 == 0 {
+                        // The counters, read while the other threads forward: each lane's
+                        // runs never exceed the engine's, which are their sum.
+                        let (all, lanes) = (e.stats(), e.lane_stats());
+                        assert_eq!(lanes.len(), e.workers());
+                        let runs: u64 = lanes.iter().map(|l| l.run.count).sum();
+                        assert!(lanes.iter().all(|l| l.run.count <= e.stats().run.count));
+                        assert!(all.run.count <= runs, "{} > {runs}", all.run.count);
+                    }
                 }
             });
         }

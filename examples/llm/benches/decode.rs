@@ -270,8 +270,8 @@ fn main() {
                 };
                 ratios.push(a / b);
             }
-            let med = median(ratios.clone());
             ratios.sort_by(f64::total_cmp);
+            let med = ratios[ratios.len() / 2];
             println!(
                 "{name} with read-ahead / without: median {med:.3} over {ab_pairs} pairs (range {:.3}-{:.3})",
                 ratios[0],

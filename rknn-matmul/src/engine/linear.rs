@@ -456,12 +456,12 @@ impl Work for Task {
 impl AnyShard {
     /// The bytes of its weights, segment by segment (the order a run reads them).
     fn b_bytes(&self) -> impl Iterator<Item = &[u8]> {
-        let (i8s, f16s) = match self {
-            AnyShard::I8(s) => (Some(&s.segments), None),
-            AnyShard::F16(s) => (None, Some(&s.segments)),
+        let (i8s, f16s): (&[Segment<I8xI8ToI32>], &[Segment<F16xF16ToF32>]) = match self {
+            AnyShard::I8(s) => (&s.segments, &[]),
+            AnyShard::F16(s) => (&[], &s.segments),
         };
-        let i8s = i8s.into_iter().flatten().map(|seg| seg.b.as_bytes());
-        i8s.chain(f16s.into_iter().flatten().map(|seg| seg.b.as_bytes()))
+        let i8s = i8s.iter().map(|seg| seg.b.as_bytes());
+        i8s.chain(f16s.iter().map(|seg| seg.b.as_bytes()))
     }
 }
 

@@ -682,15 +682,18 @@ impl Engine {
         })?;
         // The calling thread's lane is never idle: the workers read its weights ahead too,
         // each a share of the first `warm` bytes.
-        let workers = inner.pool.len() - 1;
-        if let (true, Some(Reply::Registered(caller_lane))) = (
-            inner.warm > 0 && inner.pool.has_inline_lane() && workers > 0,
-            &built[0],
-        ) {
+        let workers = inner.pool.len().saturating_sub(1);
+        let caller_lane = match &built[0] {
+            Some(Reply::Registered(ranges)) if inner.pool.has_inline_lane() => Some(ranges),
+            _ => None,
+        };
+        if let Some(caller_lane) = caller_lane.filter(|_| inner.warm > 0 && workers > 0) {
             let share = inner.warm.div_ceil(workers);
             inner.pool.round().run_all(|i, _| {
-                // Lane 0 is the calling thread's own.
-                plans[i].filter(|_| i > 0)?;
+                // Lane 0 is the calling thread's own; workers without a shard never run it.
+                if i == 0 || plans[i].is_none() {
+                    return None;
+                }
                 let parts = PeerBytes::window(caller_lane, (i - 1) * share, share);
                 Some(Task::Peer { id, parts })
             })?;
