@@ -1,5 +1,8 @@
 //! What the safe layer costs per run: `Matmul::run` (bind checks, cache syncs, error mapping)
-//! against the same run through the raw function table, on the emulator, in one process.
+//! against the same run through the raw function table, on the emulator, in one process. Then
+//! what two threads pay when they run at once, as the engine's lanes do in decode: each thread
+//! its own context, all on one emulator instance against each on its own instance (the
+//! difference is the per-call state the instance's threads share).
 //!
 //! ```text
 //! cargo bench --bench safe_layer_overhead        # BENCH_QUICK=1 for a short run
@@ -58,4 +61,46 @@ fn main() {
             safe.as_secs_f64() / raw.as_secs_f64()
         );
     }
+    let pairs_of = |rts: &[&Runtime]| -> Duration {
+        let per_thread: Vec<Duration> = std::thread::scope(|s| {
+            let hs: Vec<_> = rts
+                .iter()
+                .map(|&rt| {
+                    s.spawn(move || {
+                        let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
+                        let (mut a, b, mut c) = (
+                            mm.alloc_a().unwrap(),
+                            mm.alloc_b().unwrap(),
+                            mm.alloc_c().unwrap(),
+                        );
+                        // A written before every run, as the engine does: each run binds and
+                        // syncs A, runs and syncs C back (four calls into the runtime).
+                        median_per_call(iters, || {
+                            a.as_mut_slice()[0] = 1;
+                            mm.run(&a, &b, &mut c).unwrap()
+                        })
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        per_thread.into_iter().max().unwrap()
+    };
+    let other = Runtime::emulator(Platform::Rk3588).unwrap();
+    let one = median_of(5, || pairs_of(&[&rt, &rt]));
+    let two = median_of(5, || pairs_of(&[&rt, &other]));
+    let alone = median_of(5, || pairs_of(&[&rt]));
+    println!(
+        "\nM=1 K=32 N=32, A written before each run: {:.3} us per run alone; two threads at once: {:.3} us on one emulator, {:.3} us on two (ratio {:.2})",
+        alone.as_secs_f64() * 1e6,
+        one.as_secs_f64() * 1e6,
+        two.as_secs_f64() * 1e6,
+        one.as_secs_f64() / two.as_secs_f64()
+    );
+}
+
+fn median_of(n: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let mut v: Vec<Duration> = (0..n).map(|_| f()).collect();
+    v.sort();
+    v[n / 2]
 }
