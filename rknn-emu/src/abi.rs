@@ -12,7 +12,7 @@ use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
 use crate::context::{CallResult, Context, try_vec};
-use crate::instance::{self, Instance, next_handle};
+use crate::instance::{self, Instance, InstanceRef, next_handle};
 use crate::memory::Source;
 
 /// The runtime version the emulator reports.
@@ -112,7 +112,7 @@ fn param(msg: impl Into<String>) -> (c_int, String) {
     err(sys::RKNN_ERR_PARAM_INVALID, msg)
 }
 
-fn inst(slot: usize) -> CallResult<Arc<Instance>> {
+fn inst(slot: usize) -> CallResult<InstanceRef> {
     instance::instance(slot).ok_or_else(|| {
         err(
             sys::RKNN_ERR_CTX_INVALID,
@@ -524,12 +524,11 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
-        let (cfg, mask) = with_context(&inst, handle(ctx), |c| {
+        with_context(&inst, handle(ctx), |c| {
             c.run(&inst.cfg)?;
-            Ok((c.cfg(), c.core_mask))
-        })?;
-        inst.account_run(handle(ctx), mask, cfg.m, cfg.k, cfg.n, cfg.t);
-        Ok(())
+            inst.account_run(c);
+            Ok(())
+        })
     })
 }
 
@@ -539,9 +538,9 @@ unsafe extern "C" fn matmul_destroy<const S: usize>(ctx: rknn_matmul_ctx) -> c_i
         // Refuse while another thread is inside a call on it.
         with_context(&inst, handle(ctx), |c| {
             c.unbind_all();
+            inst.forget_context(c);
             Ok(())
         })?;
-        inst.forget_context(handle(ctx));
         let mut st = inst.state_mut();
         st.contexts.remove(&handle(ctx));
         st.domains.remove(&handle(ctx));

@@ -99,6 +99,8 @@ pub(crate) struct Context {
     /// The memories A, B and C are bound to. Holding them keeps their mappings alive during a
     /// run even if another thread destroys them meanwhile (the next run then fails).
     pub(crate) bound: [Option<Arc<Shared>>; 3],
+    /// Its modelled device time, from its first run on (kept by [`crate::instance::Instance`]).
+    pub(crate) modelled: Option<crate::instance::ContextModelled>,
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.
@@ -214,6 +216,7 @@ impl Context {
             a: None,
             b: None,
             bound: [None, None, None],
+            modelled: None,
         }
     }
 

@@ -3,15 +3,15 @@
 //! and its table points at functions monomorphised for that slot.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{
-    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rknn_chip::ShapeRules;
 use rknn_sys::RknnApi;
 
+use crate::brlock::{BrLock, BrReadGuard, BrWriteGuard};
 use crate::config::{BusyCores, EmuConfig};
 use crate::context::Context;
 use crate::cost::{CostModel, Run, RunCost};
@@ -33,58 +33,35 @@ pub(crate) struct Instance {
     pub(crate) rules: ShapeRules,
     /// Read by every call (handle lookups), written by creation and destruction: a read lock
     /// lets two emulated cores look up their handles at once (with a mutex they queued on
-    /// each other several times per run).
-    state: RwLock<State>,
+    /// each other several times per run), and one per thread ([`BrLock`]) keeps them from
+    /// writing the same lock word on every call.
+    state: BrLock<State>,
     /// Memories still alive when their context was destroyed (the docs say: memories first).
     pub(crate) orphaned: AtomicUsize,
     /// Calls refused because another thread was using the same context.
     pub(crate) concurrent_uses: AtomicUsize,
     /// `cfg.cost` resolved for `cfg.platform`.
     pub(crate) cost: Option<CostModel>,
-    /// Modelled device time, kept apart from the state so that a run never waits for it
-    /// longer than an addition.
-    modelled: Mutex<Modelled>,
+    /// Modelled device time per NPU core, kept apart from the state so that a run never waits
+    /// for it longer than an addition, and apart from each other because the engine's lanes
+    /// run on different cores at once (one shared lock was written by both on every run).
+    /// Each context's own totals live in the context ([`Context::modelled`]).
+    modelled: Box<[CoreModelled]>,
+    /// Per core, the live contexts that have run on it (for [`BusyCores::ActiveContexts`]):
+    /// read by every run, written only when a context first runs, moves or is destroyed.
+    on_core: Box<[AtomicUsize]>,
 }
 
-/// The modelled device time of the runs made so far.
-struct Modelled {
-    /// Per live context that has run: its core and its totals.
-    contexts: HashMap<u64, ContextModelled>,
-    /// How many of `contexts` are on each core (index capped at 63), kept with every change
-    /// of `contexts` so that a run counts the busy cores without walking all of them (a model
-    /// holds hundreds of contexts, and every run of every core asks).
-    on_core: [u32; 64],
-    total: ModelledTime,
-}
+/// One core's modelled totals, on a cache line of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct CoreModelled(Mutex<CoreTotals>);
 
-impl Default for Modelled {
-    fn default() -> Modelled {
-        Modelled {
-            contexts: HashMap::new(),
-            on_core: [0; 64],
-            total: ModelledTime::default(),
-        }
-    }
-}
-
-impl Modelled {
-    /// Puts context `ctx` on `core` (a context's core changes with its core mask).
-    fn place(&mut self, ctx: u64, core: usize) {
-        let entry = self.contexts.entry(ctx);
-        let new = matches!(entry, std::collections::hash_map::Entry::Vacant(_));
-        let c = entry.or_default();
-        if !new {
-            self.on_core[c.core.min(63)] -= 1;
-        }
-        c.core = core;
-        self.on_core[core.min(63)] += 1;
-    }
-
-    fn forget(&mut self, ctx: u64) {
-        if let Some(c) = self.contexts.remove(&ctx) {
-            self.on_core[c.core.min(63)] -= 1;
-        }
-    }
+#[derive(Default)]
+struct CoreTotals {
+    runs: u64,
+    total: Duration,
+    ops: f64,
 }
 
 #[derive(Default)]
@@ -106,96 +83,133 @@ impl State {
 
 impl Instance {
     fn new(cfg: EmuConfig) -> Instance {
+        let cores = cfg.platform.npu_cores().max(1);
         Instance {
             rules: cfg.rules.resolve(cfg.platform),
             cost: cfg.cost.resolve(cfg.platform),
             cfg,
-            state: RwLock::new(State {
+            state: BrLock::new(State {
                 next_fd: 100,
                 ..State::default()
             }),
             orphaned: AtomicUsize::new(0),
             concurrent_uses: AtomicUsize::new(0),
-            modelled: Mutex::new(Modelled::default()),
+            modelled: (0..cores).map(|_| CoreModelled::default()).collect(),
+            on_core: (0..cores).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
 
-    fn modelled(&self) -> MutexGuard<'_, Modelled> {
+    fn core_totals(&self, core: usize) -> MutexGuard<'_, CoreTotals> {
         // Every update is a few additions that cannot panic half-way.
-        self.modelled.lock().unwrap_or_else(PoisonError::into_inner)
+        self.modelled[core]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds the modelled time of a run that context `ctx` made on the core of `core_mask`.
-    pub(crate) fn account_run(
-        &self,
-        ctx: u64,
-        core_mask: u32,
-        m: usize,
-        k: usize,
-        n: usize,
-        t: rknn_chip::MatmulType,
-    ) {
+    /// Adds the modelled time of a run of `c` (the context, held by the calling run) on the
+    /// core of its core mask.
+    pub(crate) fn account_run(&self, c: &mut Context) {
         let Some(model) = &self.cost else {
             return;
         };
-        let cores = self.cfg.platform.npu_cores().max(1);
+        let cores = self.modelled.len();
         // Mask 0 lets the runtime choose; the model has to put the run somewhere.
-        let core = if core_mask == 0 {
+        let core = if c.core_mask == 0 {
             0
         } else {
-            (core_mask.trailing_zeros() as usize).min(cores - 1)
+            (c.core_mask.trailing_zeros() as usize).min(cores - 1)
         };
-        let mut md = self.modelled();
-        md.place(ctx, core);
+        let cfg = c.cfg();
+        let placed = c.modelled.get_or_insert_with(|| {
+            self.on_core[core].fetch_add(1, Ordering::Relaxed);
+            ContextModelled {
+                core,
+                ..ContextModelled::default()
+            }
+        });
+        if placed.core != core {
+            self.on_core[placed.core].fetch_sub(1, Ordering::Relaxed);
+            self.on_core[core].fetch_add(1, Ordering::Relaxed);
+            placed.core = core;
+        }
         let busy = match self.cfg.busy_cores {
             BusyCores::Fixed(b) => b,
-            BusyCores::ActiveContexts => md.on_core.iter().filter(|&&n| n > 0).count(),
+            BusyCores::ActiveContexts => self
+                .on_core
+                .iter()
+                .filter(|n| n.load(Ordering::Relaxed) > 0)
+                .count(),
         };
         let cost = model.run(&Run {
-            m,
-            k,
-            n,
-            t,
+            m: cfg.m,
+            k: cfg.k,
+            n: cfg.n,
+            t: cfg.t,
             busy_cores: busy.clamp(1, cores),
         });
-        let entry = md.contexts.get_mut(&ctx).expect("inserted above");
-        entry.add(&cost);
-        md.total.add(core, cores, &cost);
+        placed.add(&cost);
+        let mut totals = self.core_totals(core);
+        totals.runs += 1;
+        totals.total += cost.time();
+        totals.ops += cost.ops;
     }
 
-    /// Forgets a destroyed context (it no longer counts as an active core).
-    pub(crate) fn forget_context(&self, ctx: u64) {
-        self.modelled().forget(ctx);
+    /// Forgets a context that is being destroyed (it no longer counts as an active core).
+    pub(crate) fn forget_context(&self, c: &mut Context) {
+        if let Some(placed) = c.modelled.take() {
+            self.on_core[placed.core].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The live contexts, outside the state's lock (a caller that locks them must not hold
+    /// it: a run holds its context and then reads the state).
+    fn contexts(&self) -> Vec<Arc<Mutex<Context>>> {
+        self.state().contexts.values().cloned().collect()
     }
 
     /// The instance's state, to read it. A panic inside a call is caught at the ABI boundary and leaves
     /// the state consistent (every mutation is a single insert or remove), so poisoning is
     /// ignored.
-    pub(crate) fn state(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn state(&self) -> BrReadGuard<'_, State> {
+        self.state.read()
     }
 
     /// The instance's state, to change it (as [`Instance::state`] for poisoning).
-    pub(crate) fn state_mut(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn state_mut(&self) -> BrWriteGuard<'_, State> {
+        self.state.write()
     }
 }
 
-static INSTANCES: [RwLock<Option<Arc<Instance>>>; SLOTS] = [const { RwLock::new(None) }; SLOTS];
+/// The instance of each slot. A call holds its slot's read lock from start to end, so that
+/// dropping an [`Emulator`] waits for the calls in flight on it (and later calls find the slot
+/// empty); a [`BrLock`], because every call of every emulated core takes it.
+static INSTANCES: [BrLock<Option<Arc<Instance>>>; SLOTS] = [const { BrLock::new(None) }; SLOTS];
 static DROPIN: OnceLock<()> = OnceLock::new();
 
+/// A live instance, kept in its slot while this lives (see [`INSTANCES`]). Hold it for one
+/// call only, and do not look the slot up again meanwhile: a read lock taken twice by one
+/// thread waits for a writer that is waiting for the first.
+pub(crate) struct InstanceRef(BrReadGuard<'static, Option<Arc<Instance>>>);
+
+impl Deref for InstanceRef {
+    type Target = Instance;
+    fn deref(&self) -> &Instance {
+        self.0
+            .as_deref()
+            .expect("an InstanceRef is made only for an occupied slot")
+    }
+}
+
 /// The instance behind slot `slot`; slot 0 is created from the environment on first use.
-pub(crate) fn instance(slot: usize) -> Option<Arc<Instance>> {
+pub(crate) fn instance(slot: usize) -> Option<InstanceRef> {
     if slot == 0 {
         DROPIN.get_or_init(|| {
-            *INSTANCES[0].write().unwrap_or_else(PoisonError::into_inner) =
-                Some(Arc::new(Instance::new(EmuConfig::from_env())));
+            *INSTANCES[0].write() = Some(Arc::new(Instance::new(EmuConfig::from_env())));
         });
     }
-    INSTANCES[slot]
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    let guard = INSTANCES[slot].read();
+    guard.is_some().then(|| InstanceRef(guard))
 }
 
 /// Why an emulator could not be created.
@@ -248,17 +262,6 @@ pub struct ModelledTime {
 }
 
 impl ModelledTime {
-    fn add(&mut self, core: usize, cores: usize, c: &RunCost) {
-        if self.per_core.len() < cores {
-            self.per_core.resize(cores, Duration::ZERO);
-        }
-        let t = c.time();
-        self.runs += 1;
-        self.total += t;
-        self.per_core[core] += t;
-        self.ops += c.ops;
-    }
-
     /// The modelled device time of the busiest core: the NPU's wall time for work split
     /// evenly over the cores and run on all of them at once (as the engine's linears are).
     pub fn busiest_core(&self) -> Duration {
@@ -334,7 +337,12 @@ impl Emulator {
     pub fn new(cfg: EmuConfig) -> Result<Emulator, EmuError> {
         let instance = Arc::new(Instance::new(cfg));
         for (slot, entry) in INSTANCES.iter().enumerate().skip(1) {
-            let mut entry = entry.write().unwrap_or_else(PoisonError::into_inner);
+            // A taken slot is passed over without its write lock, which would wait for the
+            // calls in flight on that emulator (a long run would stall this one's creation).
+            if entry.read().is_some() {
+                continue;
+            }
+            let mut entry = entry.write();
             if entry.is_none() {
                 *entry = Some(instance.clone());
                 let api = RknnApi::from_functions(crate::abi::functions_for_slot(slot), "rknn-emu");
@@ -384,29 +392,38 @@ impl Emulator {
     /// [`Emulator::reset_modelled`]): what the chip would have taken, per the cost model. Zero
     /// without a model.
     pub fn modelled(&self) -> ModelledTime {
-        let mut t = self.instance.modelled().total.clone();
-        t.per_core.resize(
-            self.instance.cfg.platform.npu_cores().max(1),
-            Duration::ZERO,
-        );
+        let mut t = ModelledTime::default();
+        for core in 0..self.instance.modelled.len() {
+            let c = self.instance.core_totals(core);
+            t.runs += c.runs;
+            t.total += c.total;
+            t.per_core.push(c.total);
+            t.ops += c.ops;
+        }
         t
     }
 
     /// The modelled device time of one live context's runs (`None` if it has not run or has
     /// been destroyed). `ctx` is the handle `rknn_matmul_create` returned.
     pub fn context_modelled(&self, ctx: u64) -> Option<ContextModelled> {
-        self.instance.modelled().contexts.get(&ctx).copied()
+        let c = self.instance.state().contexts.get(&ctx).cloned()?;
+        let c = c.lock().unwrap_or_else(PoisonError::into_inner);
+        c.modelled
     }
 
     /// Zeroes the modelled totals (per-context totals too; contexts stay active).
     pub fn reset_modelled(&self) {
-        let mut md = self.instance.modelled();
-        md.total = ModelledTime::default();
-        for c in md.contexts.values_mut() {
-            *c = ContextModelled {
-                core: c.core,
-                ..ContextModelled::default()
-            };
+        for core in 0..self.instance.modelled.len() {
+            *self.instance.core_totals(core) = CoreTotals::default();
+        }
+        for c in self.instance.contexts() {
+            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(m) = &mut c.modelled {
+                *m = ContextModelled {
+                    core: m.core,
+                    ..ContextModelled::default()
+                };
+            }
         }
     }
 
@@ -419,8 +436,50 @@ impl Emulator {
 impl Drop for Emulator {
     fn drop(&mut self) {
         // Contexts and memories still alive are freed with the instance.
-        *INSTANCES[self.slot]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        *INSTANCES[self.slot].write() = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn dropping_an_emulator_waits_for_its_calls_in_flight_and_creating_one_does_not() {
+        let emu = Emulator::new(EmuConfig::new(rknn_chip::Platform::Rk3588)).unwrap();
+        let slot = emu.slot;
+        // This thread is inside a call on the emulator (as an ABI function holds it).
+        let call = instance(slot).expect("a live emulator's slot is taken");
+        let this: *const Instance = &*call;
+        // Another emulator can still be made and dropped meanwhile.
+        let (tx, rx) = mpsc::channel();
+        let maker = std::thread::spawn(move || {
+            let other = Emulator::new(EmuConfig::new(rknn_chip::Platform::Rk3576)).unwrap();
+            tx.send(other.slot).unwrap();
+        });
+        let other = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("Emulator::new waited for a call on another emulator");
+        assert_ne!(other, slot);
+        maker.join().unwrap();
+        // Dropping this one waits until the call ends.
+        let dropped = Arc::new(AtomicBool::new(false));
+        let d = dropped.clone();
+        let dropper = std::thread::spawn(move || {
+            drop(emu);
+            d.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(if cfg!(miri) { 5 } else { 50 }));
+        assert!(!dropped.load(Ordering::SeqCst), "dropped during a call");
+        assert_eq!(call.cfg.platform, rknn_chip::Platform::Rk3588);
+        drop(call);
+        dropper.join().unwrap();
+        assert!(dropped.load(Ordering::SeqCst));
+        // Later calls find the slot empty (they fail with "this emulator instance was dropped"),
+        // or taken by an emulator made since.
+        assert!(instance(slot).is_none_or(|i| !std::ptr::eq(&*i, this)));
     }
 }

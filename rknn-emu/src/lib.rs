@@ -53,6 +53,7 @@
 //! ```
 
 mod abi;
+mod brlock;
 mod config;
 mod context;
 pub mod cost;

@@ -338,3 +338,49 @@ fn a_linear_split_over_the_cores_costs_what_the_model_says() {
     assert_eq!(want.runs_per_core, 1);
     assert_eq!(want.weight_bytes, (k * n) as f64);
 }
+
+#[test]
+fn cores_running_at_once_add_up_their_modelled_time() {
+    // One context per core, each run by its own thread, while another thread reads the
+    // totals: every core keeps its own (the engine's lanes account their runs at once).
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.busy_cores = BusyCores::Fixed(1);
+    let emu = Emulator::new(cfg).unwrap();
+    let (m, k, n) = (1, 64, 32);
+    let runs = if cfg!(miri) { 3 } else { 300 };
+    let one = RK3588.modelled_run(m, k, n, MatmulType::I8_I8_I32, 1);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for core in [RKNN_NPU_CORE_0, RKNN_NPU_CORE_1, RKNN_NPU_CORE_2] {
+            let (emu, done) = (&emu, &done);
+            s.spawn(move || {
+                let c = Ctx::new(emu, core, m, k, n);
+                for i in 1..=runs {
+                    c.run();
+                    let mine = emu.context_modelled(key(c.ctx)).unwrap();
+                    assert_eq!((mine.runs, mine.total), (i, one * i as u32));
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        s.spawn(|| {
+            let mut last = 0;
+            while done.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+                let t = emu.modelled();
+                assert!(t.runs >= last, "runs went back from {last} to {}", t.runs);
+                // Each core's runs and time are read together, never half-updated.
+                assert_eq!(t.total, one * t.runs as u32);
+                last = t.runs;
+            }
+        });
+    });
+    let t = emu.modelled();
+    assert_eq!(t.runs, 3 * runs);
+    assert_eq!(t.per_core, vec![one * runs as u32; 3]);
+    let ops = 2.0 * (m * k * n) as f64 * (3 * runs) as f64;
+    assert!(
+        (t.ops - ops).abs() <= 1e-9 * ops,
+        "{} ops, expected {ops}",
+        t.ops
+    );
+}
