@@ -14,8 +14,11 @@
 //! warm-up; the mean and standard deviation of tokens per second are printed. `--warm BYTES`
 //! sets the engine's read-ahead (`EngineConfig::warm_bytes`); `--ab-warm PAIRS` then times
 //! `tg` against a second model whose engine reads nothing ahead, PAIRS alternating pairs
-//! (ABBA), and prints the median ratio. `scripts/bench/
-//! llm-vs-llama-cpp.sh` runs this beside llama-bench and writes the comparison.
+//! (ABBA), and prints the median ratio. On the 2-vCPU guest of 2026-12-02 a second model
+//! loaded in the same process decoded 5-8 % faster than an identical first one (it follows the
+//! memory the weights get, docs/llm.md), so this ratio understates the read-ahead's gain by
+//! about as much. `scripts/bench/llm_vs_llama_cpp.py` runs this beside llama-bench and writes
+//! the comparison.
 
 use std::time::Instant;
 
