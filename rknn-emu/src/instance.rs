@@ -310,6 +310,11 @@ impl ContextModelled {
 
 /// An emulated RKNN runtime with its own configuration, contexts and memories.
 ///
+/// Its function table may be called from any number of threads. Dropping the emulator waits
+/// for the calls in flight on it to return, then frees its contexts and memories; a call made
+/// afterwards through a copy of the table fails with `RKNN_ERR_CTX_INVALID` ("this emulator
+/// instance was dropped").
+///
 /// ```
 /// use rknn_emu::{EmuConfig, Emulator};
 /// use rknn_chip::Platform;

@@ -660,3 +660,17 @@ fn rknn_set_core_mask_acts_on_matmul_contexts_and_refuses_other_handles() {
     );
     destroy(&emu, ctx);
 }
+
+#[test]
+fn a_call_through_a_dropped_emulators_table_is_refused() {
+    let emu = emulator(Platform::Rk3588);
+    let (ctx, _) = create(&emu, info(RKNN_INT8_MM_INT8_TO_INT32, 1, 64, 64)).unwrap();
+    // A C program may keep the function pointers after the runtime is gone.
+    let run = emu.api().rknn_matmul_run;
+    drop(emu);
+    // SAFETY: a handle of the dropped instance; the emulator refuses it rather than using it.
+    let rc = unsafe { run(ctx) };
+    // The slot may already serve an emulator of another test, which does not know the handle
+    // either (handles are unique across instances).
+    assert_eq!(rc, RKNN_ERR_CTX_INVALID, "{}", last_error());
+}
