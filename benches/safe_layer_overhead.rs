@@ -15,17 +15,13 @@ use rknn_matmul::{I8xI8ToI32, Runtime};
 
 fn median_per_call(iters: u32, mut f: impl FnMut()) -> Duration {
     f();
-    let mut v: Vec<Duration> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                f();
-            }
-            t.elapsed() / iters
-        })
-        .collect();
-    v.sort();
-    v[4]
+    median_of(9, || {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        t.elapsed() / iters
+    })
 }
 
 fn main() {
