@@ -4,9 +4,10 @@
 //! Run with `cargo bench -p rknn-emu --bench kernels`; pass `--quick` (after `--`) or set
 //! `BENCH_QUICK=1` for `K = N = 1024` and `M = 1, 64`. A last table streams a B of 288 MiB
 //! (72 MiB quick; K = 576) at `M = 1, 2, 8, 32`, as decode and its verify passes do, against a plain streaming
-//! read; `--dram` runs only that table. Each figure is the best of several runs (at least 3
-//! and at least ~1 s), single-threaded. GOPS counts a multiply and an add as two operations:
-//! `2 * M * N * K / time`.
+//! read, then at `M = 1` with two threads at once, each on half of B (the engine's two lanes
+//! in decode), against a plain read by two threads; `--dram` runs only that table. Each figure
+//! is the best of several runs (at least 3 and at least ~1 s), single-threaded but for that
+//! last pair. GOPS counts a multiply and an add as two operations: `2 * M * N * K / time`.
 //!
 //! Compared, in one run: a textbook triple loop on i8 (`B` as `[K, N]` row-major, i32 sum),
 //! `gemm_i8_i32` with every available backend (the scalar one is the plain dot-product loop on
@@ -345,6 +346,31 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
             (m, g)
         })
         .collect();
+    // Two threads at once, each on its half of B (the engine's two lanes in decode): the
+    // memory bus, not one core, is the limit, and the kernel should reach the same share of it
+    // as a plain read by two threads.
+    let (half, words_half) = (native.len() / 2, words.len() / 2);
+    let half_shape = NativeBShape { n: n / 2, ..shape };
+    let pair = |f: &(dyn Fn(usize) + Sync)| {
+        std::thread::scope(|s| {
+            let other = s.spawn(|| f(1));
+            f(0);
+            other.join().expect("no panic");
+        })
+    };
+    let stream2 = gbs(time(&mut || {
+        pair(&|i| {
+            black_box(sum_words(black_box(&words[i * words_half..][..words_half])));
+        })
+    }));
+    let nat2 = gbs(time(&mut || {
+        pair(&|i| {
+            let mut ci = vec![0i32; n / 2];
+            let b = &native[i * half..][..half];
+            gemm_i8_native_b(black_box(&a), black_box(b), &mut ci, half_shape, false);
+            black_box(&ci);
+        })
+    }));
     println!();
     println!(
         "M = 1, N = {n}, K = {k}: B is {} MiB, beyond the caches (selected backend `{}`)",
@@ -366,6 +392,16 @@ fn bench_dram(n: usize, k: usize, rng: &mut fastrand::Rng) {
     ) {
         println!("| {name} | {g:.2} | {:.2} |", g / stream);
     }
+    println!();
+    println!("Two threads at once, each on half of B:");
+    println!();
+    println!("| kernel | GB/s of B | / streaming read, 2 threads |");
+    println!("|---|---:|---:|");
+    println!("| streaming read, 2 threads | {stream2:.2} | 1.00 |");
+    println!(
+        "| gemm_i8_native_b (native B), 2 threads | {nat2:.2} | {:.2} |",
+        nat2 / stream2
+    );
 }
 
 fn main() {

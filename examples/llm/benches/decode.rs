@@ -296,13 +296,16 @@ fn main() {
     if let Some(e) = &engine {
         let st = e.stats();
         eprintln!(
-            "engine: quantize {:.2} s, pack {:.2} s, run {:.2} s, collect {:.2} s over {} forwards, {:.1} MB read ahead",
+            "engine: quantize {:.2} s, pack {:.2} s, run {:.2} s, collect {:.2} s over {} forwards, {:.1} MB read ahead; \
+             the calling thread waited for the worker {:.2} s, in {} of them",
             st.quantize.time.as_secs_f64(),
             st.pack.time.as_secs_f64(),
             st.run.time.as_secs_f64(),
             st.collect.time.as_secs_f64(),
             st.forwards,
-            st.warmed_bytes as f64 / 1e6
+            st.warmed_bytes as f64 / 1e6,
+            st.wait.time.as_secs_f64(),
+            st.wait.count
         );
         for (i, l) in e.lane_stats().iter().enumerate() {
             eprintln!(

@@ -90,6 +90,19 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
                 model.display()
             );
             assert_eq!(emu["stats"]["wtype"], "w8a8");
+            // Every phase of the engine is reported; the calling thread waits at most once
+            // per round (a forward at these lengths is one round, or two when the lanes
+            // quantise a prompt chunk).
+            let engine = &emu["stats"]["engine"];
+            for phase in ["quantize", "pack", "run", "collect", "wait"] {
+                assert!(engine[phase]["count"].is_u64(), "{phase}: {engine}");
+                assert!(
+                    engine[phase]["s"].as_f64().is_some_and(|s| s >= 0.0),
+                    "{phase}"
+                );
+            }
+            let forwards = engine["forwards"].as_u64().unwrap();
+            assert!(forwards > 0 && engine["wait"]["count"].as_u64().unwrap() <= 2 * forwards);
         }
     }
 }

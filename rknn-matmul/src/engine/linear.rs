@@ -907,6 +907,11 @@ impl Linear {
             }
             r0 += mc;
         }
+        let (waited, rounds) = round.take_waited();
+        if rounds > 0 {
+            let callers = inner.stats.callers();
+            inner.stats.add_runs(callers, Phase::Wait, rounds, waited);
+        }
         inner.stats.forward();
         Ok(())
     }

@@ -243,6 +243,8 @@ pub(crate) struct Pool<T: Work, S> {
 pub(crate) struct Round<'p, T: Work, S> {
     workers: &'p [Worker<T>],
     state: MutexGuard<'p, RoundState<T, S>>,
+    /// Time the caller waited for workers still busy, and in how many `run_all`s.
+    waited: (Duration, u64),
 }
 
 impl<T: Work, S> Pool<T, S>
@@ -290,6 +292,7 @@ impl<T: Work, S> Pool<T, S> {
         Round {
             workers: &self.workers,
             state: lock(&self.round),
+            waited: (Duration::ZERO, 0),
         }
     }
 }
@@ -298,6 +301,13 @@ impl<T: Work, S> Round<'_, T, S> {
     /// The caller-side state, exclusive for the round.
     pub(crate) fn scratch(&mut self) -> &mut S {
         &mut self.state.scratch
+    }
+
+    /// The time the caller spent waiting for workers since the last call, and the number of
+    /// [`Round::run_all`]s in which it had to: those where a worker had not replied yet when
+    /// the caller had posted every task and run its own lane's.
+    pub(crate) fn take_waited(&mut self) -> (Duration, u64) {
+        std::mem::take(&mut self.waited)
     }
 
     /// Runs `task(i)` on lane `i` (skipping `None`), all at once (the inline lane while the
@@ -327,6 +337,13 @@ impl<T: Work, S> Round<'_, T, S> {
                 }
             }
         }
+        // Clock reads only when there is waiting to time.
+        let busy = self
+            .workers
+            .iter()
+            .zip(&tickets)
+            .any(|(w, t)| t.is_some_and(|seq| w.slot.done.load(Ordering::Acquire) < seq));
+        let wait_start = busy.then(std::time::Instant::now);
         for (i, (w, t)) in self.workers.iter().zip(tickets).enumerate() {
             if let Some(seq) = t {
                 match w.wait(seq) {
@@ -338,6 +355,10 @@ impl<T: Work, S> Round<'_, T, S> {
                     Err(_) => {}
                 }
             }
+        }
+        if let Some(t) = wait_start {
+            self.waited.0 += t.elapsed();
+            self.waited.1 += 1;
         }
         match first {
             Some(e) => Err(e),
@@ -421,6 +442,7 @@ mod tests {
 
     enum Job {
         Add(u64),
+        Sleep(Duration),
         Panic,
         Exit,
     }
@@ -431,6 +453,7 @@ mod tests {
         fn run(self, state: &mut u64) -> Result<u64> {
             match self {
                 Job::Add(x) => *state += x,
+                Job::Sleep(d) => thread::sleep(d),
                 Job::Panic => panic!("a task that panics"),
                 Job::Exit => {}
             }
@@ -502,6 +525,43 @@ mod tests {
         let r = p.round().run_all(|_, _| Some(Job::Add(0))).expect("ok");
         assert_eq!(r[1], Some(2));
         assert_eq!(r[2], Some(1));
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // Sleeps for real; the hand-off paths are covered above.
+    fn the_caller_times_its_waits_only_for_workers_still_busy() {
+        let p = pool(true, 1, Duration::from_millis(1));
+        let mut round = p.round();
+        let slow = Duration::from_millis(40);
+        // The worker (lane 1) sleeps while the caller's own lane is done at once: it waits.
+        round
+            .run_all(|i, _| {
+                Some(if i == 1 {
+                    Job::Sleep(slow)
+                } else {
+                    Job::Add(1)
+                })
+            })
+            .expect("ok");
+        let (waited, rounds) = round.take_waited();
+        assert_eq!(rounds, 1);
+        assert!(waited >= slow / 2, "{waited:?}");
+        assert_eq!(round.take_waited(), (Duration::ZERO, 0), "taken");
+        // The caller's own lane is the slow one: the worker's reply is in when it looks.
+        round
+            .run_all(|i, _| {
+                Some(if i == 0 {
+                    Job::Sleep(slow * 5)
+                } else {
+                    Job::Add(1)
+                })
+            })
+            .expect("ok");
+        // With no task posted there is nothing to wait for.
+        round
+            .run_all(|i, _| (i == 0).then_some(Job::Add(1)))
+            .expect("ok");
+        assert_eq!(round.take_waited(), (Duration::ZERO, 0));
     }
 
     #[test]

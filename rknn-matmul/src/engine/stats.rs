@@ -16,7 +16,15 @@ pub enum Phase {
     Run,
     /// Reading C, accumulating K segments, scaling (workers).
     Collect,
+    /// The calling thread waiting for the workers' replies once its own part of a round is
+    /// done (posting, and the lane it runs itself), in the rounds where a worker was still busy
+    /// (callers). With the caller running a lane, this is the fork-join's cost: the slower
+    /// lane's lead over the caller's, plus the hand-off.
+    Wait,
 }
+
+/// Phases, the length of the per-phase arrays.
+const PHASES: usize = 5;
 
 /// One writer's counters, alone in its cache lines (128 bytes: CPUs prefetch lines in
 /// pairs). The lanes of an engine run on different cores: counters they shared moved between
@@ -24,8 +32,8 @@ pub enum Phase {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Cell {
-    count: [AtomicU64; 4],
-    nanos: [AtomicU64; 4],
+    count: [AtomicU64; PHASES],
+    nanos: [AtomicU64; PHASES],
     forwards: AtomicU64,
     warmed: AtomicU64,
 }
@@ -51,16 +59,21 @@ impl Counters {
 
     /// Adds one run of `phase` that took `d`, for `writer`.
     pub(crate) fn add(&self, writer: usize, phase: Phase, d: Duration) {
+        self.add_runs(writer, phase, 1, d);
+    }
+
+    /// Adds `runs` runs of `phase` that took `d` in all, for `writer`.
+    pub(crate) fn add_runs(&self, writer: usize, phase: Phase, runs: u64, d: Duration) {
         let c = &self.cells[writer];
         let i = phase as usize;
-        c.count[i].fetch_add(1, Ordering::Relaxed);
+        c.count[i].fetch_add(runs, Ordering::Relaxed);
         c.nanos[i].fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Adds the phases of `lap`, for `writer`.
     pub(crate) fn add_lap(&self, writer: usize, lap: &Lap) {
         let c = &self.cells[writer];
-        for i in (0..4).filter(|&i| lap.count[i] > 0) {
+        for i in (0..PHASES).filter(|&i| lap.count[i] > 0) {
             c.count[i].fetch_add(lap.count[i], Ordering::Relaxed);
             c.nanos[i].fetch_add(lap.spent[i].as_nanos() as u64, Ordering::Relaxed);
         }
@@ -108,6 +121,7 @@ impl Counters {
             pack: get(1),
             run: get(2),
             collect: get(3),
+            wait: get(4),
         }
     }
 
@@ -129,8 +143,8 @@ impl Counters {
 /// and collect, segment after segment), added to the counters once at the end.
 pub(crate) struct Lap {
     last: Instant,
-    spent: [Duration; 4],
-    count: [u64; 4],
+    spent: [Duration; PHASES],
+    count: [u64; PHASES],
 }
 
 impl Lap {
@@ -138,8 +152,8 @@ impl Lap {
     pub(crate) fn start() -> Lap {
         Lap {
             last: Instant::now(),
-            spent: [Duration::ZERO; 4],
-            count: [0; 4],
+            spent: [Duration::ZERO; PHASES],
+            count: [0; PHASES],
         }
     }
 
@@ -175,6 +189,10 @@ pub struct Stats {
     pub run: PhaseStats,
     /// Output collection.
     pub collect: PhaseStats,
+    /// The calling thread waiting for workers ([`Phase::Wait`]): its count is the rounds in
+    /// which a worker was still busy when the caller's own part was done, out of one or more
+    /// rounds per forward (a forward of more rows than `max_m` takes several).
+    pub wait: PhaseStats,
     /// Bytes of weights idle workers read ahead into the CPU caches
     /// ([`super::EngineConfig::warm_bytes`]).
     pub warmed_bytes: u64,
@@ -203,6 +221,7 @@ impl std::fmt::Display for Stats {
         row(f, "pack", self.pack)?;
         row(f, "run", self.run)?;
         row(f, "collect", self.collect)?;
+        row(f, "wait", self.wait)?;
         writeln!(f, "  read ahead {:.1} MB", self.warmed_bytes as f64 / 1e6)
     }
 }
@@ -231,6 +250,7 @@ mod tests {
             }
             for _ in 0..500 {
                 c.add(c.callers(), Phase::Quantize, Duration::from_nanos(3));
+                c.add_runs(c.callers(), Phase::Wait, 2, Duration::from_nanos(5));
                 c.forward();
             }
         });
@@ -246,6 +266,16 @@ mod tests {
             (500, 500, 2000, 2000, 4000)
         );
         assert_eq!(s.quantize.time, Duration::from_nanos(1500));
+        assert_eq!(
+            (s.wait.count, s.wait.time),
+            (1000, Duration::from_nanos(2500))
+        );
+        // The callers' phases are in no lane's counters.
+        assert!(
+            c.lanes()
+                .iter()
+                .all(|l| l.wait.count == 0 && l.quantize.count == 0)
+        );
         c.reset();
         assert_eq!(c.snapshot(), Stats::default());
     }

@@ -422,7 +422,7 @@ fn engine_line(e: &Engine) -> String {
     let s = e.stats();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms",
+        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms, wait {:.0} ms in {} rounds",
         e.runtime().backend_name(),
         e.runtime().platform(),
         e.runtime().selection_reason(),
@@ -431,7 +431,9 @@ fn engine_line(e: &Engine) -> String {
         ms(s.quantize.time),
         ms(s.pack.time),
         ms(s.run.time),
-        ms(s.collect.time)
+        ms(s.collect.time),
+        ms(s.wait.time),
+        s.wait.count
     )
 }
 
@@ -450,6 +452,7 @@ fn engine_json(e: &Engine) -> serde_json::Value {
         "pack": phase(&s.pack),
         "run": phase(&s.run),
         "collect": phase(&s.collect),
+        "wait": phase(&s.wait),
     })
 }
 
