@@ -277,6 +277,68 @@ fn idle_workers_read_the_next_linear_ahead_and_change_no_bit() {
 }
 
 #[test]
+fn the_read_ahead_budget_changes_while_the_engine_runs() {
+    let rt = common::runtime_with(|_| {});
+    assert!(
+        rt.npu_cores() >= 2,
+        "the emulated chip has a worker besides the caller"
+    );
+    let e = Engine::new(
+        &rt,
+        EngineConfig {
+            cores: Some(2),
+            pinning: rknn_matmul::engine::topology::Pinning::None,
+            warm_bytes: Some(0),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let mut rng = fastrand::Rng::with_seed(23);
+    let shapes = [(96, 200), (320, 96)];
+    let ws: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(n, k)| random(&mut rng, n * k))
+        .collect();
+    let lins: Vec<_> = ws
+        .iter()
+        .zip(shapes)
+        .map(|(w, (n, k))| e.linear(w, n, k, WeightFormat::W8A8).unwrap())
+        .collect();
+    // Three tokens through both linears, with host work between them; every output exact.
+    let mut tokens = |what: &str| {
+        for token in 0..3 {
+            for (i, &(n, k)) in shapes.iter().enumerate() {
+                let x = random(&mut rng, k);
+                let got = lins[i].forward_vec(&x, 1).unwrap();
+                assert_eq!(
+                    got,
+                    common::reference_w8a8(&x, &ws[i], 1, k, n),
+                    "{what}, token {token}, linear {i}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+        }
+        let read = e.stats().warmed_bytes;
+        e.reset_stats();
+        read
+    };
+    assert_eq!(tokens("off"), 0);
+    let budget = 4 << 10;
+    e.set_warm_bytes(budget);
+    assert_eq!(e.warm_bytes(), budget);
+    // The order is learned during the first token: each forward of the two later ones is
+    // followed by a spell of a budget of the worker's own shard and one of the caller's
+    // (registered while the budget was 0), each shard larger than the budget. More than the
+    // worker's own shards could give shows the caller's share is read too.
+    let spells = 2 * shapes.len();
+    let read = tokens("on");
+    assert!(read > (spells * budget) as u64, "{read}");
+    assert!(read <= (spells * 2 * budget) as u64, "{read}");
+    e.set_warm_bytes(0);
+    assert_eq!(tokens("off again"), 0);
+}
+
+#[test]
 fn without_sharing_every_segment_has_its_own_a_and_c() {
     let rt = common::runtime_with(|_| {});
     let e = Engine::new(

@@ -13,12 +13,12 @@
 //! forward call. Token ids are arbitrary (as in llama-bench). Each test runs `-r` times after a
 //! warm-up; the mean and standard deviation of tokens per second are printed. `--warm BYTES`
 //! sets the engine's read-ahead (`EngineConfig::warm_bytes`); `--ab-warm PAIRS` then times
-//! `tg` against a second model whose engine reads nothing ahead, PAIRS alternating pairs
-//! (ABBA), and prints the median ratio. On the 2-vCPU guest of 2026-12-02 a second model
-//! loaded in the same process decoded 5-8 % faster than an identical first one (it follows the
-//! memory the weights get, docs/llm.md), so this ratio understates the read-ahead's gain by
-//! about as much. `scripts/bench/llm_vs_llama_cpp.py` runs this beside llama-bench and writes
-//! the comparison.
+//! `tg` with it and without it on the same model, switched between runs with
+//! `Engine::set_warm_bytes`, PAIRS alternating pairs (ABBA), and prints the median ratio. (Until
+//! 2026-12-02 the other side was a second model loaded in the same process, which decoded 5-8 %
+//! faster than an identical first one on the 2-vCPU guest: it follows the memory the weights
+//! get, docs/llm.md.) `scripts/bench/llm_vs_llama_cpp.py` runs this beside llama-bench and
+//! writes the comparison.
 
 use std::time::Instant;
 
@@ -249,30 +249,27 @@ fn main() {
             100.0 * shares.iter().copied().fold(0.0, f64::max)
         );
         results.insert("decode_share_paired".into(), share.into());
-        if let (Some(rt), true) = (&rt, ab_pairs > 0) {
-            // The same decode with the workers' read-ahead off, in a second model on its own
-            // engine, the two alternating (ABBA): the machine's drift hits both alike.
-            let cfg = EngineConfig {
-                cores,
-                warm_bytes: Some(0),
-                ..EngineConfig::default()
+        if let (Some(engine), true) = (&engine, ab_pairs > 0) {
+            // The same decode on the same model with the workers' read-ahead off, the two
+            // alternating (ABBA): the machine's drift hits both alike. The first run of each
+            // setting relearns the order of the linears within its first token.
+            let on = engine.warm_bytes();
+            let mut rate = |warm: usize| {
+                engine.set_warm_bytes(warm);
+                tg_rate(&mut model, &context, tg)
             };
-            let other = Engine::new(rt, cfg).unwrap();
-            let mut f = EngineFactory::new(other.clone(), opts);
-            let mut plain = Model::load(&file, &mut f, pool.clone(), &mut |_, _| {}).unwrap();
-            plain.set_cache_type(cache);
-            tg_rate(&mut plain, &context, tg);
             let mut ratios = Vec::new();
             for p in 0..ab_pairs {
                 let (a, b) = if p % 2 == 0 {
-                    let a = tg_rate(&mut model, &context, tg);
-                    (a, tg_rate(&mut plain, &context, tg))
+                    let a = rate(on);
+                    (a, rate(0))
                 } else {
-                    let b = tg_rate(&mut plain, &context, tg);
-                    (tg_rate(&mut model, &context, tg), b)
+                    let b = rate(0);
+                    (rate(on), b)
                 };
                 ratios.push(a / b);
             }
+            engine.set_warm_bytes(on);
             ratios.sort_by(f64::total_cmp);
             let med = ratios[ratios.len() / 2];
             println!(

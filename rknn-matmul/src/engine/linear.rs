@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use half::f16;
@@ -320,6 +321,9 @@ pub(crate) enum Task {
     Peer {
         id: u64,
         parts: Vec<PeerBytes>,
+        /// This worker's part of the read-ahead: `slot` of `slots` (the workers).
+        slot: usize,
+        slots: usize,
     },
     Remove {
         id: u64,
@@ -354,12 +358,13 @@ pub(crate) struct WorkerState {
 }
 
 impl WorkerState {
-    /// A lane's state; `warm_bytes`: bytes of each linear's weights it reads ahead while idle.
+    /// A lane's state; `warm_bytes`: bytes of each linear's weights it reads ahead while idle
+    /// (read at each idle spell).
     pub(crate) fn new(
         rt: Runtime,
         stats: Arc<Counters>,
         lane: usize,
-        warm_bytes: usize,
+        warm_bytes: Arc<AtomicUsize>,
     ) -> WorkerState {
         WorkerState {
             warm: Warmer::new(warm_bytes),
@@ -401,8 +406,13 @@ impl Work for Task {
                 st.shards.insert(id, shard);
                 Ok(Reply::Registered(ranges))
             }
-            Task::Peer { id, parts } => {
-                st.warm.add_peer(id, parts);
+            Task::Peer {
+                id,
+                parts,
+                slot,
+                slots,
+            } => {
+                st.warm.add_peer(id, parts, slot, slots);
                 Ok(Reply::Done)
             }
             Task::Quantize(job) => Ok(quantize_share(job, &mut st.rotated, &mut st.residual)),
@@ -448,7 +458,8 @@ impl Work for Task {
             return;
         };
         let own = st.shards.get(&id).into_iter().flat_map(AnyShard::b_bytes);
-        let read = warm::read_ahead(own, st.warm.peers(id), st.warm.budget(), interrupted);
+        let budget = st.warm.budget();
+        let read = warm::read_ahead(own, st.warm.peers(id, budget), budget, interrupted);
         st.stats.add_warmed(st.lane, read);
     }
 }

@@ -28,7 +28,7 @@ pub mod topology;
 mod warm;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,7 +46,6 @@ use linear::{Reply, ShardSpec, ShardWeights, Task, WorkerState, plan_shards};
 use scheduler::{MAX_WORKERS, Pool, Worker};
 use stats::Counters;
 use topology::{CpuTopology, Pinning};
-use warm::PeerBytes;
 
 /// Up to this many rows, every M is its own bucket.
 const EXACT_BUCKETS_UP_TO: usize = 32;
@@ -91,7 +90,8 @@ pub struct EngineConfig {
     /// the host work before that linear (default: [`DEFAULT_WARM_BYTES`] on an emulated runtime,
     /// whose cores read B from host memory; 0, off, on hardware, where the NPU reads B by DMA).
     /// The next linear is learned from the order of the forwards; only forwards of at most 32
-    /// rows of A (decode, speculative verify passes) are followed by a read-ahead.
+    /// rows of A (decode, speculative verify passes) are followed by a read-ahead. This is the
+    /// starting value: [`Engine::set_warm_bytes`] changes it while the engine runs.
     pub warm_bytes: Option<usize>,
 }
 
@@ -169,8 +169,9 @@ pub(crate) struct Scratch {
 pub(crate) struct Inner {
     rt: Runtime,
     cfg: EngineConfig,
-    /// Bytes per lane and linear the workers read ahead (see [`EngineConfig::warm_bytes`]).
-    warm: usize,
+    /// Bytes per lane and linear the workers read ahead (see [`EngineConfig::warm_bytes`]),
+    /// shared with them: [`Engine::set_warm_bytes`] changes it while they run.
+    warm: Arc<AtomicUsize>,
     pool: Pool<Task, Scratch>,
     stats: Arc<Counters>,
     next_id: AtomicU64,
@@ -311,18 +312,22 @@ impl Engine {
         }
         let stats = Arc::new(Counters::new(cores));
         let pin = cfg.pinning.cpus(&CpuTopology::detect());
-        let warm = cfg.warm_bytes.unwrap_or(if rt.is_hardware() {
-            0
-        } else {
-            DEFAULT_WARM_BYTES
-        });
+        let warm = Arc::new(AtomicUsize::new(cfg.warm_bytes.unwrap_or(
+            if rt.is_hardware() {
+                0
+            } else {
+                DEFAULT_WARM_BYTES
+            },
+        )));
+        // The calling thread's lane is never idle: it reads nothing ahead.
+        let never = Arc::new(AtomicUsize::new(0));
         let inline = cfg
             .caller_runs_core0
-            .then(|| WorkerState::new(rt.clone(), stats.clone(), 0, 0));
+            .then(|| WorkerState::new(rt.clone(), stats.clone(), 0, never));
         let first_thread = usize::from(inline.is_some());
         let mut workers = Vec::with_capacity(cores);
         for i in first_thread..cores {
-            let (rt, stats, pin) = (rt.clone(), stats.clone(), pin.clone());
+            let (rt, stats, pin, warm) = (rt.clone(), stats.clone(), pin.clone(), warm.clone());
             let init = move || {
                 if let Some(cpus) = pin {
                     // Best effort: a container may forbid it; the engine still works unpinned.
@@ -359,6 +364,21 @@ impl Engine {
     /// Number of workers (NPU cores used).
     pub fn workers(&self) -> usize {
         self.inner.pool.len()
+    }
+
+    /// Bytes of each linear's weights an idle worker reads ahead, per lane, now
+    /// ([`EngineConfig::warm_bytes`]).
+    pub fn warm_bytes(&self) -> usize {
+        self.inner.warm.load(Ordering::Relaxed)
+    }
+
+    /// Sets the bytes of each linear's weights an idle worker reads ahead, per lane (0 turns
+    /// the read-ahead off), while the engine runs: the workers read the budget at each idle
+    /// spell. Raised from 0, the read-ahead starts again once the workers have seen the order
+    /// of the forwards again (within a token of a model). It changes no result, only where
+    /// the weights are read from; a benchmark uses it to compare both settings on one model.
+    pub fn set_warm_bytes(&self, bytes: usize) {
+        self.inner.warm.store(bytes, Ordering::Relaxed);
     }
 
     /// The per-phase counters.
@@ -681,21 +701,25 @@ impl Engine {
             })
         })?;
         // The calling thread's lane is never idle: the workers read its weights ahead too,
-        // each a share of the first `warm` bytes.
+        // each a share of the first `warm` bytes (registered whatever the budget is now, which
+        // `set_warm_bytes` may raise later).
         let workers = inner.pool.len().saturating_sub(1);
         let caller_lane = match &built[0] {
             Some(Reply::Registered(ranges)) if inner.pool.has_inline_lane() => Some(ranges),
             _ => None,
         };
-        if let Some(caller_lane) = caller_lane.filter(|_| inner.warm > 0 && workers > 0) {
-            let share = inner.warm.div_ceil(workers);
+        if let Some(caller_lane) = caller_lane.filter(|_| workers > 0) {
             inner.pool.round().run_all(|i, _| {
                 // Lane 0 is the calling thread's own; workers without a shard never run it.
                 if i == 0 || plans[i].is_none() {
                     return None;
                 }
-                let parts = PeerBytes::window(caller_lane, (i - 1) * share, share);
-                Some(Task::Peer { id, parts })
+                Some(Task::Peer {
+                    id,
+                    parts: caller_lane.clone(),
+                    slot: i - 1,
+                    slots: workers,
+                })
             })?;
         }
         Ok(linear)

@@ -13,10 +13,14 @@
 //! after token, so each worker remembers which linear followed which on its lane.
 //!
 //! On hardware the NPU reads B by DMA and warming the CPU's caches would only take memory
-//! bandwidth from it: [`super::EngineConfig::warm_bytes`] is 0 there by default.
+//! bandwidth from it: [`super::EngineConfig::warm_bytes`] is 0 there by default. The budget is
+//! one atomic the engine shares with its workers, so [`super::Engine::set_warm_bytes`] changes
+//! it while they run (a benchmark compares both settings on one model that way).
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Rows of A up to which a forward is followed by a read-ahead: decode (one or two rows) and
 /// speculative verify passes are bound by reading the weights; a prompt chunk's runs are bound
@@ -54,9 +58,10 @@ impl PeerBytes {
         }
     }
 
-    /// The bytes `start..start + len` of the concatenation of `parts`, as parts.
-    pub(crate) fn window(parts: &[PeerBytes], start: usize, len: usize) -> Vec<PeerBytes> {
-        let mut out = Vec::new();
+    /// The bytes `start..start + len` of the concatenation of `parts`, as parts (into `out`,
+    /// cleared first).
+    pub(crate) fn window(parts: &[PeerBytes], start: usize, len: usize, out: &mut Vec<PeerBytes>) {
+        out.clear();
         let (mut at, end) = (0usize, start.saturating_add(len));
         for p in parts {
             let (lo, hi) = (at.max(start), (at + p.len).min(end));
@@ -68,7 +73,6 @@ impl PeerBytes {
             }
             at += p.len;
         }
-        out
     }
 }
 
@@ -77,35 +81,50 @@ fn offset(ptr: NonNull<u8>, n: usize) -> NonNull<u8> {
     NonNull::new(ptr.as_ptr().wrapping_add(n)).expect("an offset inside a range is not null")
 }
 
+/// The calling thread's lane's weights of one linear, and this worker's part of their
+/// read-ahead: part `slot` of `slots` equal parts of the first `budget` bytes.
+#[derive(Debug)]
+struct PeerLane {
+    parts: Vec<PeerBytes>,
+    slot: usize,
+    slots: usize,
+    /// This worker's window of `parts` for the budget `for_budget`.
+    window: Vec<PeerBytes>,
+    for_budget: Option<usize>,
+}
+
 /// A worker's read-ahead state: what follows what, the other lane's ranges it warms, and the
 /// linear to warm while idle.
 #[derive(Debug, Default)]
 pub(crate) struct Warmer {
-    /// Bytes per lane and linear to read ahead (0: off).
-    budget: usize,
+    /// Bytes per lane and linear to read ahead (0: off), shared with the engine.
+    budget: Arc<AtomicUsize>,
     last: Option<u64>,
     next: HashMap<u64, u64>,
-    peers: HashMap<u64, Vec<PeerBytes>>,
+    peers: HashMap<u64, PeerLane>,
     pending: Option<u64>,
 }
 
 impl Warmer {
-    pub(crate) fn new(budget: usize) -> Warmer {
+    /// A worker's state, reading ahead as many bytes as `budget` holds at each idle spell.
+    pub(crate) fn new(budget: Arc<AtomicUsize>) -> Warmer {
         Warmer {
             budget,
             ..Warmer::default()
         }
     }
 
-    /// Bytes per lane and linear it reads ahead.
+    /// Bytes per lane and linear it reads ahead now.
     pub(crate) fn budget(&self) -> usize {
-        self.budget
+        self.budget.load(Ordering::Relaxed)
     }
 
     /// A forward of linear `id` starts: it follows the previous one (a chunked forward, the
-    /// same linear again, teaches nothing).
+    /// same linear again, teaches nothing). Nothing is learned while the budget is 0: the
+    /// order is learned again within a token of it being raised.
     pub(crate) fn starts(&mut self, id: u64) {
-        if self.budget == 0 {
+        if self.budget() == 0 {
+            self.last = None;
             return;
         }
         self.pending = None;
@@ -118,7 +137,8 @@ impl Warmer {
     /// A forward of linear `id` over `rows` rows of A ended: warm what followed it last time,
     /// after a forward of at most [`MAX_ROWS`] rows.
     pub(crate) fn ended(&mut self, id: u64, rows: usize) {
-        self.pending = self.next.get(&id).copied().filter(|_| rows <= MAX_ROWS);
+        let on = rows <= MAX_ROWS && self.budget() > 0;
+        self.pending = self.next.get(&id).copied().filter(|_| on);
     }
 
     /// The linear to warm now, taken (warmed once per idle spell).
@@ -126,20 +146,37 @@ impl Warmer {
         self.pending.take()
     }
 
-    /// The other lane's ranges this worker warms for `id`.
-    pub(crate) fn peers(&self, id: u64) -> &[PeerBytes] {
-        self.peers.get(&id).map_or(&[], Vec::as_slice)
+    /// The other lane's ranges this worker warms for `id`: its part of the first `budget`
+    /// bytes (the window is cut again only when the budget has changed).
+    pub(crate) fn peers(&mut self, id: u64, budget: usize) -> &[PeerBytes] {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return &[];
+        };
+        if p.for_budget != Some(budget) {
+            let share = budget.div_ceil(p.slots);
+            PeerBytes::window(&p.parts, p.slot * share, share, &mut p.window);
+            p.for_budget = Some(budget);
+        }
+        &p.window
     }
 
-    /// Warms `parts` of another lane's weights for linear `id` from now on.
+    /// Warms another lane's weights of linear `id`, `parts` (in the order its runs read
+    /// them), from now on: part `slot` of `slots` equal parts of their first budget's bytes.
     ///
     /// The protocol that keeps them alive: the engine registers them after the lane that owns
     /// them has built them, and when the linear is dropped it removes it from every worker
     /// (which calls [`Warmer::forget`]) in one round and only then from the owning lane. A
     /// worker reads them only while idle, between tasks, so after its reply to the removal it
     /// never reads them again.
-    pub(crate) fn add_peer(&mut self, id: u64, parts: Vec<PeerBytes>) {
-        self.peers.insert(id, parts);
+    pub(crate) fn add_peer(&mut self, id: u64, parts: Vec<PeerBytes>, slot: usize, slots: usize) {
+        let lane = PeerLane {
+            parts,
+            slot,
+            slots: slots.max(1),
+            window: Vec::new(),
+            for_budget: None,
+        };
+        self.peers.insert(id, lane);
     }
 
     /// Linear `id` is gone: forget its ranges and its place in the order.
@@ -247,9 +284,13 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
+    fn budget(bytes: usize) -> Arc<AtomicUsize> {
+        Arc::new(AtomicUsize::new(bytes))
+    }
+
     #[test]
     fn a_worker_learns_which_linear_follows_which() {
-        let mut w = Warmer::new(1024);
+        let mut w = Warmer::new(budget(1024));
         // Two tokens of a three-linear model; the second linear's forward is chunked.
         for id in [1, 2, 2, 3, 1, 2, 3] {
             w.starts(id);
@@ -274,11 +315,48 @@ mod tests {
         w.ended(2, 1);
         assert_eq!(w.take_pending(), None, "a forgotten linear is never warmed");
         // Off: nothing is learned.
-        let mut off = Warmer::new(0);
+        let shared = budget(0);
+        let mut off = Warmer::new(shared.clone());
         off.starts(1);
         off.starts(2);
         off.ended(1, 1);
         assert_eq!(off.take_pending(), None);
+        // Turned on while running: learned from the next pair of forwards on.
+        shared.store(64, Ordering::Relaxed);
+        off.starts(1);
+        off.ended(1, 1);
+        assert_eq!(off.take_pending(), None, "nothing learned while off");
+        off.starts(2);
+        off.ended(2, 1);
+        off.ended(1, 1);
+        assert_eq!(off.take_pending(), Some(2));
+        // And off again: what was learned is not read ahead.
+        shared.store(0, Ordering::Relaxed);
+        off.ended(1, 1);
+        assert_eq!(off.take_pending(), None);
+    }
+
+    #[test]
+    fn a_workers_window_of_the_callers_lane_follows_the_budget() {
+        let a = [0u8; 100];
+        let shared = budget(40);
+        let mut w = Warmer::new(shared.clone());
+        // Worker 1 of 2: the second half of the first `budget` bytes.
+        w.add_peer(7, vec![PeerBytes::of(&a)], 1, 2);
+        let spans = |w: &mut Warmer, b: usize| -> Vec<(usize, usize)> {
+            w.peers(7, b)
+                .iter()
+                .map(|p| (p.ptr.as_ptr() as usize - a.as_ptr() as usize, p.len))
+                .collect()
+        };
+        assert_eq!(spans(&mut w, shared.load(Ordering::Relaxed)), [(20, 20)]);
+        assert_eq!(spans(&mut w, 80), [(40, 40)]);
+        // Worker 0 takes bytes 0..500 of 1000, which holds the whole lane.
+        assert_eq!(spans(&mut w, 1000), [], "past the lane's 100 bytes");
+        assert_eq!(spans(&mut w, 0), []);
+        assert!(w.peers(8, 80).is_empty(), "an unknown linear has none");
+        w.forget(7);
+        assert_eq!(spans(&mut w, 80), []);
     }
 
     #[test]
@@ -286,9 +364,10 @@ mod tests {
         let a = [0u8; 100];
         let b = [0u8; 50];
         let parts = [PeerBytes::of(&a), PeerBytes::of(&b)];
-        let got = |start, len| -> Vec<(usize, usize)> {
-            PeerBytes::window(&parts, start, len)
-                .iter()
+        let mut out = vec![PeerBytes::of(&b)];
+        let mut got = |start, len| -> Vec<(usize, usize)> {
+            PeerBytes::window(&parts, start, len, &mut out);
+            out.iter()
                 .map(|p| {
                     let at = p.ptr.as_ptr() as usize;
                     let base = [a.as_ptr() as usize, b.as_ptr() as usize]
