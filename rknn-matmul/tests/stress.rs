@@ -308,8 +308,9 @@ fn a_small_engine_shared_by_two_threads() {
 /// Idle workers read the next linear's weights ahead, those of the calling thread's lane by
 /// address: a linear dropped while a worker reads it ahead must never have its weights read
 /// after they are freed (natively a fault: the emulator unmaps them; Miri runs this test too)
-/// nor change a bit of any result. (Threads sharing an engine while it reads ahead, which it
-/// does by default on the emulator: `threads_sharing_one_engine_...` above.)
+/// nor change a bit of any result, while another thread changes the read-ahead budget.
+/// (Threads sharing an engine while it reads ahead, which it does by default on the emulator:
+/// `threads_sharing_one_engine_...` above.)
 #[test]
 fn linears_dropped_while_idle_workers_read_them_ahead() {
     let _serial = serial();
@@ -327,8 +328,36 @@ fn linears_dropped_while_idle_workers_read_them_ahead() {
     let (n, k) = if cfg!(miri) { (64, 64) } else { (1024, 8192) };
     let rounds = if cfg!(miri) { 2 } else { 12 };
     let mut rng = fastrand::Rng::with_seed(30);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Off, small and whole by turns, while the workers read ahead.
+        let (engine, done) = (&engine, &done);
+        s.spawn(move || {
+            for b in [0, 4 << 10, 8 << 20].into_iter().cycle() {
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                engine.set_warm_bytes(b);
+                std::thread::yield_now();
+            }
+            engine.set_warm_bytes(8 << 20);
+        });
+        run_rounds(engine, rounds, (n, k), &mut rng);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    // With the budget whole again, the order is learned anew and read ahead.
+    engine.reset_stats();
+    run_rounds(&engine, 2, (n, k), &mut rng);
+    assert!(engine.stats().warmed_bytes > 0, "nothing was read ahead");
+    drop(engine);
+    assert_eq!(rt.handle_budget().live(), 0);
+}
+
+/// `rounds` rounds of three linears, each forwarded twice in order and dropped one after the
+/// other; the first round's results checked bit for bit.
+fn run_rounds(engine: &Engine, rounds: usize, (n, k): (usize, usize), rng: &mut fastrand::Rng) {
     for r in 0..rounds {
-        let ws: Vec<Vec<f32>> = (0..3).map(|_| random(&mut rng, n * k)).collect();
+        let ws: Vec<Vec<f32>> = (0..3).map(|_| random(rng, n * k)).collect();
         let mut lins: Vec<_> = ws
             .iter()
             .map(|w| Some(engine.linear(w, n, k, WeightFormat::W8A8).unwrap()))
@@ -338,7 +367,7 @@ fn linears_dropped_while_idle_workers_read_them_ahead() {
         let mut ran = Vec::new();
         for _ in 0..2 {
             for (i, lin) in lins.iter().enumerate() {
-                let x = random(&mut rng, k);
+                let x = random(rng, k);
                 let y = lin.as_ref().unwrap().forward_vec(&x, 1).unwrap();
                 ran.push((i, x, y));
             }
@@ -352,7 +381,4 @@ fn linears_dropped_while_idle_workers_read_them_ahead() {
             assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
-    assert!(engine.stats().warmed_bytes > 0, "nothing was read ahead");
-    drop(engine);
-    assert_eq!(rt.handle_budget().live(), 0);
 }
