@@ -129,6 +129,9 @@ def main():
     tg_o, pp_o = med(x["tg64"]["mean"] for x in ours), med(x["pp128"]["mean"] for x in ours)
     # Each decode run against reads taken right before and after it (the decode bench).
     paired = med(x["decode_share_paired"] for x in ours)
+    # The engine's fork-join cost in decode (the calling thread waiting for a busy worker).
+    waits = [x["decode_wait_ms_per_token"] for x in ours if "decode_wait_ms_per_token" in x]
+    wait = med(waits) if waits else None
     tg_l, pp_l = med(x["tg64"] for x in theirs), med(x["pp128"] for x in theirs)
     bw_m = med(bw)
     share = tg_o * wbytes / 1e9 / bw_m
@@ -136,6 +139,7 @@ def main():
                stream_read_gb_s=bw_m, decode_tok_s=tg_o, prefill_tok_s=pp_o,
                llama_cpp_q8_0_decode_tok_s=tg_l, llama_cpp_q8_0_prefill_tok_s=pp_l,
                decode_share_of_limit=share, decode_share_paired=paired, decode_vs_llama=tg_o / tg_l, prefill_vs_llama=pp_o / pp_l,
+               decode_wait_ms_per_token=wait,
                peak_rss_mb=med(rss_ours), llama_cpp_peak_rss_mb=med(rss_theirs),
                rss_ratio=med(rss_ours) / med(rss_theirs), loadavg=load)
     print(f"threads {a.threads}, {a.rounds} rounds, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -148,6 +152,9 @@ def main():
     print(f"| peak RSS (MB) | {med(rss_ours):.0f} | {med(rss_theirs):.0f} | {med(rss_ours) / med(rss_theirs):.2f} |")
     print(f"decode at {100 * share:.0f} % of the bandwidth limit "
           f"({100 * paired:.0f} % as the median of runs each paired with reads beside it)")
+    if wait is not None:
+        print(f"the calling thread waited for the engine's worker {wait:.2} ms per decoded token "
+              f"({100 * wait / (1e3 / tg_o):.0f} % of a token)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
