@@ -224,7 +224,7 @@ fn main() {
         let context: Vec<u32> = (0..depth as u32)
             .map(|i| (i * 104_729 + 3) % n_vocab)
             .collect();
-        let waited_before = engine.as_ref().map(|e| e.stats());
+        let stats_before = engine.as_ref().map(|e| e.stats());
         for r in 0..=reps {
             let before = stream.measure(2);
             let rate = tg_rate(&mut model, &context, tg);
@@ -250,16 +250,16 @@ fn main() {
             100.0 * shares.iter().copied().fold(0.0, f64::max)
         );
         results.insert("decode_share_paired".into(), share.into());
-        if let (Some(e), Some(w0)) = (&engine, waited_before) {
+        if let (Some(e), Some(s0)) = (&engine, stats_before) {
             // The fork-join's cost in decode: the calling thread waiting for a busy worker.
             let s = e.stats();
             let tokens = ((reps + 1) * tg) as f64;
-            let ms = (s.wait.time - w0.wait.time).as_secs_f64() * 1e3 / tokens;
+            let ms = (s.wait.time - s0.wait.time).as_secs_f64() * 1e3 / tokens;
             let per_token = |n: u64, n0: u64| (n - n0) as f64 / tokens;
             println!(
                 "{name}: the calling thread waited for the worker {ms:.3} ms per token, in {:.1} of its {:.0} forwards",
-                per_token(s.wait.count, w0.wait.count),
-                per_token(s.forwards, w0.forwards)
+                per_token(s.wait.count, s0.wait.count),
+                per_token(s.forwards, s0.forwards)
             );
             results.insert("decode_wait_ms_per_token".into(), ms.into());
         }
