@@ -422,7 +422,7 @@ fn engine_line(e: &Engine) -> String {
     let s = e.stats();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms, wait {:.0} ms in {} rounds",
+        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms, waiting for workers {:.0} ms in {} rounds",
         e.runtime().backend_name(),
         e.runtime().platform(),
         e.runtime().selection_reason(),
