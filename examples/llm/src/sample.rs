@@ -147,41 +147,30 @@ impl Sampler {
     /// The distribution the next token is drawn from: the argmax (temperature 0), or the
     /// candidates (left in `self.candidates`) with their probabilities after the repetition
     /// penalty, top-k, top-p and temperature, in llama.cpp's order.
+    ///
+    /// The penalty changes a few logits, so it is kept aside (`penalised`) rather than applied
+    /// to a copy of the whole row; greedy and top-k then read the row once. Sorting or
+    /// partitioning all of a 49 152-token vocabulary cost 0.43 ms per token on the machine this
+    /// was written on, about a tenth of a decode step; the single pass keeps only the k best.
     fn distribution(&mut self, logits: &[f32]) -> Dist {
         let c = &self.config;
-        self.candidates.clear();
-        self.candidates
-            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        // Repetition penalty, once per distinct recent token.
-        if c.repeat_penalty != 1.0 && c.repeat_penalty > 0.0 {
-            let mut seen: Vec<u32> = self.recent.iter().copied().collect();
-            seen.sort_unstable();
-            seen.dedup();
-            for t in seen {
-                if let Some(cand) = self.candidates.get_mut(t as usize) {
-                    cand.1 = if cand.1 > 0.0 {
-                        cand.1 / c.repeat_penalty
-                    } else {
-                        cand.1 * c.repeat_penalty
-                    };
-                }
-            }
-        }
-        if c.temperature <= 0.0 {
-            return Dist::Greedy(greedy(&self.candidates));
-        }
-        // Largest first, lowest id first among equals; NaN logits sort last.
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| {
-            b.1.partial_cmp(&a.1)
-                .unwrap_or_else(|| a.1.is_nan().cmp(&b.1.is_nan()))
-                .then(a.0.cmp(&b.0))
+        let penalised = self.penalised(logits.len());
+        let row = PenalisedRow {
+            logits,
+            penalised: &penalised,
+            penalty: c.repeat_penalty,
         };
-        if c.top_k > 0 && c.top_k < self.candidates.len() {
-            self.candidates
-                .select_nth_unstable_by(c.top_k - 1, by_logit);
-            self.candidates.truncate(c.top_k);
+        if c.temperature <= 0.0 {
+            return Dist::Greedy(greedy_of(row));
         }
-        self.candidates.sort_by(by_logit);
+        self.candidates.clear();
+        if c.top_k > 0 && c.top_k < logits.len() {
+            top_k_into(row, c.top_k, &mut self.candidates);
+        } else {
+            let cands = &mut self.candidates;
+            row.for_each(|id, l| cands.push((id, l)));
+            cands.sort_by(by_logit);
+        }
         // top-p on the distribution before temperature, as llama.cpp orders its chain.
         if c.top_p < 1.0 {
             let probs = softmax(&self.candidates, 1.0);
@@ -198,6 +187,129 @@ impl Sampler {
         }
         Dist::Probs(softmax(&self.candidates, c.temperature))
     }
+
+    /// The ids the repetition penalty applies to: the recent tokens below `n_vocab`, each
+    /// once, ascending (none when the penalty is off).
+    fn penalised(&self, n_vocab: usize) -> Vec<u32> {
+        let c = &self.config;
+        if c.repeat_penalty == 1.0 || c.repeat_penalty <= 0.0 {
+            return Vec::new();
+        }
+        let mut seen: Vec<u32> = self
+            .recent
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < n_vocab)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen
+    }
+}
+
+/// The candidates' order: largest logit first, lowest id first among equals, NaN last.
+fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or_else(|| a.1.is_nan().cmp(&b.1.is_nan()))
+        .then(a.0.cmp(&b.0))
+}
+
+/// A row of logits with the repetition penalty applied to the ids in `penalised`
+/// (ascending): positive logits divided by it, others multiplied.
+#[derive(Clone, Copy)]
+struct PenalisedRow<'a> {
+    logits: &'a [f32],
+    penalised: &'a [u32],
+    penalty: f32,
+}
+
+impl PenalisedRow<'_> {
+    /// Calls `plain(first_id, logits)` on each run of ids between penalised ones and
+    /// `one(id, value)` on each penalised id, in id order.
+    fn visit(self, mut plain: impl FnMut(u32, &[f32]), mut one: impl FnMut(u32, f32)) {
+        let mut start = 0usize;
+        for &id in self.penalised {
+            let i = id as usize;
+            plain(start as u32, &self.logits[start..i]);
+            let l = self.logits[i];
+            one(
+                id,
+                if l > 0.0 {
+                    l / self.penalty
+                } else {
+                    l * self.penalty
+                },
+            );
+            start = i + 1;
+        }
+        plain(start as u32, &self.logits[start..]);
+    }
+
+    /// Every `(id, logit)` in id order.
+    fn for_each(self, mut f: impl FnMut(u32, f32)) {
+        // Both closures need `f`: they never run at once.
+        let f = std::cell::RefCell::new(&mut f);
+        self.visit(
+            |first, run| {
+                let mut f = f.borrow_mut();
+                for (i, &l) in run.iter().enumerate() {
+                    f(first + i as u32, l);
+                }
+            },
+            |id, v| f.borrow_mut()(id, v),
+        );
+    }
+}
+
+/// Logits per block of the scans below: a block whose largest logit cannot enter is skipped
+/// after one vectorised maximum.
+const BLOCK: usize = 16;
+
+/// Largest non-NaN value of `xs` (−∞ if none).
+fn block_max(xs: &[f32]) -> f32 {
+    xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
+/// The `k` first of `row` in [`by_logit`]'s order, sorted, into `out` (cleared first), in one
+/// pass: an entry enters only if it ranks before the current k-th, which for entries seen in
+/// id order means a strictly larger logit (or any number over a NaN).
+fn top_k_into(row: PenalisedRow<'_>, k: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    let out = std::cell::RefCell::new(out);
+    let offer = |id: u32, l: f32| {
+        let mut out = out.borrow_mut();
+        if out.len() == k {
+            let worst = out[k - 1].1;
+            if !(l > worst || (worst.is_nan() && !l.is_nan())) {
+                return;
+            }
+            out.pop();
+        }
+        // Later ids rank after earlier equals: the first position that ranks after `cand`.
+        let cand = (id, l);
+        let at = out.partition_point(|e| by_logit(e, &cand).is_lt());
+        out.insert(at, cand);
+    };
+    row.visit(
+        |first, run| {
+            let mut at = 0;
+            for block in run.chunks(BLOCK) {
+                let worst = {
+                    let out = out.borrow();
+                    (out.len() == k).then(|| out[k - 1].1)
+                };
+                // A full list with a number as its k-th: only a larger logit enters.
+                let skip = worst.is_some_and(|w| !w.is_nan() && block_max(block) <= w);
+                if !skip {
+                    for (i, &l) in block.iter().enumerate() {
+                        offer(first + (at + i) as u32, l);
+                    }
+                }
+                at += block.len();
+            }
+        },
+        offer,
+    );
 }
 
 /// The outcome of [`Sampler::verify`].
@@ -237,14 +349,42 @@ fn draw(probs: &[f64], candidates: &[(u32, f32)], u: f64, skip: Option<u32>) -> 
 pub fn greedy(candidates: &[(u32, f32)]) -> u32 {
     let mut best: Option<(u32, f32)> = None;
     for &(id, l) in candidates {
-        if l.is_nan() {
-            continue;
-        }
-        if best.is_none_or(|(_, b)| l > b) {
-            best = Some((id, l));
-        }
+        offer_greedy(&mut best, id, l);
     }
     best.map_or(0, |b| b.0)
+}
+
+fn offer_greedy(best: &mut Option<(u32, f32)>, id: u32, l: f32) {
+    if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
+        *best = Some((id, l));
+    }
+}
+
+/// [`greedy`] over a row, a block at a time: a block enters only if its largest logit beats
+/// the best so far.
+fn greedy_of(row: PenalisedRow<'_>) -> u32 {
+    let best = std::cell::Cell::new(None);
+    let offer = |id: u32, l: f32| {
+        let mut b = best.get();
+        offer_greedy(&mut b, id, l);
+        best.set(b);
+    };
+    row.visit(
+        |first, run| {
+            let mut at = 0;
+            for block in run.chunks(BLOCK) {
+                let beats = best.get().is_none_or(|(_, b)| block_max(block) > b);
+                if beats {
+                    for (i, &l) in block.iter().enumerate() {
+                        offer(first + (at + i) as u32, l);
+                    }
+                }
+                at += block.len();
+            }
+        },
+        offer,
+    );
+    best.get().map_or(0, |b| b.0)
 }
 
 /// Probabilities of the candidates at `temperature`, in f64, summing to 1.
@@ -346,6 +486,99 @@ mod tests {
         // A tiny top-p keeps only the best.
         let mut s = Sampler::new(cfg(1.0, 0, 0.01));
         assert!((0..100).all(|_| s.sample(&logits) == 4));
+    }
+
+    /// The candidates as the sampler chose them before the single pass: every logit, the
+    /// penalty applied in place, the whole row sorted, then cut to k.
+    fn reference_candidates(
+        logits: &[f32],
+        recent: &[u32],
+        penalty: f32,
+        k: usize,
+    ) -> Vec<(u32, f32)> {
+        let mut c: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let mut seen = recent.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            if let Some(cand) = c.get_mut(t as usize) {
+                cand.1 = if cand.1 > 0.0 {
+                    cand.1 / penalty
+                } else {
+                    cand.1 * penalty
+                };
+            }
+        }
+        c.sort_by(by_logit);
+        if k > 0 {
+            c.truncate(k);
+        }
+        c
+    }
+
+    #[test]
+    fn the_single_pass_top_k_keeps_what_a_full_sort_keeps() {
+        let mut rng = Rng::new(5);
+        // Few distinct values (ties everywhere), NaN, infinities and signed zeros.
+        let pool = [
+            -3.0f32,
+            -1.0,
+            -0.0,
+            0.0,
+            0.5,
+            1.0,
+            2.0,
+            7.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        for trial in 0..300 {
+            let n = 1 + (rng.next_u64() % 200) as usize;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| pool[(rng.next_u64() % pool.len() as u64) as usize])
+                .collect();
+            let recent: Vec<u32> = (0..(rng.next_u64() % 8))
+                .map(|_| (rng.next_u64() % (n as u64 + 3)) as u32)
+                .collect();
+            let penalty = [1.0f32, 1.3, 2.0][trial % 3];
+            for k in [1usize, 2, 5, 40, n.saturating_sub(1).max(1)] {
+                if k >= n {
+                    continue;
+                }
+                let mut s = Sampler::new(SamplerConfig {
+                    repeat_penalty: penalty,
+                    ..cfg(1.0, k, 1.0)
+                });
+                recent.iter().for_each(|&t| s.accept(t));
+                let _ = s.distribution(&logits);
+                let want = reference_candidates(&logits, &recent, penalty, k);
+                let same = s.candidates.len() == want.len()
+                    && s.candidates
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
+                assert!(
+                    same,
+                    "trial {trial} k {k}: {:?} vs {want:?} from {logits:?}",
+                    s.candidates
+                );
+            }
+            // Greedy reads the same penalised row.
+            let mut s = Sampler::new(SamplerConfig {
+                repeat_penalty: penalty,
+                ..cfg(0.0, 40, 1.0)
+            });
+            recent.iter().for_each(|&t| s.accept(t));
+            let full = reference_candidates(&logits, &recent, penalty, 0);
+            let mut by_id = full.clone();
+            by_id.sort_by_key(|c| c.0);
+            assert_eq!(s.sample(&logits), greedy(&by_id), "trial {trial}");
+        }
     }
 
     #[test]
