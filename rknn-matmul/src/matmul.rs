@@ -736,12 +736,12 @@ impl<K: MatmulKind> Matmul<K> {
                 passed_as: matrix,
             });
         }
-        let mut attr = *self.attr(matrix);
-        if mem.bytes() < u64::from(attr.size) {
+        let needed = self.attr(matrix).size;
+        if mem.bytes() < u64::from(needed) {
             return Err(Error::MemoryTooSmall {
                 matrix,
                 bytes: mem.bytes(),
-                needed: attr.size.into(),
+                needed: needed.into(),
             });
         }
         let stamp = mem.stamp();
@@ -752,6 +752,9 @@ impl<K: MatmulKind> Matmul<K> {
         if matrix != Matrix::C {
             mem.sync(sys::RKNN_MEMORY_SYNC_TO_DEVICE)?;
         }
+        // The whole attribute (about 350 bytes) is copied only for the call: a run checks B
+        // and C, bound already, on every forward, when their attributes are cold in the cache.
+        let mut attr = *self.attr(matrix);
         let raw = mem.raw();
         self.handle.call(|api, ctx| {
             // SAFETY: a live memory of this context (checked above), at least as large as the
