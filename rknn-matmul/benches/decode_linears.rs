@@ -14,11 +14,23 @@
 //! Decode is bound by reading them, so the figure of merit is the weights' GB/s per token over
 //! a plain SIMD streaming read of a buffer larger than the caches. Also reported: one
 //! prefill chunk (M = 128) through the same linears, in GOPS, and the engine's phase stats.
+//!
+//! And where a token's time goes: the same fork-join without the engine. Each lane (the
+//! calling thread and one spinning thread per other lane) reads its share of every linear's
+//! weights from buffers of the same sizes, linear after linear, waiting for the others after
+//! each: once with a plain read, once with the emulator's own M = 1 kernel on native B. Engine
+//! tokens and both of these alternate in one loop (`DECODE_ROUNDS`, default 30), so the ratios
+//! are paired: the kernel's fork-join against the plain one says whether the emulated NPU
+//! streams at the bus's speed, and the engine against the kernel's fork-join is what the
+//! engine's per-forward work costs (quantise, hand-off, binding and the runtime's calls,
+//! scaling and collecting the output, and the waits).
 
 use std::hint::black_box;
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use rknn_emu::kernels::{NativeBShape, gemm_i8_native_b};
 use rknn_matmul::engine::topology::Pinning;
 use rknn_matmul::engine::{Engine, EngineConfig, Linear};
 use rknn_matmul::{Platform, Runtime};
@@ -67,6 +79,79 @@ fn stream_read(buf: &[u64], threads: usize, reps: usize) -> f64 {
         best = best.min(last - first);
     }
     (share * threads * 8) as f64 / best.as_secs_f64() / 1e9
+}
+
+/// [`sum_words`] over bytes, eight at a time.
+fn sum_bytes(bytes: &[i8]) -> u64 {
+    let mut acc = [0u64; 8];
+    for chunk in bytes.chunks_exact(64) {
+        for (a, w) in acc.iter_mut().zip(chunk.chunks_exact(8)) {
+            let w: [i8; 8] = w.try_into().expect("8 bytes");
+            *a = a.wrapping_add(u64::from_ne_bytes(w.map(|b| b as u8)));
+        }
+    }
+    acc.iter().fold(0, |s, &a| s.wrapping_add(a))
+}
+
+/// Each lane's share of each linear (N / lanes columns × K bytes, the engine's even split for
+/// these shapes) in its own buffer, the way the engine keeps each shard in its own memory.
+struct LaneBuffers {
+    shapes: Vec<(usize, usize)>,
+    /// `[lane][linear]`.
+    bufs: Vec<Vec<Vec<i8>>>,
+}
+
+impl LaneBuffers {
+    fn new(shapes: &[(usize, usize)], lanes: usize) -> LaneBuffers {
+        let bufs = (0..lanes)
+            .map(|l| {
+                shapes
+                    .iter()
+                    .map(|&(n, k)| vec![l as i8 + 1; n / lanes * k])
+                    .collect()
+            })
+            .collect();
+        LaneBuffers {
+            shapes: shapes.to_vec(),
+            bufs,
+        }
+    }
+
+    /// One token: every linear in order, each lane reading its buffer with `read(lane,
+    /// linear, bytes)`, all lanes joined after each linear (lane 0 on this thread, the others
+    /// spinning on threads that exist only for the token). The time from the first post to
+    /// the last join.
+    fn fork_join(&self, read: impl Fn(usize, usize, &[i8]) + Sync) -> Duration {
+        let lanes = self.bufs.len();
+        let linears = self.shapes.len();
+        let (posted, joined) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let start = Barrier::new(lanes);
+        let (posted, joined, start, read) = (&posted, &joined, &start, &read);
+        std::thread::scope(|s| {
+            for lane in 1..lanes {
+                s.spawn(move || {
+                    start.wait();
+                    for i in 0..linears {
+                        while posted.load(Ordering::Acquire) <= i {
+                            std::hint::spin_loop();
+                        }
+                        read(lane, i, &self.bufs[lane][i]);
+                        joined.fetch_add(1, Ordering::Release);
+                    }
+                });
+            }
+            start.wait();
+            let t = Instant::now();
+            for i in 0..linears {
+                posted.store(i + 1, Ordering::Release);
+                read(0, i, &self.bufs[0][i]);
+                while joined.load(Ordering::Acquire) < (i + 1) * (lanes - 1) {
+                    std::hint::spin_loop();
+                }
+            }
+            t.elapsed()
+        })
+    }
 }
 
 /// CPU time (user + system) this process has used so far.
@@ -221,6 +306,77 @@ fn main() {
     );
     println!("{stats}");
     println!("RSS after decode {:.0} MB", status_mb("VmRSS:"));
+
+    // Where the token's time goes: the same fork-join, without the engine.
+    let lanes = LaneBuffers::new(&shapes, workers);
+    let a: Vec<i8> = (0..1536).map(|_| rng.i8(..)).collect();
+    let c_len = shapes.iter().map(|&(n, _)| n / workers).max().unwrap_or(0);
+    // Each lane's output, allocated once (as the engine's lanes keep theirs).
+    let c_bufs: Vec<std::sync::Mutex<Vec<i32>>> = (0..workers)
+        .map(|_| std::sync::Mutex::new(vec![0i32; c_len]))
+        .collect();
+    let plain = || {
+        lanes.fork_join(|_, _, bytes| {
+            black_box(sum_bytes(black_box(bytes)));
+        })
+    };
+    let kernel = || {
+        lanes.fork_join(|lane, i, bytes| {
+            let (n, k) = shapes[i];
+            let n = n / workers;
+            let mut c = c_bufs[lane].lock().expect("a lane's own buffer");
+            let shape = NativeBShape {
+                m: 1,
+                n,
+                k,
+                sn: 32,
+                lda: k,
+            };
+            gemm_i8_native_b(&a[..k], black_box(bytes), &mut c[..n], shape, false);
+            black_box(&*c);
+        })
+    };
+    let rounds = env("DECODE_ROUNDS").unwrap_or(if quick { 6 } else { 30 });
+    let (mut eng, mut pl, mut ke) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut eng_ke, mut ke_pl) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        // Each measurement first, middle and last in turn.
+        let mut t = [Duration::ZERO; 3];
+        for j in 0..3 {
+            let which = (r + j) % 3;
+            t[which] = match which {
+                0 => token(&mut outs),
+                1 => plain(),
+                _ => kernel(),
+            };
+        }
+        let secs = t.map(|d| d.as_secs_f64());
+        eng.push(t[0]);
+        pl.push(t[1]);
+        ke.push(t[2]);
+        eng_ke.push(secs[0] / secs[2]);
+        ke_pl.push(secs[2] / secs[1]);
+    }
+    let ratio = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let (ek, ek_lo, ek_hi) = ratio(eng_ke);
+    let (kp, kp_lo, kp_hi) = ratio(ke_pl);
+    let ms = |v: Vec<Duration>| median(v).as_secs_f64() * 1e3;
+    println!(
+        "\nthe same fork-join without the engine ({workers} lane(s), each its share of every linear, {rounds} rounds, medians):"
+    );
+    println!(
+        "  plain read {:.2} ms/token, the emulator's kernel {:.2} ms, the engine {:.2} ms",
+        ms(pl),
+        ms(ke),
+        ms(eng)
+    );
+    println!(
+        "  kernel / plain read: {kp:.3} (range {kp_lo:.3}-{kp_hi:.3}); engine / kernel: {ek:.3} (range {ek_lo:.3}-{ek_hi:.3})"
+    );
+    drop(lanes);
 
     if env("DECODE_PREFILL") == Some(0) {
         return;
