@@ -155,6 +155,14 @@ fn with_context<T>(
     f(&mut guard)
 }
 
+/// Whether the NUL-terminated `name` is `want`.
+fn c_name_is(name: &[std::ffi::c_char], want: &str) -> bool {
+    name.iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c.to_ne_bytes()[0])
+        .eq(want.bytes())
+}
+
 fn c_name(name: &[std::ffi::c_char]) -> String {
     let bytes: Vec<u8> = name
         .iter()
@@ -339,17 +347,17 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
         let inst = inst(S)?;
         // SAFETY: checked non-null.
         let attr = unsafe { &*attr };
-        let name = c_name(&attr.name);
-        let which = match name.as_str() {
-            "A" => 0,
-            "B" => 1,
-            "C" => 2,
-            other => {
-                return Err(param(format!(
-                    "attr name {other:?} is not \"A\", \"B\" or \"C\" from io_attr"
-                )));
-            }
+        // Matched without building a string: this runs before every matmul of a model.
+        let Some(which) = ["A", "B", "C"]
+            .iter()
+            .position(|n| c_name_is(&attr.name, n))
+        else {
+            return Err(param(format!(
+                "attr name {:?} is not \"A\", \"B\" or \"C\" from io_attr",
+                c_name(&attr.name)
+            )));
         };
+        let name = ["A", "B", "C"][which];
         let platform = inst.cfg.platform;
         with_context(&inst, handle(ctx), |c| {
             let desc = c.current_descs()[which];

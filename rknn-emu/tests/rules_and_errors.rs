@@ -370,6 +370,15 @@ fn null_pointers_and_bad_handles_are_errors_not_crashes() {
             RKNN_ERR_PARAM_INVALID,
             "bad name"
         );
+        // A valid name followed by more is another name.
+        wrong = io.A;
+        wrong.name[1] = b'B' as _;
+        assert_eq!(
+            (api.rknn_matmul_set_io_mem)(ctx, small, &mut wrong),
+            RKNN_ERR_PARAM_INVALID,
+            "\"AB\""
+        );
+        assert!(last_error().contains("\"AB\" is not"), "{}", last_error());
         wrong = io.A;
         wrong.size += 1;
         assert_eq!(
