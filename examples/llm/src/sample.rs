@@ -223,41 +223,62 @@ struct PenalisedRow<'a> {
     penalty: f32,
 }
 
+/// A stretch of a [`PenalisedRow`], in id order.
+enum Piece<'a> {
+    /// Consecutive ids from `first`, their logits as they are.
+    Run { first: u32, logits: &'a [f32] },
+    /// A penalised id and its logit after the penalty.
+    One { id: u32, logit: f32 },
+}
+
 impl PenalisedRow<'_> {
-    /// Calls `plain(first_id, logits)` on each run of ids between penalised ones and
-    /// `one(id, value)` on each penalised id, in id order.
-    fn visit(self, mut plain: impl FnMut(u32, &[f32]), mut one: impl FnMut(u32, f32)) {
+    /// Hands `f` the row as runs of plain logits between the penalised ids, and each of those.
+    fn pieces(self, mut f: impl FnMut(Piece<'_>)) {
         let mut start = 0usize;
         for &id in self.penalised {
             let i = id as usize;
-            plain(start as u32, &self.logits[start..i]);
+            f(Piece::Run {
+                first: start as u32,
+                logits: &self.logits[start..i],
+            });
             let l = self.logits[i];
-            one(
-                id,
-                if l > 0.0 {
-                    l / self.penalty
-                } else {
-                    l * self.penalty
-                },
-            );
+            let logit = if l > 0.0 {
+                l / self.penalty
+            } else {
+                l * self.penalty
+            };
+            f(Piece::One { id, logit });
             start = i + 1;
         }
-        plain(start as u32, &self.logits[start..]);
+        f(Piece::Run {
+            first: start as u32,
+            logits: &self.logits[start..],
+        });
     }
 
     /// Every `(id, logit)` in id order.
     fn for_each(self, mut f: impl FnMut(u32, f32)) {
-        // Both closures need `f`: they never run at once.
-        let f = std::cell::RefCell::new(&mut f);
-        self.visit(
-            |first, run| {
-                let mut f = f.borrow_mut();
-                for (i, &l) in run.iter().enumerate() {
+        self.pieces(|piece| match piece {
+            Piece::Run { first, logits } => {
+                for (i, &l) in logits.iter().enumerate() {
                     f(first + i as u32, l);
                 }
-            },
-            |id, v| f.borrow_mut()(id, v),
-        );
+            }
+            Piece::One { id, logit } => f(id, logit),
+        });
+    }
+
+    /// Each run in blocks of [`BLOCK`]: `f(first_id, block)`, and each penalised id as a block
+    /// of one.
+    fn blocks(self, mut f: impl FnMut(u32, &[f32])) {
+        self.pieces(|piece| match piece {
+            Piece::Run { first, logits } => {
+                for (b, block) in logits.chunks(BLOCK).enumerate() {
+                    f(first + (b * BLOCK) as u32, block);
+                }
+            }
+            Piece::One { id, logit } => f(id, &[logit]),
+        });
     }
 }
 
@@ -275,41 +296,26 @@ fn block_max(xs: &[f32]) -> f32 {
 /// id order means a strictly larger logit (or any number over a NaN).
 fn top_k_into(row: PenalisedRow<'_>, k: usize, out: &mut Vec<(u32, f32)>) {
     out.clear();
-    let out = std::cell::RefCell::new(out);
-    let offer = |id: u32, l: f32| {
-        let mut out = out.borrow_mut();
-        if out.len() == k {
-            let worst = out[k - 1].1;
-            if !(l > worst || (worst.is_nan() && !l.is_nan())) {
-                return;
-            }
-            out.pop();
+    row.blocks(|first, block| {
+        // A full list with a number as its k-th: only a larger logit enters.
+        let worst = (out.len() == k).then(|| out[k - 1].1);
+        if worst.is_some_and(|w| !w.is_nan() && block_max(block) <= w) {
+            return;
         }
-        // Later ids rank after earlier equals: the first position that ranks after `cand`.
-        let cand = (id, l);
-        let at = out.partition_point(|e| by_logit(e, &cand).is_lt());
-        out.insert(at, cand);
-    };
-    row.visit(
-        |first, run| {
-            let mut at = 0;
-            for block in run.chunks(BLOCK) {
-                let worst = {
-                    let out = out.borrow();
-                    (out.len() == k).then(|| out[k - 1].1)
-                };
-                // A full list with a number as its k-th: only a larger logit enters.
-                let skip = worst.is_some_and(|w| !w.is_nan() && block_max(block) <= w);
-                if !skip {
-                    for (i, &l) in block.iter().enumerate() {
-                        offer(first + (at + i) as u32, l);
-                    }
+        for (i, &l) in block.iter().enumerate() {
+            if out.len() == k {
+                let worst = out[k - 1].1;
+                if !(l > worst || (worst.is_nan() && !l.is_nan())) {
+                    continue;
                 }
-                at += block.len();
+                out.pop();
             }
-        },
-        offer,
-    );
+            // Later ids rank after earlier equals: before the first entry ranking after it.
+            let cand = (first + i as u32, l);
+            let at = out.partition_point(|e| by_logit(e, &cand).is_lt());
+            out.insert(at, cand);
+        }
+    });
 }
 
 /// The outcome of [`Sampler::verify`].
@@ -360,31 +366,18 @@ fn offer_greedy(best: &mut Option<(u32, f32)>, id: u32, l: f32) {
     }
 }
 
-/// [`greedy`] over a row, a block at a time: a block enters only if its largest logit beats
-/// the best so far.
+/// [`greedy`] over a row, a block at a time: a block is looked into only if its largest
+/// logit beats the best so far.
 fn greedy_of(row: PenalisedRow<'_>) -> u32 {
-    let best = std::cell::Cell::new(None);
-    let offer = |id: u32, l: f32| {
-        let mut b = best.get();
-        offer_greedy(&mut b, id, l);
-        best.set(b);
-    };
-    row.visit(
-        |first, run| {
-            let mut at = 0;
-            for block in run.chunks(BLOCK) {
-                let beats = best.get().is_none_or(|(_, b)| block_max(block) > b);
-                if beats {
-                    for (i, &l) in block.iter().enumerate() {
-                        offer(first + (at + i) as u32, l);
-                    }
-                }
-                at += block.len();
+    let mut best = None;
+    row.blocks(|first, block| {
+        if best.is_none_or(|(_, b)| block_max(block) > b) {
+            for (i, &l) in block.iter().enumerate() {
+                offer_greedy(&mut best, first + i as u32, l);
             }
-        },
-        offer,
-    );
-    best.get().map_or(0, |b| b.0)
+        }
+    });
+    best.map_or(0, |b| b.0)
 }
 
 /// Probabilities of the candidates at `temperature`, in f64, summing to 1.
