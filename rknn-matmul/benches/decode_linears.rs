@@ -154,6 +154,85 @@ impl LaneBuffers {
     }
 }
 
+/// Engine tokens (`engine_token`) against the same fork-join over buffers of the shard sizes
+/// without the engine, with a plain read and with the emulator's kernel, in rotating order;
+/// prints the medians and the paired ratios.
+fn fork_join_without_engine(
+    engine_token: &mut dyn FnMut() -> Duration,
+    shapes: &[(usize, usize)],
+    workers: usize,
+    rng: &mut fastrand::Rng,
+    rounds: usize,
+) {
+    let lanes = LaneBuffers::new(shapes, workers);
+    let a: Vec<i8> = (0..1536).map(|_| rng.i8(..)).collect();
+    let c_len = shapes.iter().map(|&(n, _)| n / workers).max().unwrap_or(0);
+    // Each lane's output, allocated once (as the engine's lanes keep theirs).
+    let c_bufs: Vec<std::sync::Mutex<Vec<i32>>> = (0..workers)
+        .map(|_| std::sync::Mutex::new(vec![0i32; c_len]))
+        .collect();
+    let plain = || {
+        lanes.fork_join(|_, _, bytes| {
+            black_box(sum_bytes(black_box(bytes)));
+        })
+    };
+    let kernel = || {
+        lanes.fork_join(|lane, i, bytes| {
+            let (n, k) = shapes[i];
+            let n = n / workers;
+            let mut c = c_bufs[lane].lock().expect("a lane's own buffer");
+            let shape = NativeBShape {
+                m: 1,
+                n,
+                k,
+                sn: 32,
+                lda: k,
+            };
+            gemm_i8_native_b(&a[..k], black_box(bytes), &mut c[..n], shape, false);
+            black_box(&*c);
+        })
+    };
+    let (mut eng, mut pl, mut ke) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut eng_ke, mut ke_pl) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        // Each measurement first, middle and last in turn.
+        let mut t = [Duration::ZERO; 3];
+        for j in 0..3 {
+            let which = (r + j) % 3;
+            t[which] = match which {
+                0 => engine_token(),
+                1 => plain(),
+                _ => kernel(),
+            };
+        }
+        let secs = t.map(|d| d.as_secs_f64());
+        eng.push(t[0]);
+        pl.push(t[1]);
+        ke.push(t[2]);
+        eng_ke.push(secs[0] / secs[2]);
+        ke_pl.push(secs[2] / secs[1]);
+    }
+    let ratio = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let (ek, ek_lo, ek_hi) = ratio(eng_ke);
+    let (kp, kp_lo, kp_hi) = ratio(ke_pl);
+    let ms = |v: Vec<Duration>| median(v).as_secs_f64() * 1e3;
+    println!(
+        "\nthe same fork-join without the engine ({workers} lane(s), each its share of every linear, {rounds} rounds, medians):"
+    );
+    println!(
+        "  plain read {:.2} ms/token, the emulator's kernel {:.2} ms, the engine {:.2} ms",
+        ms(pl),
+        ms(ke),
+        ms(eng)
+    );
+    println!(
+        "  kernel / plain read: {kp:.3} (range {kp_lo:.3}-{kp_hi:.3}); engine / kernel: {ek:.3} (range {ek_lo:.3}-{ek_hi:.3})"
+    );
+}
+
 /// CPU time (user + system) this process has used so far.
 fn cpu_time() -> Duration {
     // SAFETY: getrusage writes the struct it is given; a zeroed rusage is a valid value.
@@ -307,76 +386,18 @@ fn main() {
     println!("{stats}");
     println!("RSS after decode {:.0} MB", status_mb("VmRSS:"));
 
-    // Where the token's time goes: the same fork-join, without the engine.
-    let lanes = LaneBuffers::new(&shapes, workers);
-    let a: Vec<i8> = (0..1536).map(|_| rng.i8(..)).collect();
-    let c_len = shapes.iter().map(|&(n, _)| n / workers).max().unwrap_or(0);
-    // Each lane's output, allocated once (as the engine's lanes keep theirs).
-    let c_bufs: Vec<std::sync::Mutex<Vec<i32>>> = (0..workers)
-        .map(|_| std::sync::Mutex::new(vec![0i32; c_len]))
-        .collect();
-    let plain = || {
-        lanes.fork_join(|_, _, bytes| {
-            black_box(sum_bytes(black_box(bytes)));
-        })
-    };
-    let kernel = || {
-        lanes.fork_join(|lane, i, bytes| {
-            let (n, k) = shapes[i];
-            let n = n / workers;
-            let mut c = c_bufs[lane].lock().expect("a lane's own buffer");
-            let shape = NativeBShape {
-                m: 1,
-                n,
-                k,
-                sn: 32,
-                lda: k,
-            };
-            gemm_i8_native_b(&a[..k], black_box(bytes), &mut c[..n], shape, false);
-            black_box(&*c);
-        })
-    };
-    let rounds = env("DECODE_ROUNDS").unwrap_or(if quick { 6 } else { 30 });
-    let (mut eng, mut pl, mut ke) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut eng_ke, mut ke_pl) = (Vec::new(), Vec::new());
-    for r in 0..rounds {
-        // Each measurement first, middle and last in turn.
-        let mut t = [Duration::ZERO; 3];
-        for j in 0..3 {
-            let which = (r + j) % 3;
-            t[which] = match which {
-                0 => token(&mut outs),
-                1 => plain(),
-                _ => kernel(),
-            };
-        }
-        let secs = t.map(|d| d.as_secs_f64());
-        eng.push(t[0]);
-        pl.push(t[1]);
-        ke.push(t[2]);
-        eng_ke.push(secs[0] / secs[2]);
-        ke_pl.push(secs[2] / secs[1]);
+    // Where the token's time goes: the same fork-join, without the engine. Its lanes spin, so
+    // it needs a CPU each; the kernel needs whole tiles of 32 columns per lane.
+    let splits = shapes.iter().all(|&(n, _)| n % (workers * 32) == 0);
+    if workers > cpus || !splits {
+        println!(
+            "\n(no fork-join without the engine: {workers} lanes on {cpus} CPUs, or shards not in whole tiles)"
+        );
+    } else {
+        let mut engine_token = || token(&mut outs);
+        let rounds = env("DECODE_ROUNDS").unwrap_or(if quick { 6 } else { 30 });
+        fork_join_without_engine(&mut engine_token, &shapes, workers, &mut rng, rounds);
     }
-    let ratio = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[0], v[v.len() - 1])
-    };
-    let (ek, ek_lo, ek_hi) = ratio(eng_ke);
-    let (kp, kp_lo, kp_hi) = ratio(ke_pl);
-    let ms = |v: Vec<Duration>| median(v).as_secs_f64() * 1e3;
-    println!(
-        "\nthe same fork-join without the engine ({workers} lane(s), each its share of every linear, {rounds} rounds, medians):"
-    );
-    println!(
-        "  plain read {:.2} ms/token, the emulator's kernel {:.2} ms, the engine {:.2} ms",
-        ms(pl),
-        ms(ke),
-        ms(eng)
-    );
-    println!(
-        "  kernel / plain read: {kp:.3} (range {kp_lo:.3}-{kp_hi:.3}); engine / kernel: {ek:.3} (range {ek_lo:.3}-{ek_hi:.3})"
-    );
-    drop(lanes);
 
     if env("DECODE_PREFILL") == Some(0) {
         return;
