@@ -11,6 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Output;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rknn_matmul::Platform;
 use rknn_tools::conformance::{self, CHECKS, Mode, Options, Status, Values};
@@ -27,9 +28,14 @@ fn dropin_library() -> PathBuf {
 /// Runs rknn-conformance on the drop-in playing RK3588 with `env` set; `None` where the binary
 /// cannot be started (an aarch64 binary under qemu-user without binfmt).
 fn conformance(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
+    // A lock file of its own per run: the tool holds the NPU lock while it checks, and two
+    // tests running the same setting at once (this file's tests run in parallel) would
+    // otherwise find the other's lock taken and exit with status 2.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
     let lock = std::env::temp_dir().join(format!(
-        "rknn-conformance-test-{}-{}.lock",
+        "rknn-conformance-test-{}-{}-{}.lock",
         std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed),
         env.first().map_or("default", |e| e.0)
     ));
     let so = dropin_library();
@@ -47,7 +53,9 @@ fn conformance(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    match cmd.output() {
+    let output = cmd.output();
+    let _ = std::fs::remove_file(&lock);
+    match output {
         Err(e) if e.raw_os_error() == Some(8) => None,
         Err(e) => panic!("start rknn-conformance: {e}"),
         Ok(out) => {
