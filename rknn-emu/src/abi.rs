@@ -155,20 +155,15 @@ fn with_context<T>(
     f(&mut guard)
 }
 
-/// Whether the NUL-terminated `name` is `want`.
-fn c_name_is(name: &[std::ffi::c_char], want: &str) -> bool {
+/// The bytes of a NUL-terminated C name (all of it if it has no NUL).
+fn c_name_bytes(name: &[std::ffi::c_char]) -> impl Iterator<Item = u8> + '_ {
     name.iter()
         .take_while(|&&c| c != 0)
         .map(|&c| c.to_ne_bytes()[0])
-        .eq(want.bytes())
 }
 
 fn c_name(name: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = name
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c.to_ne_bytes()[0])
-        .collect();
+    let bytes: Vec<u8> = c_name_bytes(name).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -348,16 +343,17 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
         // SAFETY: checked non-null.
         let attr = unsafe { &*attr };
         // Matched without building a string: this runs before every matmul of a model.
-        let Some(which) = ["A", "B", "C"]
+        const NAMES: [&str; 3] = ["A", "B", "C"];
+        let Some(which) = NAMES
             .iter()
-            .position(|n| c_name_is(&attr.name, n))
+            .position(|n| c_name_bytes(&attr.name).eq(n.bytes()))
         else {
             return Err(param(format!(
                 "attr name {:?} is not \"A\", \"B\" or \"C\" from io_attr",
                 c_name(&attr.name)
             )));
         };
-        let name = ["A", "B", "C"][which];
+        let name = NAMES[which];
         let platform = inst.cfg.platform;
         with_context(&inst, handle(ctx), |c| {
             let desc = c.current_descs()[which];
