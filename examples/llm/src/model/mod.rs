@@ -861,15 +861,10 @@ fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 /// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)` ([`exp::exp`]), for rows of
-/// `width`.
+/// `width`, on the selected backend ([`kernels::Kernel::swiglu`]: the same bits on each).
 fn swiglu(width: usize, gate: &mut [f32], up: &[f32]) {
-    by_row_blocks(width, gate, up, swiglu_rows);
-}
-
-fn swiglu_rows(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + exp::exp(-*g)) * u;
-    }
+    let kern = kernels::selected();
+    by_row_blocks(width, gate, up, |g, u| kern.swiglu(g, u));
 }
 
 /// cos/sin of every rotated pair for the positions of one forward call.
