@@ -21,7 +21,8 @@ use half::f16;
 use rknn_chip::Layout;
 
 use super::glue;
-use super::scheduler::{Round, Work};
+use super::out_cols::OutCols;
+use super::scheduler::{MAX_WORKERS, Round, Work};
 use super::stats::{Counters, Lap, Phase};
 use super::warm::{self, PeerBytes, Warmer};
 use super::{Inner, Rotation, Scratch};
@@ -73,9 +74,9 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     /// The lane's shared A/C of this type, per IOMMU domain.
     fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>>;
 
-    /// Writes the first `valid` columns of `acc` ([m × per, width]) into `out` ([m, valid]):
-    /// output row `r` combines accumulator rows `r·per .. r·per + per` (`per` is 2 when each
-    /// input row was quantised twice, as itself and as its residual).
+    /// Writes the first `valid` columns of `acc` ([m × per, width]) into `out`'s rows (`m` rows
+    /// of `valid` columns): output row `r` combines accumulator rows `r·per .. r·per + per`
+    /// (`per` is 2 when each input row was quantised twice, as itself and as its residual).
     #[allow(clippy::too_many_arguments)] // The operands of the formula.
     fn finish(
         acc: &[Self::Acc],
@@ -85,7 +86,7 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
         valid: usize,
         row_scales: &[f32],
         ch_scales: &[f32],
-        out: &mut [f32],
+        out: &mut OutCols,
     );
 }
 
@@ -116,10 +117,11 @@ impl EngineKind for I8xI8ToI32 {
         valid: usize,
         row_scales: &[f32],
         ch_scales: &[f32],
-        out: &mut [f32],
+        out: &mut OutCols,
     ) {
         if per == 2 {
-            for (r, o) in out.chunks_exact_mut(valid).take(m).enumerate() {
+            for r in 0..m {
+                let o = out.row(r);
                 let (i0, i1) = (2 * r, 2 * r + 1);
                 let (s0, s1) = (row_scales[i0], row_scales[i1]);
                 let a0 = &acc[i0 * width..i0 * width + valid];
@@ -138,7 +140,7 @@ impl EngineKind for I8xI8ToI32 {
                 valid,
                 &row_scales[r..=r],
                 &ch_scales[..valid],
-                &mut out[r * valid..(r + 1) * valid],
+                out.row(r),
                 valid,
                 0,
             );
@@ -170,10 +172,11 @@ impl EngineKind for F16xF16ToF32 {
         valid: usize,
         _row_scales: &[f32],
         _ch_scales: &[f32],
-        out: &mut [f32],
+        out: &mut OutCols,
     ) {
         for r in 0..m {
-            out[r * valid..(r + 1) * valid].copy_from_slice(&acc[r * width..r * width + valid]);
+            out.row(r)
+                .copy_from_slice(&acc[r * width..r * width + valid]);
         }
     }
 }
@@ -287,8 +290,8 @@ pub(crate) struct Forward {
     per: usize,
     bucket: usize,
     input: Input,
-    /// The worker's output buffer, returned in the reply holding the block [m, valid].
-    out: Vec<f32>,
+    /// The lane's columns of the caller's output rows, written in place.
+    out: OutCols,
 }
 
 /// Rows of a prompt chunk to rotate and quantise on a lane: the quantisation of many rows is
@@ -387,9 +390,6 @@ pub(crate) enum Reply {
     Done,
     /// A shard was built: its weights' ranges, in the order its runs read them.
     Registered(Vec<PeerBytes>),
-    /// A forward's output block: its first `m × valid` values are [m, valid] (the buffer keeps
-    /// its largest length from call to call).
-    Block(Vec<f32>),
     /// A [`QuantizeRows`]'s rows and scales.
     Quantized { q: Vec<i8>, scales: Vec<f32> },
 }
@@ -424,7 +424,7 @@ impl Work for Task {
                     .expect("a live Linear's shards are registered on its workers");
                 let stats = (&*st.stats, st.lane);
                 st.warm.starts(f.id);
-                let out = match (shard, f.input) {
+                match (shard, f.input) {
                     (AnyShard::I8(s), Input::I8 { q, scales, ld }) => {
                         let rows = (f.m, f.per, f.bucket);
                         let lane = &mut st.io;
@@ -436,9 +436,9 @@ impl Work for Task {
                         forward_shard(s, lane, &x, ld, &[], rows, &mut st.facc, f.out, stats)?
                     }
                     _ => unreachable!("a linear's input matches its weight format"),
-                };
+                }
                 st.warm.ended(f.id, f.bucket);
-                Ok(Reply::Block(out))
+                Ok(Reply::Done)
             }
             Task::Remove { id } => {
                 st.warm.forget(id);
@@ -572,7 +572,7 @@ fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs one shard of one forward chunk: per K segment pack A, run, accumulate; then scale (or
-/// copy) the valid columns into `out` ([m, valid]), which is returned.
+/// copy) the valid columns into the lane's columns of the output, `out`.
 #[allow(clippy::too_many_arguments)] // One call site per weight format.
 fn forward_shard<K: EngineKind>(
     shard: &mut Shard<K>,
@@ -582,9 +582,9 @@ fn forward_shard<K: EngineKind>(
     row_scales: &[f32],
     (m, per, bucket): (usize, usize, usize),
     acc: &mut Vec<K::Acc>,
-    mut out: Vec<f32>,
+    mut out: OutCols,
     (stats, lane_index): (&Counters, usize),
-) -> Result<Vec<f32>> {
+) -> Result<()> {
     let (width, sk, sn) = (shard.width, shard.sk, shard.sn);
     // The first segment sets every accumulator, so the buffer only grows (zeroing it again
     // whenever a wider linear followed a narrower one was a memset per call).
@@ -616,13 +616,7 @@ fn forward_shard<K: EngineKind>(
         K::accumulate(io.c.as_slice(), bucket, width, sn, acc, i == 0);
         lap.mark(Phase::Collect);
     }
-    // As `acc`: the block keeps its largest length and the reply its first `m × valid`
-    // values, which `finish` writes in full.
-    let used = m * shard.valid;
-    if out.len() < used {
-        out.resize(used, 0.0);
-    }
-    let block = &mut out[..used];
+    debug_assert_eq!(out.rows(), m, "the lane's view has the chunk's rows");
     K::finish(
         acc,
         m,
@@ -631,11 +625,11 @@ fn forward_shard<K: EngineKind>(
         shard.valid,
         row_scales,
         &shard.ch_scales,
-        block,
+        &mut out,
     );
     lap.mark(Phase::Collect);
     stats.add_lap(lane_index, &lap);
-    Ok(out)
+    Ok(())
 }
 
 /// A weight matrix resident on the NPU, shared over the engine's cores. `Send + Sync`: any
@@ -877,8 +871,21 @@ impl Linear {
                     xs.resize(bucket * self.k, 0.0);
                 }
             }
-            let replies = round.run_all(|i, s| {
-                let plan = self.shards[i].as_ref()?;
+            let out_chunk = &mut out[r0 * self.n..(r0 + mc) * self.n];
+            let mut cols = [None; MAX_WORKERS];
+            for (c, plan) in cols.iter_mut().zip(&self.shards) {
+                *c = plan
+                    .as_ref()
+                    .filter(|p| p.valid > 0)
+                    .map(|p| (p.n0, p.valid));
+            }
+            // SAFETY: `out_chunk` is not touched again in this iteration, and no view is used
+            // after it: each goes to one lane's task, which drops it before replying, and
+            // `run_all` returns (or unwinds) only after every posted task has replied; the views
+            // not handed out are never used.
+            let mut views = unsafe { OutCols::split(out_chunk, mc, self.n, cols) };
+            round.run_all(|i, s| {
+                let out = views.get_mut(i)?.take()?;
                 let input = match self.format {
                     WeightFormat::W8A8 => Input::I8 {
                         q: s.q.clone(),
@@ -896,26 +903,9 @@ impl Linear {
                     per,
                     bucket,
                     input,
-                    out: std::mem::take(&mut s.outs[i]),
+                    out,
                 }))
-                .filter(|_| plan.valid > 0)
             })?;
-            let out_chunk = &mut out[r0 * self.n..(r0 + mc) * self.n];
-            for (i, reply) in replies.into_iter().enumerate() {
-                let (Some(Reply::Block(block)), Some(plan)) =
-                    (reply, &self.shards.get(i).and_then(Option::as_ref))
-                else {
-                    continue;
-                };
-                // The block's first `mc × valid` values are this call's ([`forward_shard`]).
-                for (dst, src) in out_chunk
-                    .chunks_exact_mut(self.n)
-                    .zip(block[..mc * plan.valid].chunks_exact(plan.valid))
-                {
-                    dst[plan.n0..plan.n0 + plan.valid].copy_from_slice(src);
-                }
-                round.scratch().outs[i] = block;
-            }
             r0 += mc;
         }
         let (waited, rounds) = round.take_waited();

@@ -5,8 +5,9 @@
 //! Follow one call: [`Linear::forward`] quantises x once per row on the caller thread (no
 //! thread pool is forked for it, which matters at M = 1), hands one task to each NPU-core
 //! worker, and waits. Each worker packs native A for each K segment of its shard, runs its
-//! contexts on its core, accumulates the segments exactly in i32, and scales into its own
-//! output block, which the caller copies into its columns of the output. Results do not depend
+//! contexts on its core, accumulates the segments exactly in i32, and scales straight into its
+//! columns of the caller's output (the lanes' columns are disjoint, and the round waits for
+//! every lane before it returns, even when unwinding). Results do not depend
 //! on the number of cores: every output element is the same exact integer sum times the same
 //! two scales.
 //!
@@ -21,6 +22,7 @@
 
 pub mod glue;
 mod linear;
+mod out_cols;
 mod rotation;
 mod scheduler;
 mod stats;
@@ -151,8 +153,8 @@ impl EngineConfig {
     }
 }
 
-/// The caller side of a round: the prepared inputs the workers share, and each worker's
-/// output block, recycled from round to round.
+/// The caller side of a round: the prepared inputs the workers share, recycled from round to
+/// round.
 #[derive(Default)]
 pub(crate) struct Scratch {
     rotated: Vec<f32>,
@@ -160,7 +162,6 @@ pub(crate) struct Scratch {
     q: Arc<Vec<i8>>,
     scales: Arc<Vec<f32>>,
     x: Arc<Vec<f32>>,
-    outs: [Vec<f32>; MAX_WORKERS],
     /// Each lane's share of a chunk quantised on the lanes (rows, then scales), recycled.
     q_parts: [Vec<i8>; MAX_WORKERS],
     scale_parts: [Vec<f32>; MAX_WORKERS],

@@ -313,15 +313,24 @@ impl<T: Work, S> Round<'_, T, S> {
     /// Runs `task(i)` on lane `i` (skipping `None`), all at once (the inline lane while the
     /// others run), and waits for all of them even when one fails. Returns each lane's reply,
     /// or the first error. Allocates nothing.
+    ///
+    /// Every task posted has finished when this returns or unwinds (a panic in `task` or in
+    /// the inline lane waits for the workers first), so a task may write through pointers
+    /// into memory the caller lends for the call ([`super::linear`]'s output rows).
     pub(crate) fn run_all(
         &mut self,
         mut task: impl FnMut(usize, &mut S) -> Option<T>,
     ) -> Result<[Option<T::Reply>; MAX_WORKERS]> {
         let state = &mut *self.state;
         let offset = usize::from(state.inline.is_some());
-        let mut tickets = [None; MAX_WORKERS];
-        for (i, (w, t)) in self.workers.iter().zip(&mut tickets).enumerate() {
-            *t = task(i + offset, &mut state.scratch).map(|task| w.post(task));
+        let mut posted = Posted {
+            workers: self.workers,
+            tickets: [None; MAX_WORKERS],
+        };
+        for (i, w) in self.workers.iter().enumerate() {
+            if let Some(t) = task(i + offset, &mut state.scratch) {
+                posted.tickets[i] = Some(w.post(t));
+            }
         }
         let mut replies = std::array::from_fn(|_| None);
         let mut first = None;
@@ -341,11 +350,11 @@ impl<T: Work, S> Round<'_, T, S> {
         let busy = self
             .workers
             .iter()
-            .zip(&tickets)
+            .zip(&posted.tickets)
             .any(|(w, t)| t.is_some_and(|seq| w.slot.done.load(Ordering::Acquire) < seq));
         let wait_start = busy.then(std::time::Instant::now);
-        for (i, (w, t)) in self.workers.iter().zip(tickets).enumerate() {
-            if let Some(seq) = t {
+        for (i, w) in self.workers.iter().enumerate() {
+            if let Some(seq) = posted.tickets[i].take() {
                 match w.wait(seq) {
                     Ok(r) => replies[i + offset] = Some(r),
                     Err(Error::WorkerPanicked { .. }) if first.is_none() => {
@@ -363,6 +372,23 @@ impl<T: Work, S> Round<'_, T, S> {
         match first {
             Some(e) => Err(e),
             None => Ok(replies),
+        }
+    }
+}
+
+/// The tickets of a round's posted tasks that have not been waited for: dropped while
+/// unwinding, it waits for each (their replies discarded), so no task outlives its round.
+struct Posted<'p, T: Work> {
+    workers: &'p [Worker<T>],
+    tickets: [Option<u64>; MAX_WORKERS],
+}
+
+impl<T: Work> Drop for Posted<'_, T> {
+    fn drop(&mut self) {
+        for (w, t) in self.workers.iter().zip(&mut self.tickets) {
+            if let Some(seq) = t.take() {
+                let _ = w.wait(seq);
+            }
         }
     }
 }
@@ -443,6 +469,7 @@ mod tests {
     enum Job {
         Add(u64),
         Sleep(Duration),
+        SleepThenSet(Duration, Arc<std::sync::atomic::AtomicBool>),
         Panic,
         Exit,
     }
@@ -454,6 +481,10 @@ mod tests {
             match self {
                 Job::Add(x) => *state += x,
                 Job::Sleep(d) => thread::sleep(d),
+                Job::SleepThenSet(d, flag) => {
+                    thread::sleep(d);
+                    flag.store(true, Ordering::Release);
+                }
                 Job::Panic => panic!("a task that panics"),
                 Job::Exit => {}
             }
@@ -525,6 +556,33 @@ mod tests {
         let r = p.round().run_all(|_, _| Some(Job::Add(0))).expect("ok");
         assert_eq!(r[1], Some(2));
         assert_eq!(r[2], Some(1));
+    }
+
+    #[test]
+    fn a_round_unwinding_from_its_caller_waits_for_the_tasks_it_posted() {
+        // Lane 1's task is posted and sleeps, then sets a flag; making lane 2's task panics on
+        // the caller. The round must not unwind past its posted task (tasks may write into
+        // memory the caller lends for the round): when the panic reaches us, the flag is set.
+        let p = pool(true, 2, Duration::ZERO);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let slow = Duration::from_millis(if cfg!(miri) { 1 } else { 30 });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.round().run_all(|i, _| match i {
+                1 => Some(Job::SleepThenSet(slow, done.clone())),
+                // Without the panic hook, whose backtrace (RUST_BACKTRACE) can take longer
+                // than the task's sleep.
+                2 => std::panic::resume_unwind(Box::new("building lane 2's task")),
+                _ => Some(Job::Add(1)),
+            })
+        }));
+        assert!(r.is_err(), "the caller's panic propagates");
+        assert!(
+            done.load(Ordering::Acquire),
+            "the round unwound while its posted task was still running"
+        );
+        // The pool goes on.
+        let r = p.round().run_all(|_, _| Some(Job::Add(0))).expect("ok");
+        assert_eq!(r[1], Some(0));
     }
 
     #[test]
