@@ -7,7 +7,7 @@
 //!
 //! Shapes are the demo model's (SmolLM2-135M): SwiGLU over `n_ff` = 1536 values per layer,
 //! and one attention head (64 wide) against 32 cached positions, the middle of a 64-token
-//! decode. Every backend gives the same bits (tested in `model::kernels`); only speed differs.
+//! decode: its scores, their softmax and the weighted sum of the values. Every backend gives the same bits (tested in `model::kernels`); only speed differs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ fn main() {
     let (q, keys, p) = (wave(64, 0.7), wave(32 * 64, 0.13), wave(32, 0.05));
     let mut gate = gate0.clone();
     let mut scores = vec![0.0f32; 32];
+    let mut probs = vec![0.0f32; 32];
     let mut out = vec![0.0f32; 64];
     let kernels: Vec<Kernel> = Kernel::all()
         .iter()
@@ -62,6 +63,13 @@ fn main() {
         (
             "attention scores, 32 keys × 64",
             Box::new(|k: Kernel| k.dot_rows(black_box(&q), black_box(&keys), 64, &mut scores)),
+        ),
+        (
+            "attention softmax, 32 scores",
+            Box::new(|k: Kernel| {
+                probs.copy_from_slice(&p);
+                k.softmax_scaled(black_box(&mut probs), 0.125)
+            }),
         ),
         (
             "attention values, 32 rows × 64",

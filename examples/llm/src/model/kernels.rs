@@ -233,6 +233,46 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// Attention's softmax of one head's scores, in place: each score times `scale`, then
+    /// `e^(s - max)` with the model's own `exp`, the sum of those in f64 in position order,
+    /// and each divided by it (times the f32 inverse). The same operations in the same order
+    /// on every backend, so the same bits; AVX2 runs the element-wise loops eight lanes wide.
+    ///
+    /// # Panics
+    /// If the backend is not available.
+    pub fn softmax_scaled(self, scores: &mut [f32], scale: f32) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(self.is_available(), "AVX2/FMA not available");
+                // SAFETY: the CPU supports AVX2 (checked just above); the body is safe Rust
+                // that the compiler vectorises for it.
+                unsafe { x86::softmax_scaled_avx2(scores, scale) }
+            }
+            _ => softmax_scaled(scores, scale),
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_scaled(scores: &mut [f32], scale: f32) {
+    // Separate loops: the element-wise ones vectorise, the maximum and the in-order f64 sum
+    // stay sequential (their order is part of the result).
+    for s in scores.iter_mut() {
+        *s *= scale;
+    }
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    for s in scores.iter_mut() {
+        *s = super::exp::exp(*s - max);
+    }
+    let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
+    let inv = (1.0 / sum) as f32;
+    for s in scores.iter_mut() {
+        *s *= inv;
+    }
+}
+
 #[inline(always)]
 fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -383,6 +423,13 @@ mod x86 {
         out: &mut [f32],
     ) {
         super::add_scaled_rows(p, rows, stride, out);
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 (the loops are the portable ones, vectorised for it).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn softmax_scaled_avx2(scores: &mut [f32], scale: f32) {
+        super::softmax_scaled(scores, scale);
     }
 
     /// # Safety
@@ -586,6 +633,46 @@ mod tests {
                         let got = kern.dot(&a, &b);
                         assert_eq!(got.to_bits(), want.to_bits(), "{} k={k}", kern.name());
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_gives_the_scalar_bits_on_every_backend_and_is_a_softmax() {
+        let mut rng = fastrand::Rng::with_seed(8);
+        for n in [1, 2, 7, 8, 9, 32, 33, 100, 1500] {
+            let mut scores: Vec<f32> = (0..n).map(|_| (rng.f32() - 0.5) * 40.0).collect();
+            if n > 3 {
+                scores[1] = f32::NEG_INFINITY; // a masked position
+                scores[2] = -0.0;
+            }
+            let scale = 0.125;
+            let mut want = scores.clone();
+            Kernel::Scalar.softmax_scaled(&mut want, scale);
+            // Against softmax in f64.
+            let max = scores
+                .iter()
+                .map(|&s| f64::from(s * scale))
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores
+                .iter()
+                .map(|&s| (f64::from(s * scale) - max).exp())
+                .collect();
+            let total: f64 = e.iter().sum();
+            for (i, (&w, &ei)) in want.iter().zip(&e).enumerate() {
+                let p = ei / total;
+                assert!(
+                    (f64::from(w) - p).abs() <= 1e-6 * p + 1e-30,
+                    "n={n} [{i}]: {w} vs {p}"
+                );
+            }
+            for &kern in Kernel::all() {
+                if kern.is_available() {
+                    let mut got = scores.clone();
+                    kern.softmax_scaled(&mut got, scale);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{} n={n}", kern.name());
                 }
             }
         }

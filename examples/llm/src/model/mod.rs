@@ -947,35 +947,29 @@ fn attention(
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let kern = kernels::selected();
+    thread_local! {
+        /// One head's scores, kept per thread (decode calls this 270 times per token).
+        static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let one = |idx: usize, o: &mut [f32]| {
         let (r, h) = (idx / c.n_head, idx % c.n_head);
         let g = h / group;
         let n_t = pos + r + 1;
-        let mut scores = vec![0.0f32; n_t];
+        let mut scores = SCORES.with_borrow_mut(std::mem::take);
+        scores.clear();
+        scores.resize(n_t, 0.0);
         let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
         match &k_cache[g] {
             KvRows::F32(keys) => kern.dot_rows(qh, keys, hd, &mut scores),
             KvRows::F16(keys) => kern.dot_rows_f16(qh, keys, hd, &mut scores),
         }
-        let mut max = f32::NEG_INFINITY;
-        for s in scores.iter_mut() {
-            *s *= scale;
-            max = max.max(*s);
-        }
-        // Two loops: the first vectorises, the in-order f64 sum cannot.
-        for s in scores.iter_mut() {
-            *s = exp::exp(*s - max);
-        }
-        let sum: f64 = scores.iter().map(|&s| f64::from(s)).sum();
-        let inv = (1.0 / sum) as f32;
-        for s in scores.iter_mut() {
-            *s *= inv;
-        }
+        kern.softmax_scaled(&mut scores, scale);
         o.fill(0.0);
         match &v_cache[g] {
             KvRows::F32(values) => kern.add_scaled_rows(&scores, values, hd, o),
             KvRows::F16(values) => kern.add_scaled_rows_f16(&scores, values, hd, o),
         }
+        SCORES.with_borrow_mut(|s| *s = scores);
     };
     match pool {
         None => out
