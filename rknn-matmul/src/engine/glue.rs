@@ -297,7 +297,7 @@ pub fn quantize_rows(
 
 /// [`Rotation::apply_rows`](super::Rotation::apply_rows) on the selected backend (the same
 /// operations in the same order on each, so the same bits).
-pub(crate) fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+pub(crate) fn rotate_rows(signs: &[u64], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
     match selected() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is selected only if the CPU has AVX2; the body is safe code.

@@ -11,11 +11,12 @@
 use super::{RowPlan, fast, quantize_one};
 use std::arch::x86_64::{
     __m256, __m256i, _CMP_ORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_add_ps,
-    _mm256_and_ps, _mm256_and_si256, _mm256_blend_ps, _mm256_cmp_ps, _mm256_cvtps_epi32,
-    _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_epu32, _mm256_max_ps,
-    _mm256_min_ps, _mm256_mul_ps, _mm256_packs_epi16, _mm256_packs_epi32, _mm256_permute_ps,
-    _mm256_permute2f128_ps, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setr_epi32, _mm256_setzero_si256, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_ps,
+    _mm256_and_ps, _mm256_and_si256, _mm256_blend_ps, _mm256_castsi256_ps, _mm256_cmp_ps,
+    _mm256_cmpeq_epi32, _mm256_cvtps_epi32, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_loadu_si256,
+    _mm256_max_epu32, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_packs_epi16,
+    _mm256_packs_epi32, _mm256_permute_ps, _mm256_permute2f128_ps, _mm256_permutevar8x32_epi32,
+    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_si256, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_ps, _mm256_xor_ps,
 };
 use std::ptr;
 
@@ -360,14 +361,15 @@ unsafe fn pack_f16_blocks<const SK: usize>(
 ///
 /// AVX2 is available.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
+pub(super) unsafe fn rotate_rows(signs: &[u64], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
     crate::engine::rotation::rotate_rows_with(signs, mix, k, x, |block, signs| {
         // SAFETY: AVX2 is available (contract).
         unsafe { sign_fwht64(block, signs) }
     })
 }
 
-/// [`sign_fwht64`](crate::engine::rotation::sign_fwht64) in eight registers: the butterflies
+/// [`sign_fwht64`](crate::engine::rotation::sign_fwht64) in eight registers (the signs flipped
+/// by a mask built from their bits): the butterflies
 /// of distance 1, 2 and 4 within each register (the partner brought in by a permute, the sum
 /// kept in the lower lane and the difference `a - b` in the upper one), those of 8, 16 and 32
 /// between registers. Each output is the same `a + b` or `a - b` of the same operands as the
@@ -379,16 +381,19 @@ pub(super) unsafe fn rotate_rows(signs: &[f32], mix: Option<&[f32]>, k: usize, x
 /// AVX2 is available.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn sign_fwht64(block: &mut [f32; 64], signs: &[f32; 64]) {
+unsafe fn sign_fwht64(block: &mut [f32; 64], signs: u64) {
     // SAFETY: every load and store is of 8 floats at `8 * j`, j < 8, inside the 64-float
-    // arrays; AVX2 is available (contract).
+    // array; AVX2 is available (contract).
     unsafe {
-        let (p, sp) = (block.as_mut_ptr(), signs.as_ptr());
+        let p = block.as_mut_ptr();
+        // Lane i of register j takes bit 8j + i of `signs` into its sign bit: the byte
+        // broadcast, each lane's bit isolated and compared, the all-ones lanes cut to bit 31.
+        let lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         let mut v: [__m256; 8] = std::array::from_fn(|j| {
-            _mm256_mul_ps(
-                _mm256_loadu_ps(p.add(8 * j)),
-                _mm256_loadu_ps(sp.add(8 * j)),
-            )
+            let byte = _mm256_set1_epi32(((signs >> (8 * j)) & 0xFF) as i32);
+            let set = _mm256_cmpeq_epi32(_mm256_and_si256(byte, lane_bits), lane_bits);
+            let flip = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(set));
+            _mm256_xor_ps(_mm256_loadu_ps(p.add(8 * j)), flip)
         });
         for x in &mut v {
             // Distance 1: partner [x1, x0, x3, x2]; distance 2: [x2, x3, x0, x1] per half;
