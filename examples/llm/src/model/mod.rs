@@ -718,14 +718,15 @@ impl Model {
             let t = Instant::now();
             layer.wqkv.forward(&h, m, &mut qkv)?;
             t_matmul += t.elapsed();
-            split_columns(&qkv, m, &mut [&mut q, &mut k, &mut v]);
-            add_bias(&mut q, layer.bq.as_deref());
-            add_bias(&mut k, layer.bk.as_deref());
-            add_bias(&mut v, layer.bv.as_deref());
-            rope.apply(&mut q, c.n_head);
-            rope.apply(&mut k, c.n_head_kv);
+            // One row (decode) holds q, k and v side by side: use them in place.
+            let [q, k, v] = split_columns(&mut qkv, m, [&mut q, &mut k, &mut v]);
+            add_bias(q, layer.bq.as_deref());
+            add_bias(k, layer.bk.as_deref());
+            add_bias(v, layer.bv.as_deref());
+            rope.apply(q, c.n_head);
+            rope.apply(k, c.n_head_kv);
             let heads = l * c.n_head_kv..(l + 1) * c.n_head_kv;
-            for (cache, new) in [(&mut self.cache.k, &k), (&mut self.cache.v, &v)] {
+            for (cache, new) in [(&mut self.cache.k, &*k), (&mut self.cache.v, &*v)] {
                 for row in new.chunks_exact(kvd) {
                     for (buf, head) in cache[heads.clone()]
                         .iter_mut()
@@ -759,10 +760,10 @@ impl Model {
             let t = Instant::now();
             layer.w_gate_up.forward(&h, m, &mut gate_up)?;
             t_matmul += t.elapsed();
-            split_columns(&gate_up, m, &mut [&mut gate, &mut up]);
-            swiglu(c.n_ff, &mut gate, &up);
+            let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
+            swiglu(c.n_ff, gate, up);
             let t = Instant::now();
-            layer.w_down.forward(&gate, m, &mut h)?;
+            layer.w_down.forward(gate, m, &mut h)?;
             t_matmul += t.elapsed();
             add_into(&mut x, &h);
         }
@@ -830,11 +831,25 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Splits the rows of a fused output into the outputs of its parts: row `i` of `fused` is the
-/// concatenation of row `i` of each part.
-fn split_columns(fused: &[f32], m: usize, parts: &mut [&mut Vec<f32>]) {
-    let widths: Vec<usize> = parts.iter().map(|p| p.len() / m).collect();
+/// The parts of a fused output ([m, Σ widths], row `i` the concatenation of row `i` of each
+/// part), each [m, width]: for one row the parts are side by side in `fused` and are returned
+/// in place; for more, each is copied out into its buffer (whose length gives its width).
+fn split_columns<'a, const P: usize>(
+    fused: &'a mut [f32],
+    m: usize,
+    parts: [&'a mut Vec<f32>; P],
+) -> [&'a mut [f32]; P] {
+    let widths = parts.each_ref().map(|p| p.len() / m);
+    if m == 1 {
+        let mut rest = fused;
+        return widths.map(|w| {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(w);
+            rest = tail;
+            part
+        });
+    }
     let row: usize = widths.iter().sum();
+    let mut parts = parts;
     for (i, frow) in fused.chunks_exact(row).enumerate() {
         let mut off = 0;
         for (p, &w) in parts.iter_mut().zip(&widths) {
@@ -842,6 +857,7 @@ fn split_columns(fused: &[f32], m: usize, parts: &mut [&mut Vec<f32>]) {
             off += w;
         }
     }
+    parts.map(|p| &mut p[..])
 }
 
 fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
@@ -989,6 +1005,25 @@ fn attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_columns_gives_each_part_its_columns_in_place_or_copied() {
+        for m in [1, 3] {
+            // Row i: part a = [10i, 10i+1], part b = [10i+2, 10i+3, 10i+4].
+            let mut fused: Vec<f32> = (0..m)
+                .flat_map(|i| (0..5).map(move |j| (10 * i + j) as f32))
+                .collect();
+            let (mut a, mut b) = (vec![0.0; 2 * m], vec![0.0; 3 * m]);
+            let [pa, pb] = split_columns(&mut fused, m, [&mut a, &mut b]);
+            let want = |w: usize, off: usize| -> Vec<f32> {
+                (0..m)
+                    .flat_map(|i| (0..w).map(move |j| (10 * i + off + j) as f32))
+                    .collect()
+            };
+            assert_eq!(pa, &want(2, 0)[..], "m={m}");
+            assert_eq!(pb, &want(3, 2)[..], "m={m}");
+        }
+    }
 
     #[test]
     fn attention_gives_the_same_bits_on_one_thread_and_on_the_pool() {
