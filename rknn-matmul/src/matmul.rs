@@ -686,6 +686,23 @@ impl<K: MatmulKind> Matmul<K> {
         self.alloc(Matrix::C, Some(flags))
     }
 
+    /// Reads what the next [`Matmul::set_m`] and [`Matmul::run`] at the current M read of this
+    /// wrapper (its shape, the current descriptors' sizes, what is bound, the context handle),
+    /// so that they find it in the CPU caches. Changes nothing.
+    pub(crate) fn touch(&self) {
+        let i = self.current.get();
+        let io = &self.ios[i];
+        std::hint::black_box((
+            self.ms[i],
+            io.A.size,
+            io.B.size,
+            io.C.size,
+            self.bound.each_ref().map(Cell::get),
+            self.handle.domain,
+            self.handle.ctx,
+        ));
+    }
+
     /// Selects M on a dynamic-shape context. A and C are bound again by the next run; B stays
     /// bound, as the vendor's usage requires ("B can not be dynamic, only call set_io_mem
     /// once").

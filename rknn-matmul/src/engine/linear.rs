@@ -457,6 +457,11 @@ impl Work for Task {
         let Some(id) = st.warm.take_pending() else {
             return;
         };
+        // Its own state first (a few dozen cache lines that the weights of every other linear
+        // evicted since its last forward, a token ago), then its weights.
+        if let Some(shard) = st.shards.get(&id) {
+            shard.touch();
+        }
         let own = st.shards.get(&id).into_iter().flat_map(AnyShard::b_bytes);
         let budget = st.warm.budget();
         let read = warm::read_ahead(own, st.warm.peers(id, budget), budget, interrupted);
@@ -465,6 +470,23 @@ impl Work for Task {
 }
 
 impl AnyShard {
+    /// Reads the state its next forward reads (each segment's context wrapper and B, the
+    /// channel scales), so that the forward finds it in this core's caches.
+    fn touch(&self) {
+        fn each<K: MatmulKind>(s: &Shard<K>) {
+            for seg in &s.segments {
+                seg.mm.touch();
+                seg.b.touch();
+            }
+            // One read per cache line.
+            std::hint::black_box(s.ch_scales.iter().step_by(16).fold(0.0f32, |a, &v| a + v));
+        }
+        match self {
+            AnyShard::I8(s) => each(s),
+            AnyShard::F16(s) => each(s),
+        }
+    }
+
     /// The bytes of its weights, segment by segment (the order a run reads them).
     fn b_bytes(&self) -> impl Iterator<Item = &[u8]> {
         let (i8s, f16s): (&[Segment<I8xI8ToI32>], &[Segment<F16xF16ToF32>]) = match self {
