@@ -7,28 +7,15 @@
 //!
 //! Shapes are the demo model's (SmolLM2-135M): SwiGLU over `n_ff` = 1536 values per layer,
 //! and one attention head (64 wide) against 32 cached positions, the middle of a 64-token
-//! decode: its scores, their softmax and the weighted sum of the values. Every backend gives the same bits (tested in `model::kernels`); only speed differs.
+//! decode: its scores, their softmax and the weighted sum of the values. Every backend gives
+//! the same bits (tested in `model::kernels`); only speed differs.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use rknn_llm::model::kernels::Kernel;
 
-/// Median time per call of `f` over 9 batches of `n` calls.
-fn per_call(n: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut v: Vec<Duration> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed() / n as u32
-        })
-        .collect();
-    v.sort();
-    v[4]
-}
+mod common;
+use common::per_call;
 
 fn main() {
     let n = if std::env::var_os("BENCH_QUICK").is_some() {

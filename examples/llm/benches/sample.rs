@@ -11,27 +11,13 @@
 //! penalty over 64 recent tokens.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use rknn_llm::sample::{Rng, Sampler, SamplerConfig};
 
 const VOCAB: usize = 49_152;
 
-/// Median time per call of `f` over 9 batches of `n` calls.
-fn per_call(n: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut v: Vec<Duration> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed() / n as u32
-        })
-        .collect();
-    v.sort();
-    v[4]
-}
+mod common;
+use common::per_call;
 
 fn main() {
     let mut rng = Rng::new(11);

@@ -742,7 +742,7 @@ impl Model {
             attention(
                 &c,
                 (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool),
-                &q,
+                q,
                 &self.cache.k[heads.clone()],
                 &self.cache.v[heads],
                 pos,
