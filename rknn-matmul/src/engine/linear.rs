@@ -804,6 +804,9 @@ impl Linear {
     }
 
     /// y [m, N] = x [m, K] × Wᵀ, for any m.
+    ///
+    /// Each NPU core's lane writes its columns of `out` directly; if the call fails, `out` may
+    /// hold some lanes' columns and must not be used.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
         let need = |what, dim: usize| {
             m.checked_mul(dim).ok_or_else(|| Error::SizeOverflow {
