@@ -231,9 +231,7 @@ impl Kernel {
             _ => swiglu(gate, up),
         }
     }
-}
 
-impl Kernel {
     /// Attention's softmax of one head's scores, in place: each score times `scale`, then
     /// `e^(s - max)` with the model's own `exp`, the sum of those in f64 in position order,
     /// and each divided by it (times the f32 inverse). The same operations in the same order

@@ -837,7 +837,7 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 fn split_columns<'a, const P: usize>(
     fused: &'a mut [f32],
     m: usize,
-    parts: [&'a mut Vec<f32>; P],
+    mut parts: [&'a mut Vec<f32>; P],
 ) -> [&'a mut [f32]; P] {
     let widths = parts.each_ref().map(|p| p.len() / m);
     if m == 1 {
@@ -849,7 +849,6 @@ fn split_columns<'a, const P: usize>(
         });
     }
     let row: usize = widths.iter().sum();
-    let mut parts = parts;
     for (i, frow) in fused.chunks_exact(row).enumerate() {
         let mut off = 0;
         for (p, &w) in parts.iter_mut().zip(&widths) {
