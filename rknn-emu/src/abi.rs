@@ -802,9 +802,9 @@ unsafe extern "C" fn mem_sync<const S: usize>(
                 "mem belongs to another context",
             ));
         }
-        let shared = m.shared.clone();
-        drop(st);
-        shared.sync(to, from);
+        // Under the state's read lock: a sync takes only the memory's own lock, never the
+        // state's, and a reference count taken and dropped would be two more writes per call.
+        m.shared.sync(to, from);
         Ok(())
     })
 }

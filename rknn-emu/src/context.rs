@@ -101,6 +101,10 @@ pub(crate) struct Context {
     pub(crate) bound: [Option<Arc<Shared>>; 3],
     /// Its modelled device time, from its first run on (kept by [`crate::instance::Instance`]).
     pub(crate) modelled: Option<crate::instance::ContextModelled>,
+    /// The last run costed and its cost: a context runs the same shape on the same core run
+    /// after run, and the model's divisions and `Duration` conversion were a third of the
+    /// accounting.
+    pub(crate) last_cost: Option<(crate::cost::Run, crate::cost::RunCost, std::time::Duration)>,
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.
@@ -217,6 +221,7 @@ impl Context {
             b: None,
             bound: [None, None, None],
             modelled: None,
+            last_cost: None,
         }
     }
 

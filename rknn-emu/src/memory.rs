@@ -1,7 +1,7 @@
 //! NPU memories: the `rknn_tensor_mem` structs handed to C, their buffers, and the accounting
 //! that reproduces the device's limits (handle budget, 4 GiB per IOMMU domain).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -283,8 +283,8 @@ impl std::fmt::Display for AllocError {
 /// All live memories of one emulator instance.
 #[derive(Default)]
 pub(crate) struct Memories {
-    live: HashMap<usize, Memory>,
-    domain_bytes: HashMap<i32, u64>,
+    live: FxHashMap<usize, Memory>,
+    domain_bytes: FxHashMap<i32, u64>,
 }
 
 /// The registry key of a memory: its address. Pointers from C are only ever compared with

@@ -554,7 +554,9 @@ fn dynamic_shapes_keep_b_bound_as_the_vendor_binds_it_once() {
             0,
             "B bound once"
         );
-        for (i, s) in shapes.iter_mut().enumerate() {
+        // Twice over the shapes: the modelled time follows each shape change (checked below).
+        for i in (0..2).flat_map(|_| 0..3) {
+            let s = &mut shapes[i];
             assert_eq!(set(ctx, s), 0);
             let m = s.M as usize;
             let a: Vec<i8> = (0..m * k).map(|_| rng.i8(..)).collect();
@@ -565,6 +567,9 @@ fn dynamic_shapes_keep_b_bound_as_the_vendor_binds_it_once() {
             let c = std::slice::from_raw_parts((*mems[2]).virt_addr as *const i32, m * n);
             assert_eq!(c, &naive_i8(&a, &b, m, k, n)[..], "shape M={m}");
         }
+        let at =
+            |m| rknn_emu::cost::RK3588.modelled_run(m, k, n, rknn_chip::MatmulType::I8_I8_I32, 1);
+        assert_eq!(emu.modelled().total, 2 * (at(1) + at(4) + at(16)));
         for m in mems {
             assert_eq!((api.rknn_destroy_mem)(ctx, m), 0);
         }
