@@ -200,6 +200,49 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop() {
     assert_eq!(budget.live(), before);
 }
 
+/// The phase statistics are real time, whichever clock the engine reads (the CPU's counter
+/// where it has a constant-rate one, `Instant` elsewhere): on one lane, where every phase runs
+/// on the calling thread one after the other, a forward's phases add up to most of its wall
+/// time and never to more.
+#[test]
+fn the_phase_times_add_up_to_the_wall_time_of_a_forward() {
+    let e = engine(1);
+    let (n, k) = (1024, 2048);
+    let mut rng = fastrand::Rng::with_seed(5);
+    let lin = e
+        .linear(&random(&mut rng, n * k), n, k, WeightFormat::W8A8)
+        .unwrap();
+    let x = random(&mut rng, k);
+    let mut out = vec![0.0; n];
+    lin.forward(&x, 1, &mut out).unwrap();
+    let mut shares = Vec::new();
+    // A preemption between two phases is wall time that no phase holds: try a few times.
+    for _ in 0..5 {
+        e.reset_stats();
+        let t = std::time::Instant::now();
+        for _ in 0..10 {
+            lin.forward(&x, 1, &mut out).unwrap();
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let s = e.stats();
+        let phases = [s.quantize, s.pack, s.run, s.collect, s.wait]
+            .iter()
+            .map(|p| p.time.as_secs_f64())
+            .sum::<f64>();
+        let share = phases / wall;
+        assert!(
+            share <= 1.001,
+            "the phases took {phases} s of a {wall} s wall time"
+        );
+        assert!(s.run.time > s.pack.time, "{s:?}");
+        if share >= 0.5 {
+            return;
+        }
+        shares.push(share);
+    }
+    panic!("the phases held only these shares of the wall time: {shares:?}");
+}
+
 #[test]
 fn idle_workers_read_the_next_linear_ahead_and_change_no_bit() {
     let rt = common::runtime_with(|_| {});

@@ -15,11 +15,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::time::Instant;
 
 use half::f16;
 use rknn_chip::Layout;
 
+use super::clock;
 use super::glue;
 use super::out_cols::OutCols;
 use super::scheduler::{MAX_WORKERS, Round, Work};
@@ -587,9 +587,9 @@ fn build<K: EngineKind>(
 
 /// Runs `f`, counted as one run of `phase` by the callers.
 fn timed<R>(stats: &Counters, phase: Phase, f: impl FnOnce() -> R) -> R {
-    let t = Instant::now();
+    let t = clock::now();
     let r = f();
-    stats.add(stats.callers(), phase, t.elapsed());
+    stats.add(stats.callers(), phase, clock::now().since(t).duration());
     r
 }
 

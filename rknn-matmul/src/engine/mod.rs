@@ -20,6 +20,7 @@
 //! prefill from that alone); larger M is processed in chunks of `max_m`. One context per
 //! (core, segment) serves every bucket, so the weights are resident once.
 
+mod clock;
 pub mod glue;
 mod linear;
 mod out_cols;

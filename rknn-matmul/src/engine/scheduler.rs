@@ -352,7 +352,7 @@ impl<T: Work, S> Round<'_, T, S> {
             .iter()
             .zip(&posted.tickets)
             .any(|(w, t)| t.is_some_and(|seq| w.slot.done.load(Ordering::Acquire) < seq));
-        let wait_start = busy.then(std::time::Instant::now);
+        let wait_start = busy.then(super::clock::now);
         for (i, w) in self.workers.iter().enumerate() {
             if let Some(seq) = posted.tickets[i].take() {
                 match w.wait(seq) {
@@ -366,7 +366,7 @@ impl<T: Work, S> Round<'_, T, S> {
             }
         }
         if let Some(t) = wait_start {
-            self.waited.0 += t.elapsed();
+            self.waited.0 += super::clock::now().since(t).duration();
             self.waited.1 += 1;
         }
         match first {

@@ -3,7 +3,9 @@
 //! numbers (decode spent 7.8 % of tracked time in host glue, prefill 20.3 %).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::clock::{self, Tick, Ticks};
 
 /// A phase of a forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +77,7 @@ impl Counters {
         let c = &self.cells[writer];
         for i in (0..PHASES).filter(|&i| lap.count[i] > 0) {
             c.count[i].fetch_add(lap.count[i], Ordering::Relaxed);
-            c.nanos[i].fetch_add(lap.spent[i].as_nanos() as u64, Ordering::Relaxed);
+            c.nanos[i].fetch_add(lap.spent[i].nanos(), Ordering::Relaxed);
         }
     }
 
@@ -142,8 +144,8 @@ impl Counters {
 /// Consecutive phases timed with one clock read at each boundary (a forward shard's pack, run
 /// and collect, segment after segment), added to the counters once at the end.
 pub(crate) struct Lap {
-    last: Instant,
-    spent: [Duration; PHASES],
+    last: Tick,
+    spent: [Ticks; PHASES],
     count: [u64; PHASES],
 }
 
@@ -151,16 +153,16 @@ impl Lap {
     /// Starts timing the first phase.
     pub(crate) fn start() -> Lap {
         Lap {
-            last: Instant::now(),
-            spent: [Duration::ZERO; PHASES],
+            last: clock::now(),
+            spent: [Ticks::default(); PHASES],
             count: [0; PHASES],
         }
     }
 
     /// Ends a run of `phase` (begun at the previous mark) and starts the next.
     pub(crate) fn mark(&mut self, phase: Phase) {
-        let now = Instant::now();
-        self.spent[phase as usize] += now - self.last;
+        let now = clock::now();
+        self.spent[phase as usize] += now.since(self.last);
         self.count[phase as usize] += 1;
         self.last = now;
     }
