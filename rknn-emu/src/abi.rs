@@ -5,13 +5,14 @@
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, TryLockError};
 
 use rknn_chip::layout::{self, TensorDesc};
 use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
 use crate::context::{CallResult, Context, try_vec};
+use crate::follow::{self, ContextCell};
 use crate::instance::{self, Instance, InstanceRef, next_handle};
 use crate::memory::Source;
 
@@ -100,7 +101,7 @@ unsafe extern "C" fn emu_last_error<const S: usize>() -> *const c_char {
 
 /// The handle as the emulator's key: `rknn_context` is 32-bit on 32-bit ARM, 64-bit elsewhere.
 #[allow(clippy::useless_conversion)]
-fn handle(ctx: sys::rknn_context) -> u64 {
+pub(crate) fn handle(ctx: sys::rknn_context) -> u64 {
     u64::from(ctx)
 }
 
@@ -121,7 +122,7 @@ fn inst(slot: usize) -> CallResult<InstanceRef> {
     })
 }
 
-fn context(inst: &Instance, ctx: u64) -> CallResult<Arc<Mutex<Context>>> {
+fn context(inst: &Instance, ctx: u64) -> CallResult<Arc<ContextCell>> {
     inst.state().contexts.get(&ctx).cloned().ok_or_else(|| {
         err(
             sys::RKNN_ERR_CTX_INVALID,
@@ -137,8 +138,17 @@ fn with_context<T>(
     ctx: u64,
     f: impl FnOnce(&mut Context) -> CallResult<T>,
 ) -> CallResult<T> {
-    let c = context(inst, ctx)?;
-    let mut guard = match c.try_lock() {
+    locked(inst, ctx, &*context(inst, ctx)?, f)
+}
+
+/// As [`with_context`], on a context already looked up.
+fn locked<T>(
+    inst: &Instance,
+    ctx: u64,
+    cell: &ContextCell,
+    f: impl FnOnce(&mut Context) -> CallResult<T>,
+) -> CallResult<T> {
+    let mut guard = match cell.ctx.try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => {
@@ -528,11 +538,14 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
-        with_context(&inst, handle(ctx), |c| {
+        let cell = context(&inst, handle(ctx))?;
+        let hints = locked(&inst, handle(ctx), &cell, |c| {
             c.run(&inst.cfg)?;
             inst.account_run(c);
-            Ok(())
-        })
+            Ok(follow::hints(&cell, c))
+        })?;
+        follow::ran(&cell, hints);
+        Ok(())
     })
 }
 

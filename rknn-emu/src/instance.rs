@@ -15,6 +15,7 @@ use crate::brlock::{BrLock, BrReadGuard, BrWriteGuard};
 use crate::config::{BusyCores, EmuConfig};
 use crate::context::Context;
 use crate::cost::{CostModel, Run, RunCost};
+use crate::follow::ContextCell;
 use crate::memory::Memories;
 
 /// Slot 0 is the drop-in library's; the others are handed to [`Emulator::new`].
@@ -70,7 +71,7 @@ struct CoreTotals {
 /// lane, 600 per lane per token of the demo model.
 #[derive(Default)]
 pub(crate) struct State {
-    pub(crate) contexts: FxHashMap<u64, Arc<Mutex<Context>>>,
+    pub(crate) contexts: FxHashMap<u64, Arc<ContextCell>>,
     /// The IOMMU domain of each context (kept outside the context's lock: allocation must not
     /// wait for a run).
     pub(crate) domains: FxHashMap<u64, i32>,
@@ -81,7 +82,7 @@ pub(crate) struct State {
 impl State {
     pub(crate) fn add_context(&mut self, handle: u64, c: Context) {
         self.domains.insert(handle, c.domain);
-        self.contexts.insert(handle, Arc::new(Mutex::new(c)));
+        self.contexts.insert(handle, Arc::new(ContextCell::new(c)));
     }
 }
 
@@ -177,7 +178,7 @@ impl Instance {
 
     /// The live contexts, outside the state's lock (a caller that locks them must not hold
     /// it: a run holds its context and then reads the state).
-    fn contexts(&self) -> Vec<Arc<Mutex<Context>>> {
+    fn contexts(&self) -> Vec<Arc<ContextCell>> {
         self.state().contexts.values().cloned().collect()
     }
 
@@ -336,7 +337,7 @@ impl ContextModelled {
 /// assert!(api.rknn_matmul_create_dynamic_shape.is_some());
 /// ```
 pub struct Emulator {
-    slot: usize,
+    pub(crate) slot: usize,
     instance: Arc<Instance>,
     api: RknnApi,
 }
@@ -425,7 +426,7 @@ impl Emulator {
     /// been destroyed). `ctx` is the handle `rknn_matmul_create` returned.
     pub fn context_modelled(&self, ctx: u64) -> Option<ContextModelled> {
         let c = self.instance.state().contexts.get(&ctx).cloned()?;
-        let c = c.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = c.ctx.lock().unwrap_or_else(PoisonError::into_inner);
         c.modelled
     }
 
@@ -435,7 +436,7 @@ impl Emulator {
             *self.instance.core_totals(core) = CoreTotals::default();
         }
         for c in self.instance.contexts() {
-            let mut c = c.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut c = c.ctx.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(m) = &mut c.modelled {
                 *m = ContextModelled {
                     core: m.core,

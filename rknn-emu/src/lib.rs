@@ -57,6 +57,7 @@ mod brlock;
 mod config;
 mod context;
 pub mod cost;
+mod follow;
 mod instance;
 pub mod kernels;
 mod memory;

@@ -198,7 +198,10 @@ mod tests {
     /// durations are `Instant`'s within 2 % (the calibration is good to far better; the rest is
     /// the reads' own placement around the sleep).
     #[test]
-    #[cfg_attr(miri, ignore = "Miri's clock is simulated: a sleep is not the time it reports")]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri's clock is simulated: a sleep is not the time it reports"
+    )]
     fn a_span_measures_what_instant_measures() {
         for _ in 0..3 {
             let (i0, t0) = (Instant::now(), now());
