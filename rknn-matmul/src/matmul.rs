@@ -703,6 +703,18 @@ impl<K: MatmulKind> Matmul<K> {
         ));
     }
 
+    /// Adds to `r` what a run reads first (see [`Matmul::touch`]): the context handle, the
+    /// current tensor attributes (A's whole, as `bind` copies it, and B's and C's sizes) and the
+    /// M values.
+    pub(crate) fn first_reads(&self, r: &mut crate::engine::prefetch::Ranges) {
+        let io = &self.ios[self.current.get()];
+        r.add(&*self.handle);
+        r.add(&io.A);
+        r.add(&io.B.size);
+        r.add(&io.C.size);
+        r.add_slice(&self.ms);
+    }
+
     /// Selects M on a dynamic-shape context. A and C are bound again by the next run; B stays
     /// bound, as the vendor's usage requires ("B can not be dynamic, only call set_io_mem
     /// once").

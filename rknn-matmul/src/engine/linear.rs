@@ -12,16 +12,17 @@
 //! The two weight formats share one structure ([`EngineKind`]): they differ only in the input
 //! element, the accumulator, and the last step (per-row × per-channel scales, or a copy).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use half::f16;
 use rknn_chip::Layout;
+use rustc_hash::FxHashMap;
 
 use super::clock;
 use super::glue;
 use super::out_cols::OutCols;
+use super::prefetch::Ranges;
 use super::scheduler::{MAX_WORKERS, Round, Work};
 use super::stats::{Counters, Lap, Phase};
 use super::warm::{self, PeerBytes, Warmer};
@@ -72,7 +73,7 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     );
 
     /// The lane's shared A/C of this type, per IOMMU domain.
-    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>>;
+    fn shared(io: &mut LaneIo) -> &mut FxHashMap<i32, Option<IoMems<Self>>>;
 
     /// Writes the first `valid` columns of `acc` ([m × per, width]) into `out`'s rows (`m` rows
     /// of `valid` columns): output row `r` combines accumulator rows `r·per .. r·per + per`
@@ -94,7 +95,7 @@ impl EngineKind for I8xI8ToI32 {
     type In = i8;
     type Acc = i32;
 
-    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>> {
+    fn shared(io: &mut LaneIo) -> &mut FxHashMap<i32, Option<IoMems<Self>>> {
         &mut io.i8
     }
 
@@ -152,7 +153,7 @@ impl EngineKind for F16xF16ToF32 {
     type In = f32;
     type Acc = f32;
 
-    fn shared(io: &mut LaneIo) -> &mut HashMap<i32, Option<IoMems<Self>>> {
+    fn shared(io: &mut LaneIo) -> &mut FxHashMap<i32, Option<IoMems<Self>>> {
         &mut io.f16
     }
 
@@ -242,6 +243,9 @@ struct Shard<K: MatmulKind> {
     /// Native tile sizes: A's sK and C's sN.
     sk: usize,
     sn: usize,
+    /// What the linear that this lane ran after this one last time read first: prefetched at
+    /// the end of this one's forward ([`super::prefetch`]).
+    next: Ranges,
 }
 
 enum AnyShard {
@@ -338,15 +342,15 @@ pub(crate) enum Task {
 /// A lane's shared A and C memories, per weight format and IOMMU domain.
 #[derive(Default)]
 pub(crate) struct LaneIo {
-    i8: HashMap<i32, Option<IoMems<I8xI8ToI32>>>,
-    f16: HashMap<i32, Option<IoMems<F16xF16ToF32>>>,
+    i8: FxHashMap<i32, Option<IoMems<I8xI8ToI32>>>,
+    f16: FxHashMap<i32, Option<IoMems<F16xF16ToF32>>>,
 }
 
 /// A worker's state: its runtime, contexts and scratch.
 pub(crate) struct WorkerState {
     rt: Runtime,
     // Dropped before `io`: the shards' contexts may hold the shared memories' bindings.
-    shards: HashMap<u64, AnyShard>,
+    shards: FxHashMap<u64, AnyShard>,
     io: LaneIo,
     acc: Vec<i32>,
     facc: Vec<f32>,
@@ -358,9 +362,33 @@ pub(crate) struct WorkerState {
     lane: usize,
     /// What to read ahead while idle (workers only: the calling thread's lane is never idle).
     warm: Warmer,
+    /// The linear this lane ran last, which learns what its state prefetches
+    /// ([`super::prefetch`]).
+    last: Option<u64>,
 }
 
 impl WorkerState {
+    /// After a forward of linear `id` on this lane: tells the linear before it on this lane
+    /// what `id`'s forward reads first, and prefetches what the linear after `id` read first
+    /// last time ([`super::prefetch`]).
+    fn follow(&mut self, id: u64) {
+        let Some(shard) = self.shards.get_mut(&id) else {
+            return;
+        };
+        shard.next().prefetch();
+        let mut reads = Ranges::default();
+        shard.first_reads(&mut reads);
+        if let Some(prev) = self.last.replace(id).filter(|&p| p != id) {
+            if let Some(p) = self.shards.get_mut(&prev) {
+                let slot = p.next();
+                // Compared first: in the steady state nothing changes and the line stays clean.
+                if *slot != reads {
+                    *slot = reads;
+                }
+            }
+        }
+    }
+
     /// A lane's state; `warm_bytes`: bytes of each linear's weights it reads ahead while idle
     /// (read at each idle spell).
     pub(crate) fn new(
@@ -372,7 +400,8 @@ impl WorkerState {
         WorkerState {
             warm: Warmer::new(warm_bytes),
             rt,
-            shards: HashMap::new(),
+            shards: FxHashMap::default(),
+            last: None,
             io: LaneIo::default(),
             acc: Vec::new(),
             facc: Vec::new(),
@@ -438,6 +467,7 @@ impl Work for Task {
                     _ => unreachable!("a linear's input matches its weight format"),
                 }
                 st.warm.ended(f.id, f.bucket);
+                st.follow(f.id);
                 Ok(Reply::Done)
             }
             Task::Remove { id } => {
@@ -470,6 +500,31 @@ impl Work for Task {
 }
 
 impl AnyShard {
+    /// Adds what its forward reads first to `r`: the shard, its first segment's wrappers, the
+    /// start of the channel scales.
+    fn first_reads(&self, r: &mut Ranges) {
+        fn each<K: MatmulKind>(s: &Shard<K>, r: &mut Ranges) {
+            r.add(s);
+            r.add_slice(&s.segments);
+            if let Some(seg) = s.segments.first() {
+                seg.mm.first_reads(r);
+            }
+            r.add_slice(&s.ch_scales);
+        }
+        match self {
+            AnyShard::I8(s) => each(s, r),
+            AnyShard::F16(s) => each(s, r),
+        }
+    }
+
+    /// What the linear after it read first, last time.
+    fn next(&mut self) -> &mut Ranges {
+        match self {
+            AnyShard::I8(s) => &mut s.next,
+            AnyShard::F16(s) => &mut s.next,
+        }
+    }
+
     /// Reads the state its next forward reads (each segment's context wrapper and B, the
     /// channel scales), so that the forward finds it in this core's caches.
     fn touch(&self) {
@@ -582,6 +637,7 @@ fn build<K: EngineKind>(
         ch_scales: Vec::new(),
         sk,
         sn,
+        next: Ranges::default(),
     })
 }
 
@@ -1062,4 +1118,80 @@ pub(crate) fn plan_shards(
             Some(p)
         })
         .collect()
+}
+
+#[cfg(all(test, feature = "emulator"))]
+mod tests {
+    use super::*;
+    use crate::Platform;
+    use crate::engine::topology::Pinning;
+    use crate::engine::{Engine, EngineConfig};
+
+    fn reads(st: &WorkerState, id: u64) -> Ranges {
+        let mut r = Ranges::default();
+        st.shards[&id].first_reads(&mut r);
+        r
+    }
+
+    fn next(st: &mut WorkerState, id: u64) -> Ranges {
+        *st.shards
+            .get_mut(&id)
+            .expect("a live linear's shard")
+            .next()
+    }
+
+    /// The calling thread's lane records, in each linear's shard, what the linear it ran next
+    /// read first (what the end of that shard's forward then prefetches).
+    #[test]
+    fn a_lane_learns_what_the_linear_after_each_one_reads_first() {
+        let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+        let cfg = EngineConfig {
+            cores: Some(1),
+            pinning: Pinning::None,
+            ..EngineConfig::default()
+        };
+        let e = Engine::new(&rt, cfg).unwrap();
+        let w: Vec<f32> = (0..64 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
+        let lins: Vec<Linear> = (0..3)
+            .map(|_| e.linear(&w, 64, 64, WeightFormat::W8A8).unwrap())
+            .collect();
+        let ids: Vec<u64> = lins.iter().map(|l| l.id).collect();
+        let x = vec![0.25f32; 64];
+        let forward = |i: usize| {
+            lins[i].forward_vec(&x, 1).unwrap();
+        };
+        forward(0);
+        forward(1);
+        {
+            let mut round = lins[0].inner.pool.round();
+            let st = round
+                .inline_state()
+                .expect("one core: the caller runs lane 0");
+            let after_0 = next(st, ids[0]);
+            assert_eq!(after_0, reads(st, ids[1]));
+            // The shard, its segments, the context handle, A's attribute, B's and C's sizes,
+            // the M values and the channel scales.
+            assert_eq!(after_0.iter().count(), 8, "{after_0:?}");
+            assert_eq!(
+                next(st, ids[1]),
+                Ranges::default(),
+                "nothing ran after 1 yet"
+            );
+        }
+        // The order changes: 1 is followed by 0, and 0 by 2; a linear run twice in a row is not
+        // its own successor.
+        forward(0);
+        forward(2);
+        forward(2);
+        let mut round = lins[0].inner.pool.round();
+        let st = round.inline_state().unwrap();
+        assert_eq!(next(st, ids[1]), reads(st, ids[0]));
+        assert_eq!(next(st, ids[0]), reads(st, ids[2]));
+        assert_eq!(next(st, ids[2]), Ranges::default());
+        assert_ne!(
+            reads(st, ids[0]),
+            reads(st, ids[2]),
+            "distinct linears, distinct state"
+        );
+    }
 }

@@ -24,6 +24,7 @@ mod clock;
 pub mod glue;
 mod linear;
 mod out_cols;
+pub(crate) mod prefetch;
 mod rotation;
 mod scheduler;
 mod stats;

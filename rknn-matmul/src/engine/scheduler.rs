@@ -303,6 +303,12 @@ impl<T: Work, S> Round<'_, T, S> {
         &mut self.state.scratch
     }
 
+    /// Lane 0's state when the calling thread runs it, for tests to inspect.
+    #[cfg(all(test, feature = "emulator"))]
+    pub(crate) fn inline_state(&mut self) -> Option<&mut T::State> {
+        self.state.inline.as_mut()
+    }
+
     /// The time the caller spent waiting for workers since the last call, and the number of
     /// [`Round::run_all`]s in which it had to: those where a worker had not replied yet when
     /// the caller had posted every task and run its own lane's.

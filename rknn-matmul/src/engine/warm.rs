@@ -23,10 +23,11 @@
 //! one atomic the engine shares with its workers, so [`super::Engine::set_warm_bytes`] changes
 //! it while they run (a benchmark compares both settings on one model that way).
 
-use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rustc_hash::FxHashMap;
 
 /// Rows of A up to which a forward is followed by a read-ahead: decode (one or two rows) and
 /// speculative verify passes are bound by reading the weights; a prompt chunk's runs are bound
@@ -106,8 +107,8 @@ pub(crate) struct Warmer {
     /// Bytes per lane and linear to read ahead (0: off), shared with the engine.
     budget: Arc<AtomicUsize>,
     last: Option<u64>,
-    next: HashMap<u64, u64>,
-    peers: HashMap<u64, PeerLane>,
+    next: FxHashMap<u64, u64>,
+    peers: FxHashMap<u64, PeerLane>,
     pending: Option<u64>,
 }
 
