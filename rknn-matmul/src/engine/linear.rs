@@ -365,6 +365,10 @@ pub(crate) struct WorkerState {
     /// The linear this lane ran last, which learns what its state prefetches
     /// ([`super::prefetch`]).
     last: Option<u64>,
+    /// On the calling thread's lane, what the current forward read first of the linear itself
+    /// (set by [`Linear::forward`]): recorded with the shard's own first reads. Empty on
+    /// workers.
+    caller_reads: Ranges,
 }
 
 impl WorkerState {
@@ -376,7 +380,7 @@ impl WorkerState {
             return;
         };
         shard.next().prefetch();
-        let mut reads = Ranges::default();
+        let mut reads = self.caller_reads;
         shard.first_reads(&mut reads);
         if let Some(prev) = self.last.replace(id).filter(|&p| p != id) {
             if let Some(p) = self.shards.get_mut(&prev) {
@@ -402,6 +406,7 @@ impl WorkerState {
             rt,
             shards: FxHashMap::default(),
             last: None,
+            caller_reads: Ranges::default(),
             io: LaneIo::default(),
             acc: Vec::new(),
             facc: Vec::new(),
@@ -890,7 +895,13 @@ impl Linear {
             });
         }
         let inner = &self.inner;
+        // What this call reads of the linear itself: the calling thread's lane records it with
+        // its own state in the linear it ran before, which prefetches it when its forward ends
+        // ([`WorkerState::follow`]).
         let mut round = inner.pool.round();
+        if let Some(st) = round.inline_state() {
+            st.caller_reads = self.caller_reads();
+        }
         // Quantised twice, each input row takes two rows of the NPU's A.
         let per = if self.residual { 2 } else { 1 };
         let max_m = inner.cfg.max_m / per;
@@ -996,6 +1007,18 @@ impl Linear {
         }
         inner.stats.forward();
         Ok(())
+    }
+
+    /// What a forward reads first of the linear itself on the calling thread: the `Linear`, its
+    /// shard plans and its rotation.
+    fn caller_reads(&self) -> Ranges {
+        let mut r = Ranges::default();
+        r.add(self);
+        r.add_slice(&self.shards);
+        if let Some(rot) = &self.rotation {
+            rot.first_reads(&mut r);
+        }
+        r
     }
 
     /// Rotates and quantises the chunk `x` ([mc, K]) into the round's shared `q` and `scales`
@@ -1127,9 +1150,11 @@ mod tests {
     use crate::engine::topology::Pinning;
     use crate::engine::{Engine, EngineConfig};
 
-    fn reads(st: &WorkerState, id: u64) -> Ranges {
-        let mut r = Ranges::default();
-        st.shards[&id].first_reads(&mut r);
+    /// What the calling thread's lane records for a forward of `l`: the linear's own first
+    /// reads, then its shard's.
+    fn reads(st: &WorkerState, l: &Linear) -> Ranges {
+        let mut r = l.caller_reads();
+        st.shards[&l.id].first_reads(&mut r);
         r
     }
 
@@ -1168,10 +1193,10 @@ mod tests {
                 .inline_state()
                 .expect("one core: the caller runs lane 0");
             let after_0 = next(st, ids[0]);
-            assert_eq!(after_0, reads(st, ids[1]));
-            // The shard, its segments, the context handle, A's attribute, B's and C's sizes,
-            // the M values and the channel scales.
-            assert_eq!(after_0.iter().count(), 8, "{after_0:?}");
+            assert_eq!(after_0, reads(st, &lins[1]));
+            // The linear and its shard plans; its shard, segments, context handle, A's
+            // attribute, B's and C's sizes, M values and channel scales.
+            assert_eq!(after_0.iter().count(), 2 + 8, "{after_0:?}");
             assert_eq!(
                 next(st, ids[1]),
                 Ranges::default(),
@@ -1185,12 +1210,12 @@ mod tests {
         forward(2);
         let mut round = lins[0].inner.pool.round();
         let st = round.inline_state().unwrap();
-        assert_eq!(next(st, ids[1]), reads(st, ids[0]));
-        assert_eq!(next(st, ids[0]), reads(st, ids[2]));
+        assert_eq!(next(st, ids[1]), reads(st, &lins[0]));
+        assert_eq!(next(st, ids[0]), reads(st, &lins[2]));
         assert_eq!(next(st, ids[2]), Ranges::default());
         assert_ne!(
-            reads(st, ids[0]),
-            reads(st, ids[2]),
+            reads(st, &lins[0]),
+            reads(st, &lins[2]),
             "distinct linears, distinct state"
         );
     }

@@ -14,7 +14,7 @@
 //! else. They are never dereferenced.
 
 /// At most this many ranges per shard.
-const RANGES: usize = 12;
+const RANGES: usize = 16;
 
 /// Bytes per range at most (longer ones are cut: the hardware prefetchers follow a sequential
 /// read once it has begun).

@@ -32,6 +32,14 @@ pub struct Rotation {
 }
 
 impl Rotation {
+    /// Adds what rotating an input reads first to `r` (the signs, the start of the mix).
+    pub(crate) fn first_reads(&self, r: &mut super::prefetch::Ranges) {
+        r.add_slice(&self.signs);
+        if let Some(mix) = &self.mix {
+            r.add_slice(mix);
+        }
+    }
+
     /// The rotation of `k` channels with signs drawn from `seed` (the same seed and `k` give
     /// the same rotation).
     pub fn hadamard(k: usize, seed: u64) -> Rotation {

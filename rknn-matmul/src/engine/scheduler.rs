@@ -303,8 +303,7 @@ impl<T: Work, S> Round<'_, T, S> {
         &mut self.state.scratch
     }
 
-    /// Lane 0's state when the calling thread runs it, for tests to inspect.
-    #[cfg(all(test, feature = "emulator"))]
+    /// Lane 0's state, when the calling thread runs that lane.
     pub(crate) fn inline_state(&mut self) -> Option<&mut T::State> {
         self.state.inline.as_mut()
     }
