@@ -2,7 +2,6 @@
 //! function table. The C functions carry no instance argument, so every instance owns a slot
 //! and its table points at functions monomorphised for that slot.
 
-use rustc_hash::FxHashMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -10,6 +9,7 @@ use std::time::Duration;
 
 use rknn_chip::ShapeRules;
 use rknn_sys::RknnApi;
+use rustc_hash::FxHashMap;
 
 use crate::brlock::{BrLock, BrReadGuard, BrWriteGuard};
 use crate::config::{BusyCores, EmuConfig};

@@ -1,11 +1,11 @@
 //! NPU memories: the `rknn_tensor_mem` structs handed to C, their buffers, and the accounting
 //! that reproduces the device's limits (handle budget, 4 GiB per IOMMU domain).
 
-use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rknn_sys as sys;
+use rustc_hash::FxHashMap;
 
 /// An owned, zeroed byte buffer at a stable address, freed on drop: the CPU (or device) view
 /// of one emulated DMA memory.
