@@ -5,14 +5,14 @@
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use rknn_chip::layout::{self, TensorDesc};
 use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::context::{CallResult, Context, try_vec};
-use crate::follow::{self, ContextCell};
+use crate::config::NibbleOrder;
+use crate::context::{CallResult, Context, swap_nibbles, try_vec};
 use crate::instance::{self, Instance, InstanceRef, next_handle};
 use crate::memory::Source;
 
@@ -122,7 +122,7 @@ fn inst(slot: usize) -> CallResult<InstanceRef> {
     })
 }
 
-fn context(inst: &Instance, ctx: u64) -> CallResult<Arc<ContextCell>> {
+fn context(inst: &Instance, ctx: u64) -> CallResult<Arc<Mutex<Context>>> {
     inst.state().contexts.get(&ctx).cloned().ok_or_else(|| {
         err(
             sys::RKNN_ERR_CTX_INVALID,
@@ -138,17 +138,8 @@ fn with_context<T>(
     ctx: u64,
     f: impl FnOnce(&mut Context) -> CallResult<T>,
 ) -> CallResult<T> {
-    locked(inst, ctx, &*context(inst, ctx)?, f)
-}
-
-/// As [`with_context`], on a context already looked up.
-fn locked<T>(
-    inst: &Instance,
-    ctx: u64,
-    cell: &ContextCell,
-    f: impl FnOnce(&mut Context) -> CallResult<T>,
-) -> CallResult<T> {
-    let mut guard = match cell.ctx.try_lock() {
+    let c = context(inst, ctx)?;
+    let mut guard = match c.try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => {
@@ -538,14 +529,11 @@ unsafe extern "C" fn matmul_get_quant_params<const S: usize>(
 unsafe extern "C" fn matmul_run<const S: usize>(ctx: rknn_matmul_ctx) -> c_int {
     call::<S>("rknn_matmul_run", || {
         let inst = inst(S)?;
-        let cell = context(&inst, handle(ctx))?;
-        let hints = locked(&inst, handle(ctx), &cell, |c| {
+        with_context(&inst, handle(ctx), |c| {
             c.run(&inst.cfg)?;
             inst.account_run(c);
-            Ok(follow::hints(&cell, c))
-        })?;
-        follow::ran(&cell, hints);
-        Ok(())
+            Ok(())
+        })
     })
 }
 
@@ -634,8 +622,8 @@ unsafe extern "C" fn b_normal_to_native<const S: usize>(
                 if kind == ElemKind::I4 {
                     // Values outside -8..=7 (one per byte) keep their low nibble.
                     layout::pack_i4(&native, out);
-                    if inst.cfg.native_b_nibbles == crate::NibbleOrder::HighFirst {
-                        crate::context::swap_nibbles(out);
+                    if inst.cfg.native_b_nibbles == NibbleOrder::HighFirst {
+                        swap_nibbles(out);
                     }
                 } else {
                     out.iter_mut().zip(&native).for_each(|(d, &s)| *d = s as u8);

@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::Duration;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -19,6 +20,7 @@ use rknn_chip::{ElemKind, Layout, MatmulConfig, MatmulType, QuantGranularity, Ti
 use rknn_sys as sys;
 
 use crate::config::{EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding};
+use crate::cost::{Run, RunCost};
 use crate::kernels::{self, NATIVE_B_SK, NativeBShape};
 use crate::memory::Shared;
 
@@ -98,13 +100,35 @@ pub(crate) struct Context {
     b: Option<(Input, (usize, usize))>,
     /// The memories A, B and C are bound to. Holding them keeps their mappings alive during a
     /// run even if another thread destroys them meanwhile (the next run then fails).
-    pub(crate) bound: [Option<Arc<Shared>>; 3],
+    bound: [Option<Arc<Shared>>; 3],
     /// Its modelled device time, from its first run on (kept by [`crate::instance::Instance`]).
-    pub(crate) modelled: Option<crate::instance::ContextModelled>,
+    pub(crate) modelled: Option<ContextModelled>,
     /// The last run costed and its cost: a context runs the same shape on the same core run
     /// after run, and the model's divisions and `Duration` conversion were a third of the
     /// accounting.
-    pub(crate) last_cost: Option<(crate::cost::Run, crate::cost::RunCost, std::time::Duration)>,
+    pub(crate) last_cost: Option<(Run, RunCost, Duration)>,
+}
+
+/// Modelled device time of one context's runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ContextModelled {
+    /// The core its runs were put on.
+    pub core: usize,
+    /// Runs counted.
+    pub runs: u64,
+    /// Their modelled device time.
+    pub total: Duration,
+    /// The cost of its last run.
+    pub last: Option<RunCost>,
+}
+
+impl ContextModelled {
+    /// Counts one more run, of cost `c` and modelled time `time`.
+    pub(crate) fn add(&mut self, c: &RunCost, time: Duration) {
+        self.runs += 1;
+        self.total += time;
+        self.last = Some(*c);
+    }
 }
 
 /// An error of a context call: the code returned to C and a message for diagnostics.

@@ -53,11 +53,10 @@
 //! ```
 
 mod abi;
-mod brlock;
 mod config;
 mod context;
 pub mod cost;
-mod follow;
+mod emulator;
 mod instance;
 pub mod kernels;
 mod memory;
@@ -67,5 +66,6 @@ pub use config::{
     BusyCores, CostPolicy, EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding,
     RulesPolicy,
 };
-pub use instance::{ContextModelled, EmuError, EmuStats, Emulator, ModelledTime};
+pub use context::ContextModelled;
+pub use emulator::{EmuError, EmuStats, Emulator, ModelledTime};
 pub use rknn_chip;

@@ -315,7 +315,7 @@ impl Memories {
     /// Creates a memory and returns the struct pointer handed to C.
     pub(crate) fn create(
         &mut self,
-        cfg: &crate::EmuConfig,
+        cfg: &crate::config::EmuConfig,
         ctx: u64,
         domain: i32,
         size: u64,

@@ -4,7 +4,7 @@
 
 use rknn_emu::kernels::{
     BackendUnavailable, KernelBackend, available_backends, gemm_f32, gemm_f32_with, gemm_i8_i32,
-    gemm_i8_i32_with, selected_backend,
+    gemm_i8_i32_with, kernel_choice, selected_backend,
 };
 
 /// Sentinel written into C before a call, and into the guard elements after it.
@@ -458,6 +458,12 @@ fn backend_api() {
         }
     }
     assert_eq!(KernelBackend::from_name("no-such-backend"), None);
+    let choice = kernel_choice();
+    assert_eq!(choice.component, "emu");
+    assert_eq!(choice.selected, selected_backend().name());
+    let names = |b: &[KernelBackend]| b.iter().map(|b| b.name()).collect::<Vec<_>>();
+    assert_eq!(choice.compiled, names(KernelBackend::ALL));
+    assert_eq!(choice.available, names(&available));
     eprintln!(
         "available: {available:?}, selected: {:?}",
         selected_backend()
@@ -465,7 +471,11 @@ fn backend_api() {
 }
 
 /// Set in the child processes of [`env_var_forces_backend`]: the backend they must select.
-const EXPECT_VAR: &str = "RKNN_EMU_KERNEL_TEST_EXPECT";
+const EXPECT_VAR: &str = "KERNELS_TEST_EXPECT_BACKEND";
+
+/// The variables of the SDK's kernel selection that apply to the emulator's kernels.
+const EMU_VAR: &str = "RKNN_KERNEL_EMU";
+const ALL_VAR: &str = "RKNN_KERNEL";
 
 #[test]
 fn env_var_forces_backend() {
@@ -473,21 +483,37 @@ fn env_var_forces_backend() {
     // test binary that executes only this test.
     if let Ok(expected) = std::env::var(EXPECT_VAR) {
         assert_eq!(selected_backend().name(), expected);
+        assert_eq!(kernel_choice().selected, expected);
         let mut c = [0i32; 1];
         gemm_i8_i32(&[-128, 3], &[-128, 5], &mut c, 1, 1, 2);
         assert_eq!(c, [16384 + 15]);
+        // Asked again: the choice is made, and an ignored name reported, once.
+        assert_eq!(kernel_choice().selected, expected);
         return;
     }
-    let fastest = available_backends().last().unwrap().name();
-    let mut cases: Vec<(String, &str)> = available_backends()
-        .iter()
-        .map(|b| (b.name().to_string(), b.name()))
-        .collect();
+    let available = available_backends();
+    let fastest = available.last().unwrap().name();
+    // (RKNN_KERNEL_EMU, RKNN_KERNEL, the backend expected, whether a warning is expected).
+    let mut cases: Vec<(Option<String>, Option<String>, &str, bool)> = Vec::new();
+    for b in &available {
+        cases.push((Some(b.name().to_string()), None, b.name(), false));
+        cases.push((None, Some(b.name().to_string()), b.name(), false));
+    }
+    for b in KernelBackend::ALL.iter().filter(|b| !b.is_available()) {
+        cases.push((Some(b.name().to_string()), None, fastest, true));
+    }
+    let some = |v: &str| Some(v.to_string());
     cases.extend([
-        ("Scalar".to_string(), "scalar"),
-        ("auto".to_string(), fastest),
-        (String::new(), fastest),
-        ("no-such-backend".to_string(), fastest),
+        (None, None, fastest, false),
+        (some("Scalar"), None, "scalar", false),
+        (None, some("SCALAR"), "scalar", false),
+        // The component's variable wins over the one for every component.
+        (some("scalar"), some(fastest), "scalar", false),
+        (some(fastest), some("scalar"), fastest, false),
+        (some("auto"), some("scalar"), fastest, false),
+        (some(""), None, fastest, false),
+        (some("no-such-backend"), None, fastest, true),
+        (None, some("no-such-backend"), fastest, true),
     ]);
     let exe = std::env::current_exe().unwrap();
     // Under qemu-user without binfmt_misc, for one, the binary cannot start itself: skip then.
@@ -498,19 +524,34 @@ fn env_var_forces_backend() {
         eprintln!("skipping env_var_forces_backend: {exe:?} cannot be re-run here");
         return;
     }
-    for (value, expected) in cases {
-        let out = std::process::Command::new(&exe)
-            .args(["env_var_forces_backend", "--exact", "--test-threads=1"])
-            .env("RKNN_EMU_KERNEL", &value)
-            .env(EXPECT_VAR, expected)
-            .output()
-            .unwrap();
+    for (emu, all, expected, warns) in cases {
+        let mut child = std::process::Command::new(&exe);
+        // `--nocapture`: the child's warning reaches its stderr, where it is counted below.
+        child
+            .args([
+                "env_var_forces_backend",
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env_remove(EMU_VAR)
+            .env_remove(ALL_VAR)
+            .env(EXPECT_VAR, expected);
+        for (var, value) in [(EMU_VAR, &emu), (ALL_VAR, &all)] {
+            if let Some(value) = value {
+                child.env(var, value);
+            }
+        }
+        let out = child.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let case = format!("{EMU_VAR}={emu:?} {ALL_VAR}={all:?} (expected {expected})");
         assert!(
             out.status.success(),
-            "RKNN_EMU_KERNEL={value:?} (expected {expected}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            "{case}: {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
         );
+        let warnings = stderr.matches("rknn kernels: ").count();
+        assert_eq!(warnings, usize::from(warns), "{case}: stderr {stderr:?}");
     }
 }
 

@@ -243,9 +243,16 @@ impl RknnApi {
 
     /// A table filled by a Rust implementation of the C API (the emulator's seam).
     ///
-    /// The function pointers must stay valid for the table's life; pointers to `extern "C"`
+    /// # Safety
+    ///
+    /// Every function pointer in `functions` must implement the C contract of its entry: the
+    /// signature of its binding and the behaviour Rockchip's runtime documents for that
+    /// function, reading and writing only the memory the C API lets it touch given arguments
+    /// valid under that contract. Code above the table calls the entries through safe-looking
+    /// wrappers on exactly that assumption, so a pointer that breaks it is undefined behaviour
+    /// there. The pointers must also stay valid for the table's life; pointers to `extern "C"`
     /// functions compiled into the program always are.
-    pub fn from_functions(functions: RknnFunctions, name: &'static str) -> Self {
+    pub unsafe fn from_functions(functions: RknnFunctions, name: &'static str) -> Self {
         Self {
             functions,
             origin: ApiOrigin::Implementation(name),

@@ -8,7 +8,8 @@
 //! * [`RknnApi`]: the function table. [`RknnApi::load`] opens the library at run time (the
 //!   default), so a crate depending on this one builds and runs on machines without an NPU;
 //!   feature `link` adds `RknnApi::linked` for link-time binding; [`RknnApi::from_functions`]
-//!   lets a Rust implementation of the C API (the `rknn-emu` emulator) fill the same table.
+//!   lets a Rust implementation of the C API (the `rknn-emu` emulator) fill the same table
+//!   (`unsafe`: every pointer must implement the C contract of its entry).
 //!   One entry is not Rockchip's: [`RknnFunctions::rknn_emu_last_error`], the emulator's
 //!   error message for the last failed call, `None` with the real runtime.
 //!

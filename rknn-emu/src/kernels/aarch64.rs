@@ -19,7 +19,7 @@ use std::arch::aarch64::{
 use std::arch::asm;
 
 use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, run_tiles_native_b, with_tile_shape};
-use super::{NATIVE_B_SK, NativeBShape, check_shapes};
+use super::shape::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the i8 kernels: 4 x 4 (16 accumulators of the 32 vector registers), 1 x 8 for a
 /// lone row. B is never packed, as on x86-64.

@@ -22,7 +22,7 @@
 
 use std::ops::Range;
 
-use super::{NATIVE_B_SK, NativeBShape};
+use super::shape::{NATIVE_B_SK, NativeBShape};
 
 /// Register-tile geometry of a tile kernel.
 #[derive(Debug, Clone, Copy)]

@@ -18,22 +18,26 @@
 //! | `NeonDotprod` | aarch64 | `sdot` (via `asm!`) | as `Neon` | `dotprod` |
 //!
 //! The CPU is probed once per process; [`selected_backend`] is the fastest available one unless
-//! the environment variable `RKNN_EMU_KERNEL` names another (see below). [`gemm_i8_i32`] and
-//! [`gemm_f32`] use the selected backend; [`gemm_i8_i32_with`] and [`gemm_f32_with`] run a
-//! given one (tests and benchmarks use them to compare every backend with the reference).
+//! a variable names another (see below). [`gemm_i8_i32`], [`gemm_f32`] and [`gemm_i8_native_b`]
+//! use the selected backend; [`gemm_i8_i32_with`], [`gemm_f32_with`] and
+//! [`gemm_i8_native_b_with`] run a given one (tests and benchmarks use them to compare every
+//! backend with the reference).
 //!
 //! AVX-512 *intrinsics* are not stable at this crate's MSRV (1.85), so the VNNI kernel emits
 //! `vpdpbusd` with inline assembly on `ymm` registers (EVEX-encoded, AVX512-VL). The NEON
 //! `vdotq_s32` intrinsic is likewise unstable at the MSRV, so `sdot` is emitted with `asm!` too.
 //!
-//! # `RKNN_EMU_KERNEL`
+//! # Choosing a backend
 //!
-//! Setting `RKNN_EMU_KERNEL` to a backend's [name](KernelBackend::name) (`scalar`, `avx2`,
-//! `avx512vnni`, `neon`, `neondotprod`; case, `-` and `_` are ignored) forces that backend for
-//! [`gemm_i8_i32`] and [`gemm_f32`], e.g. `RKNN_EMU_KERNEL=scalar` to rule out a SIMD bug. The
-//! variable is read once, on the first call; `auto` or an empty value means the default
-//! choice. A name that is unknown or not available on this CPU is reported on stderr and
-//! ignored.
+//! As every host kernel of the SDK ([`rknn_chip::kernel`]), as component `emu`:
+//! `RKNN_KERNEL_EMU` or, for every component at once, `RKNN_KERNEL` set to a backend's
+//! [name](KernelBackend::name) (`scalar`, `avx2`, `avx512vnni`, `neon`, `neondotprod`; case, `-`
+//! and `_` are ignored) forces that backend for [`gemm_i8_i32`], [`gemm_f32`] and
+//! [`gemm_i8_native_b`], e.g. `RKNN_KERNEL_EMU=scalar` to rule out a SIMD bug in the emulator's
+//! kernels; `RKNN_KERNEL_EMU` wins over `RKNN_KERNEL`. The variables are read once, on the first
+//! call; `auto` or an empty value means the default choice. A name that is unknown or not
+//! available on this CPU is reported once on stderr and ignored. [`kernel_choice`] says what was
+//! chosen and why.
 //!
 //! # Exactness
 //!
@@ -64,6 +68,7 @@
 //! The kernels are single-threaded: the emulator runs one NPU-core context per thread.
 
 mod scalar;
+mod shape;
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
@@ -74,6 +79,11 @@ mod x86;
 
 use std::fmt;
 use std::sync::OnceLock;
+
+use rknn_chip::KernelChoice;
+
+use shape::check_shapes;
+pub use shape::{NATIVE_B_SK, NATIVE_B_STREAM_MAX_M, NativeBShape};
 
 /// One implementation of the matrix kernels.
 ///
@@ -113,7 +123,7 @@ impl KernelBackend {
         KernelBackend::NeonDotprod,
     ];
 
-    /// The backend's lower-case name, as accepted by `RKNN_EMU_KERNEL`.
+    /// The backend's lower-case name, as accepted by `RKNN_KERNEL_EMU` and `RKNN_KERNEL`.
     pub fn name(self) -> &'static str {
         match self {
             KernelBackend::Scalar => "scalar",
@@ -216,59 +226,34 @@ pub fn available_backends() -> Vec<KernelBackend> {
     available_backends_cached().to_vec()
 }
 
-/// The backend [`gemm_i8_i32`] and [`gemm_f32`] use: `RKNN_EMU_KERNEL` if it names an
-/// available backend, otherwise the fastest available one. Decided once per process.
-pub fn selected_backend() -> KernelBackend {
-    static SELECTED: OnceLock<KernelBackend> = OnceLock::new();
-    *SELECTED.get_or_init(|| {
-        let fastest = *available_backends_cached()
-            .last()
-            .expect("the scalar backend is always available");
-        let Some(var) = std::env::var_os("RKNN_EMU_KERNEL") else {
-            return fastest;
-        };
-        let value = var.to_string_lossy();
-        let value = value.trim();
-        if value.is_empty() || value.eq_ignore_ascii_case("auto") {
-            return fastest;
-        }
-        match KernelBackend::from_name(value) {
-            Some(b) if b.is_available() => b,
-            Some(b) => {
-                eprintln!(
-                    "rknn-emu: RKNN_EMU_KERNEL={value}: {}; using `{fastest}`",
-                    BackendUnavailable(b)
-                );
-                fastest
-            }
-            None => {
-                eprintln!(
-                    "rknn-emu: RKNN_EMU_KERNEL={value}: unknown kernel backend (known: {}); \
-                     using `{fastest}`",
-                    KernelBackend::ALL
-                        .iter()
-                        .map(|b| b.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                fastest
-            }
-        }
+/// The component name of these kernels in the SDK's kernel selection ([`rknn_chip::kernel`]).
+const KERNEL_COMPONENT: &str = "emu";
+
+/// How the backend of [`gemm_i8_i32`], [`gemm_f32`] and [`gemm_i8_native_b`] was chosen
+/// (component `emu`: `RKNN_KERNEL_EMU`, then `RKNN_KERNEL`; see the
+/// [module docs](self#choosing-a-backend)). Made once per process; a variable naming a backend
+/// that is unknown or not available on this CPU is reported on stderr then, and ignored.
+pub fn kernel_choice() -> &'static KernelChoice {
+    static CHOICE: OnceLock<KernelChoice> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        let names = |backends: &[KernelBackend]| backends.iter().map(|b| b.name()).collect();
+        let compiled: Vec<&'static str> = names(KernelBackend::ALL);
+        let available: Vec<&'static str> = names(available_backends_cached());
+        let choice = KernelChoice::from_env(KERNEL_COMPONENT, &compiled, &available);
+        choice.warn();
+        choice
     })
 }
 
-/// Panics unless the slices hold the `[M, K]`, `[N, K]` and `[M, N]` matrices.
-fn check_shapes(a_len: usize, bt_len: usize, c_len: usize, m: usize, n: usize, k: usize) {
-    let size = |r: usize, c: usize, what: &str| {
-        r.checked_mul(c)
-            .unwrap_or_else(|| panic!("gemm: {what} size {r} x {c} overflows usize"))
-    };
-    let (a_need, bt_need, c_need) = (size(m, k, "A"), size(n, k, "Bt"), size(m, n, "C"));
-    assert!(
-        a_len >= a_need && bt_len >= bt_need && c_len >= c_need,
-        "gemm: slices too short for M={m} N={n} K={k}: A has {a_len} (needs {a_need}), \
-         Bt has {bt_len} (needs {bt_need}), C has {c_len} (needs {c_need})"
-    );
+/// The backend [`gemm_i8_i32`], [`gemm_f32`] and [`gemm_i8_native_b`] use: the one
+/// [`kernel_choice`] selected (the fastest available one unless a variable names another).
+pub fn selected_backend() -> KernelBackend {
+    static SELECTED: OnceLock<KernelBackend> = OnceLock::new();
+    *SELECTED.get_or_init(|| {
+        KernelBackend::from_name(kernel_choice().selected)
+            .filter(|b| b.is_available())
+            .unwrap_or(KernelBackend::Scalar)
+    })
 }
 
 /// `C[i*n + j] = sum_p A[i*k + p] * Bt[j*k + p]`, exactly, in i32, with the selected backend.
@@ -396,63 +381,6 @@ fn run_f32(
         KernelBackend::Neon | KernelBackend::NeonDotprod => unsafe {
             aarch64::gemm_f32_neon(a, bt, c, m, n, k)
         },
-    }
-}
-
-/// The operands of [`gemm_i8_native_b`]: A row-major with a row stride, B in the NPU's native
-/// int8 layout, C row-major `[m, n]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NativeBShape {
-    /// Rows of A and C.
-    pub m: usize,
-    /// Columns of B and C; a multiple of `sn`.
-    pub n: usize,
-    /// The shared dimension; a multiple of [`NATIVE_B_SK`].
-    pub k: usize,
-    /// Columns per native tile of B (`Tiles::b_n` of the chip: 32 on RK3588 and RK3576, 16 on
-    /// the others); one of 8, 16, 24 or 32.
-    pub sn: usize,
-    /// Row stride of A, at least `k` (A may be a column block of a wider matrix).
-    pub lda: usize,
-}
-
-/// K per native tile of int8 B on every chip (`Tiles::b_k`).
-pub const NATIVE_B_SK: usize = 32;
-
-/// The most rows of A for which [`gemm_i8_native_b`] streams B once for all rows; above, it
-/// runs register tiles over B in place. Measured on the development machine (Zen 4, VNNI,
-/// prompt forwards of the demo model on two emulated cores): the streaming kernel is ahead at
-/// M = 4, 8 and 16 (503, 609, 728 tok/s against 347, 521, 680 with the tiles) and level at 32
-/// (877 against 858).
-pub const NATIVE_B_STREAM_MAX_M: usize = 32;
-
-impl NativeBShape {
-    /// Panics unless the shape is one the kernel takes and the slices hold it.
-    fn check(&self, a_len: usize, b_len: usize, c_len: usize) {
-        let NativeBShape { m, n, k, sn, lda } = *self;
-        assert!(
-            matches!(sn, 8 | 16 | 24 | 32) && n % sn == 0 && k % NATIVE_B_SK == 0 && lda >= k,
-            "gemm_i8_native_b: unsupported shape {self:?} (sn in 8, 16, 24, 32; n % sn == 0; \
-             k % 32 == 0; lda >= k)"
-        );
-        let a_need = match m {
-            0 => 0,
-            m => (m - 1)
-                .checked_mul(lda)
-                .and_then(|x| x.checked_add(k))
-                .expect("gemm_i8_native_b: A size overflows usize"),
-        };
-        let b_need = n
-            .checked_mul(k)
-            .expect("gemm_i8_native_b: B size overflows usize");
-        let c_need = m
-            .checked_mul(n)
-            .expect("gemm_i8_native_b: C size overflows usize");
-        assert!(
-            a_len >= a_need && b_len >= b_need && c_len >= c_need,
-            "gemm_i8_native_b: slices too short for {self:?}: A has {a_len} (needs {a_need}), \
-             B has {b_len} (needs {b_need}), C has {c_len} (needs {c_need})"
-        );
     }
 }
 

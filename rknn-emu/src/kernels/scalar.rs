@@ -3,6 +3,8 @@
 //! Deliberately simple (the compiler may still auto-vectorise the inner loops). The i8 sum
 //! wraps like the SIMD backends' i32 lanes, so all backends agree even past `K = 131071`.
 
+use super::shape::{NATIVE_B_SK, NativeBShape};
+
 /// See [`super::gemm_i8_i32`]; the caller has checked the slice lengths.
 pub(super) fn gemm_i8_i32(a: &[i8], bt: &[i8], c: &mut [i32], m: usize, n: usize, k: usize) {
     if m == 0 || n == 0 {
@@ -42,11 +44,11 @@ pub(super) fn gemm_i8_native_b(
     a: &[i8],
     b: &[i8],
     c: &mut [i32],
-    shape: super::NativeBShape,
+    shape: NativeBShape,
     accumulate: bool,
 ) {
-    let super::NativeBShape { m, n, k, sn, lda } = shape;
-    let sk = super::NATIVE_B_SK;
+    let NativeBShape { m, n, k, sn, lda } = shape;
+    let sk = NATIVE_B_SK;
     for i in 0..m {
         let row = &a[i * lda..i * lda + k];
         for j in 0..n {

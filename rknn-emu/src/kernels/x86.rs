@@ -23,7 +23,7 @@ use std::arch::x86_64::{
 };
 
 use super::blocking::{TilePtrs, Tiling, pad_tail, run_tiles, run_tiles_native_b, with_tile_shape};
-use super::{NATIVE_B_SK, NativeBShape, check_shapes};
+use super::shape::{NATIVE_B_SK, NativeBShape, check_shapes};
 
 /// Tiles of the AVX2 i8 kernel: 3 x 3 (9 accumulators + 3 rows of A + 1 column of B + 1
 /// product of the 16 `ymm` registers; each B chunk, the part that comes from L2, serves 3
@@ -554,7 +554,7 @@ pub(super) unsafe fn native_b_zmm(
     let NativeBShape { m, n, k, sn, lda } = shape;
     // `vpdpbusd` multiplies unsigned by signed bytes: B is offset by 128 in registers, and
     // `sum (b + 128) a = sum b a + 128 sum a` is corrected with each row's sum.
-    let mut on_stack = [0i32; super::NATIVE_B_STREAM_MAX_M];
+    let mut on_stack = [0i32; super::shape::NATIVE_B_STREAM_MAX_M];
     let mut on_heap = Vec::new();
     let sums: &mut [i32] = if m <= on_stack.len() {
         &mut on_stack[..m]
