@@ -139,3 +139,66 @@ kinds! {
     /// i8 × i4 → i32 (type 11; RK3576 only).
     I8xI4ToI32 = I8_I4_I32: i8, I4x2, i32;
 }
+
+/// A quantisation scheme, named by weight and activation precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// f16 weights and activations.
+    F16,
+    /// int8 weights and activations.
+    W8A8,
+    /// int4 weights and int4 activations.
+    W4A4,
+    /// int8 weights, f16 activations (weight-only int8).
+    W8A16,
+    /// int4 weights, f16 activations (weight-only int4).
+    W4A16,
+    /// int4 weights, int8 activations.
+    W4A8,
+}
+
+impl Scheme {
+    /// Every scheme.
+    pub const ALL: [Scheme; 6] = [
+        Scheme::F16,
+        Scheme::W8A8,
+        Scheme::W4A4,
+        Scheme::W8A16,
+        Scheme::W4A16,
+        Scheme::W4A8,
+    ];
+
+    /// The scheme of a matmul type.
+    pub fn of(t: MatmulType) -> Scheme {
+        use rknn_chip::ElemKind::*;
+        match (t.a, t.b) {
+            (F16, F16) => Scheme::F16,
+            (I8, I8) => Scheme::W8A8,
+            (I4, I4) => Scheme::W4A4,
+            (F16, I8) => Scheme::W8A16,
+            (F16, I4) => Scheme::W4A16,
+            _ => Scheme::W4A8,
+        }
+    }
+
+    /// Whether the weights are narrower than the activations.
+    pub fn is_weight_only(self) -> bool {
+        matches!(self, Scheme::W8A16 | Scheme::W4A16 | Scheme::W4A8)
+    }
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The bytes of `values` (every [`Element`] is plain data without padding).
+pub(crate) fn as_bytes<T: Element>(values: &[T]) -> &[u8] {
+    // SAFETY: `T: Element` is `Copy`, has no padding and accepts every bit pattern (the trait's
+    // contract), so all `size_of_val(values)` bytes are initialised; `u8` has alignment 1 and
+    // the slice borrows `values`, so it lives as long as they do and nothing writes them.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}

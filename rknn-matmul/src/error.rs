@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use rknn_chip::{ElemKind, Platform, RuleViolation};
 use rknn_sys as sys;
 
-use crate::capability::Scheme;
+use crate::dtype::Scheme;
 
 /// The RKNN runtime's error codes (fact sheet §3), with unknown values kept raw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -16,9 +16,11 @@
 //! * [`engine`]: the GEMM engine for model weights: resident linears split over the NPU cores
 //!   and K segments, one persistent worker per core, SIMD host glue.
 //!
-//! Layers, bottom up: `rknn-sys` (the C function table, filled by `dlopen` or by the emulator),
-//! the result layer (one function per C call, each return code mapped to a typed [`Error`]
-//! naming the [`Call`]), the safe types here, the engine. Errors a `Drop` cannot return (a
+//! Layers, bottom up, each a directory or file of this crate: `rknn-sys` (the C function table,
+//! filled by `dlopen` or by the emulator); `dtype.rs` and `error.rs` (element types and typed
+//! errors); `result.rs` (one function per C call, each return code mapped to a typed [`Error`]
+//! naming the [`Call`]); `safe/` (the RAII types re-exported here); `engine/`. Each uses only
+//! the layers below it. Errors a `Drop` cannot return (a
 //! failed destroy) are reported by the next call on the same runtime
 //! ([`Error::ReleaseFailed`]), never lost.
 //!
@@ -40,22 +42,21 @@
 //! # Ok::<(), rknn_matmul::Error>(())
 //! ```
 
-mod capability;
 mod dtype;
 pub mod engine;
 mod error;
-pub mod guard;
-mod matmul;
-mod mem;
 mod result;
-mod runtime;
+mod safe;
 
-pub use capability::{Capability, Scheme};
 pub use dtype::*;
 pub use error::{Call, Error, Matrix, Result, RknnCode, Versions};
-pub use matmul::{BQuant, Core, LayerQuant, Matmul, MatmulBuilder};
-pub use mem::{MemFlags, TensorMem};
 pub use rknn_chip::{self, Int4ConverterInput, Layout, MatmulType, Platform, ShapeRules};
 #[cfg(feature = "emulator")]
 pub use rknn_emu::{self, EmuConfig};
-pub use runtime::{Backend, GuardPolicy, Runtime, RuntimeOptions, detect_platform};
+pub use safe::capability::Capability;
+pub use safe::guard;
+pub use safe::matmul::{BQuant, Core, LayerQuant, Matmul, MatmulBuilder};
+pub use safe::mem::{MemFlags, TensorMem};
+pub use safe::runtime::{
+    Backend, GuardPolicy, ModelledTime, Runtime, RuntimeOptions, detect_platform,
+};

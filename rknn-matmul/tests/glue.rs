@@ -199,7 +199,11 @@ fn assert_bits_eq(what: &str, got: &[f32], want: &[f32]) {
 fn backend_is_the_best_available_unless_forced() {
     let name = glue::backend();
     assert!(["avx2", "neon", "scalar"].contains(&name), "{name}");
-    if std::env::var_os("RKNN_GLUE").is_none() {
+    let forced = ["RKNN_KERNEL_GLUE", "RKNN_KERNEL"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| !v.is_empty() && v != "auto"));
+    assert_eq!(glue::kernel_choice().selected, name);
+    if !forced {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             assert_eq!(name, "avx2");

@@ -1,25 +1,22 @@
-//! Idle workers read the next linear's weights ahead, into the CPU caches.
+//! The emulator's cache behaviour: idle worker lanes read the next linear's weights ahead into
+//! the CPU caches. Only on an emulated runtime; on hardware the NPU reads B by DMA and this
+//! module is never constructed ([`EmulatorCache::for_runtime`]).
 //!
 //! Why: on an emulated runtime every NPU core is a CPU thread that reads its B from host
 //! memory, and decode is bound by that reading (a token reads every weight byte once). Between
-//! two linears the caller does host work (attention, norms, quantising the next input) while
+//! two linears the caller does host work (attention, norms, preparing the next input) while
 //! the workers wait, and the memory bus has nothing to do. A worker that has replied reads the
 //! first bytes of the next linear's B, its own shard's and a share of the calling thread's
-//! lane's, so that the run finds them in the caches. On the 2-vCPU AMD EPYC guest this was
-//! written on, 256-512 KiB read by one core were then read by the other at 69-84 GB/s, against
-//! 30-33 GB/s from memory (docs/engine-performance.md).
+//! lane's, so that the run finds them in the caches.
 //!
-//! Before its weights, the worker reads the next linear's own state on its lane (the context
-//! wrappers, what is bound, the channel scales): a few dozen cache lines that every other
-//! linear's weights have evicted since its last forward a token ago, each a dependent miss
-//! when the forward comes. In-process ABBA pairs on the demo model (decode bench, 150 and 200
-//! pairs): medians 1.010 and 1.013 with it against without.
+//! Measured (in-process ABBA of decode tg64 on the demo model, on and off in one process,
+//! `docs/engine-performance.md`): 1.052 (95 % interval 1.033-1.072) over 200 pairs on a 2-vCPU
+//! AMD EPYC (Zen 4) guest. The other emulator-speed hints tried (a counter clock, prefetching
+//! the next context's records in the emulator and the next linear's state in the engine, a
+//! sharded reader lock) gained less than 2 % each there and were removed.
 //!
 //! The next linear is learned, not declared: a model runs its linears in the same order token
-//! after token, so each worker remembers which linear followed which on its lane.
-//!
-//! On hardware the NPU reads B by DMA and warming the CPU's caches would only take memory
-//! bandwidth from it: [`super::EngineConfig::warm_bytes`] is 0 there by default. The budget is
+//! after token, so each worker remembers which linear followed which on its lane. The budget is
 //! one atomic the engine shares with its workers, so [`super::Engine::set_warm_bytes`] changes
 //! it while they run (a benchmark compares both settings on one model that way).
 
@@ -28,6 +25,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rustc_hash::FxHashMap;
+
+use crate::safe::runtime::Runtime;
+
+/// [`EngineConfig::warm_bytes`](super::config::EngineConfig::warm_bytes) on an emulated
+/// runtime.
+pub const DEFAULT_WARM_BYTES: usize = 256 << 10;
 
 /// Rows of A up to which a forward is followed by a read-ahead: decode (one or two rows) and
 /// speculative verify passes are bound by reading the weights; a prompt chunk's runs are bound
@@ -44,14 +47,14 @@ const STEP: usize = 4096;
 const LINE: usize = 64;
 
 /// Part of another lane's resident weights, by address. It does not keep them alive: see
-/// [`Warmer::add_peer`] for the protocol that does.
+/// [`EmulatorCache::add_peer`] for the protocol that does.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PeerBytes {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: an address and a length, read only under the protocol of `Warmer::add_peer` (the
+// SAFETY: an address and a length, read only under the protocol of `EmulatorCache::add_peer` (the
 // memory outlives every read because its lane frees it only after this worker has dropped the
 // range); reading plain bytes that no thread writes is sound from any thread.
 unsafe impl Send for PeerBytes {}
@@ -103,7 +106,7 @@ struct PeerLane {
 /// A worker's read-ahead state: what follows what, the other lane's ranges it warms, and the
 /// linear to warm while idle.
 #[derive(Debug, Default)]
-pub(crate) struct Warmer {
+pub(crate) struct EmulatorCache {
     /// Bytes per lane and linear to read ahead (0: off), shared with the engine.
     budget: Arc<AtomicUsize>,
     last: Option<u64>,
@@ -112,13 +115,34 @@ pub(crate) struct Warmer {
     pending: Option<u64>,
 }
 
-impl Warmer {
+impl EmulatorCache {
     /// A worker's state, reading ahead as many bytes as `budget` holds at each idle spell.
-    pub(crate) fn new(budget: Arc<AtomicUsize>) -> Warmer {
-        Warmer {
+    pub(crate) fn new(budget: Arc<AtomicUsize>) -> EmulatorCache {
+        EmulatorCache {
             budget,
-            ..Warmer::default()
+            ..EmulatorCache::default()
         }
+    }
+
+    /// A worker lane's read-ahead on `rt`, with the budget `budget` holds at each idle spell:
+    /// `None` on hardware, where the NPU reads B by DMA and warming the CPU's caches would only
+    /// take memory bandwidth from it.
+    pub(crate) fn for_runtime(rt: &Runtime, budget: Arc<AtomicUsize>) -> Option<EmulatorCache> {
+        (!rt.is_hardware()).then(|| EmulatorCache::new(budget))
+    }
+
+    /// Reads ahead the first budget's bytes of linear `id`'s weights on this lane, `own` (in
+    /// the order its runs read them), and this worker's share of the calling thread's lane's,
+    /// until done or `interrupted()`. Returns the bytes read.
+    pub(crate) fn read_ahead(
+        &mut self,
+        id: u64,
+        own: &[&[u8]],
+        interrupted: &dyn Fn() -> bool,
+    ) -> u64 {
+        let budget = self.budget();
+        let peers = self.peers(id, budget);
+        read_ahead(own.iter().copied(), peers, budget, interrupted)
     }
 
     /// Bytes per lane and linear it reads ahead now.
@@ -172,7 +196,7 @@ impl Warmer {
     ///
     /// The protocol that keeps them alive: the engine registers them after the lane that owns
     /// them has built them, and when the linear is dropped it removes it from every worker
-    /// (which calls [`Warmer::forget`]) in one round and only then from the owning lane. A
+    /// (which calls [`EmulatorCache::forget`]) in one round and only then from the owning lane. A
     /// worker reads them only while idle, between tasks, so after its reply to the removal it
     /// never reads them again.
     pub(crate) fn add_peer(&mut self, id: u64, parts: Vec<PeerBytes>, slot: usize, slots: usize) {
@@ -203,7 +227,7 @@ impl Warmer {
 /// Reads the first `budget` bytes of `own` (this lane's ranges, in the order its run reads
 /// them) and of `peers`, a step of each in turn, until done or `interrupted()`, which it asks
 /// before every step. Returns the bytes read.
-pub(crate) fn read_ahead<'a>(
+fn read_ahead<'a>(
     own: impl Iterator<Item = &'a [u8]>,
     peers: &[PeerBytes],
     budget: usize,
@@ -212,7 +236,7 @@ pub(crate) fn read_ahead<'a>(
     let mut own = Cursor::new(own, budget);
     let mut peer = Cursor::new(
         peers.iter().map(|p| {
-            // SAFETY: a range registered with `Warmer::add_peer`, alive under its protocol:
+            // SAFETY: a range registered with `EmulatorCache::add_peer`, alive under its protocol:
             // its lane frees it only after this worker has forgotten it, and this runs only
             // while the worker is idle, between tasks. Nothing writes resident weights after
             // their registration.
@@ -297,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_worker_learns_which_linear_follows_which() {
-        let mut w = Warmer::new(budget(1024));
+        let mut w = EmulatorCache::new(budget(1024));
         // Two tokens of a three-linear model; the second linear's forward is chunked.
         for id in [1, 2, 2, 3, 1, 2, 3] {
             w.starts(id);
@@ -323,7 +347,7 @@ mod tests {
         assert_eq!(w.take_pending(), None, "a forgotten linear is never warmed");
         // Off: nothing is learned.
         let shared = budget(0);
-        let mut off = Warmer::new(shared.clone());
+        let mut off = EmulatorCache::new(shared.clone());
         off.starts(1);
         off.starts(2);
         off.ended(1, 1);
@@ -347,10 +371,10 @@ mod tests {
     fn a_workers_window_of_the_callers_lane_follows_the_budget() {
         let a = [0u8; 100];
         let shared = budget(40);
-        let mut w = Warmer::new(shared.clone());
+        let mut w = EmulatorCache::new(shared.clone());
         // Worker 1 of 2: the second half of the first `budget` bytes.
         w.add_peer(7, vec![PeerBytes::of(&a)], 1, 2);
-        let spans = |w: &mut Warmer, b: usize| -> Vec<(usize, usize)> {
+        let spans = |w: &mut EmulatorCache, b: usize| -> Vec<(usize, usize)> {
             w.peers(7, b)
                 .iter()
                 .map(|p| (p.ptr.as_ptr() as usize - a.as_ptr() as usize, p.len))

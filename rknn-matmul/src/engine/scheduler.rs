@@ -221,6 +221,9 @@ impl<T: Work> Worker<T> {
 /// Lanes one pool can hold (NPU cores: 3 on RK3588).
 pub(crate) const MAX_WORKERS: usize = 8;
 
+/// Each lane's reply of a round, at its lane index.
+pub(crate) type Replies<T> = [Option<<T as Work>::Reply>; MAX_WORKERS];
+
 /// What a round holds exclusively: the caller-side state (`S`: the engine's input buffers) and,
 /// when the caller runs lane 0 itself, that lane's worker state.
 struct RoundState<T: Work, S> {
@@ -297,15 +300,16 @@ impl<T: Work, S> Pool<T, S> {
     }
 }
 
-impl<T: Work, S> Round<'_, T, S> {
+impl<'p, T: Work, S> Round<'p, T, S> {
     /// The caller-side state, exclusive for the round.
     pub(crate) fn scratch(&mut self) -> &mut S {
         &mut self.state.scratch
     }
 
-    /// Lane 0's state, when the calling thread runs that lane.
-    pub(crate) fn inline_state(&mut self) -> Option<&mut T::State> {
-        self.state.inline.as_mut()
+    /// Lane 0's state, when the calling thread runs that lane, and the caller-side state.
+    pub(crate) fn inline_parts(&mut self) -> Option<(&mut T::State, &mut S)> {
+        let state = &mut *self.state;
+        Some((state.inline.as_mut()?, &mut state.scratch))
     }
 
     /// The time the caller spent waiting for workers since the last call, and the number of
@@ -315,30 +319,51 @@ impl<T: Work, S> Round<'_, T, S> {
         std::mem::take(&mut self.waited)
     }
 
+    /// Adds a [`Posted::wait_all`]'s waiting to the round's (see [`Round::take_waited`]).
+    pub(crate) fn add_waited(&mut self, (time, rounds): (Duration, u64)) {
+        self.waited.0 += time;
+        self.waited.1 += rounds;
+    }
+
+    /// Posts `task(i)` to each worker lane `i` (skipping `None`; the inline lane 0, if any, is
+    /// not asked: its caller runs that lane's work itself, with [`Round::inline_state`], and
+    /// then waits with [`Posted::wait`]). The returned tickets wait for every posted task when
+    /// dropped, so no task outlives the round even when the caller unwinds: a task may write
+    /// through pointers into memory the caller lends for the round (the engine's output
+    /// rows).
+    pub(crate) fn post(
+        &mut self,
+        mut task: impl FnMut(usize, &mut S) -> Option<T>,
+    ) -> Posted<'p, T> {
+        let offset = usize::from(self.state.inline.is_some());
+        let mut posted = Posted {
+            workers: self.workers,
+            offset,
+            tickets: [None; MAX_WORKERS],
+        };
+        for (i, w) in self.workers.iter().enumerate() {
+            if let Some(t) = task(i + offset, &mut self.state.scratch) {
+                posted.tickets[i] = Some(w.post(t));
+            }
+        }
+        posted
+    }
+
     /// Runs `task(i)` on lane `i` (skipping `None`), all at once (the inline lane while the
     /// others run), and waits for all of them even when one fails. Returns each lane's reply,
     /// or the first error. Allocates nothing.
     ///
     /// Every task posted has finished when this returns or unwinds (a panic in `task` or in
-    /// the inline lane waits for the workers first), so a task may write through pointers
-    /// into memory the caller lends for the call ([`super::linear`]'s output rows).
+    /// the inline lane waits for the workers first). A panic in the inline lane is reported
+    /// as [`Error::WorkerPanicked`] for lane 0, like a worker's.
     pub(crate) fn run_all(
         &mut self,
         mut task: impl FnMut(usize, &mut S) -> Option<T>,
-    ) -> Result<[Option<T::Reply>; MAX_WORKERS]> {
-        let state = &mut *self.state;
-        let offset = usize::from(state.inline.is_some());
-        let mut posted = Posted {
-            workers: self.workers,
-            tickets: [None; MAX_WORKERS],
-        };
-        for (i, w) in self.workers.iter().enumerate() {
-            if let Some(t) = task(i + offset, &mut state.scratch) {
-                posted.tickets[i] = Some(w.post(t));
-            }
-        }
-        let mut replies = std::array::from_fn(|_| None);
+    ) -> Result<Replies<T>> {
+        let posted = self.post(&mut task);
         let mut first = None;
+        let mut inline_reply = None;
+        let state = &mut *self.state;
         if let Some(inline) = state.inline.as_mut() {
             if let Some(t) = task(0, &mut state.scratch) {
                 // A panic here must not skip the waits below (the round would end with tasks
@@ -346,20 +371,51 @@ impl<T: Work, S> Round<'_, T, S> {
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run(inline)))
                     .unwrap_or(Err(Error::WorkerPanicked { worker: 0 }))
                 {
-                    Ok(r) => replies[0] = Some(r),
+                    Ok(r) => inline_reply = Some(r),
                     Err(e) => first = Some(e),
                 }
             }
         }
+        let (replies, waited) = posted.wait_all();
+        self.add_waited(waited);
+        let mut replies = match (first, replies) {
+            (Some(e), _) | (None, Err(e)) => return Err(e),
+            (None, Ok(r)) => r,
+        };
+        if inline_reply.is_some() {
+            replies[0] = inline_reply;
+        }
+        Ok(replies)
+    }
+}
+
+/// The tickets of a round's posted tasks that have not been waited for: dropped while
+/// unwinding, it waits for each (their replies discarded), so no task outlives its round.
+pub(crate) struct Posted<'p, T: Work> {
+    workers: &'p [Worker<T>],
+    /// The lane index of the first worker (1 when lane 0 is the caller's).
+    offset: usize,
+    tickets: [Option<u64>; MAX_WORKERS],
+}
+
+impl<T: Work> Posted<'_, T> {
+    /// Waits for every posted task. Returns each worker lane's reply (at its lane index; lane 0
+    /// is the inline lane when there is one, and has none here) or the first error, and the
+    /// time spent waiting for tasks that had not finished when this was called, with 1 if
+    /// there were any (else 0).
+    pub(crate) fn wait_all(mut self) -> (Result<Replies<T>>, (Duration, u64)) {
+        let offset = self.offset;
+        let mut replies = std::array::from_fn(|_| None);
+        let mut first = None;
         // Clock reads only when there is waiting to time.
         let busy = self
             .workers
             .iter()
-            .zip(&posted.tickets)
+            .zip(&self.tickets)
             .any(|(w, t)| t.is_some_and(|seq| w.slot.done.load(Ordering::Acquire) < seq));
-        let wait_start = busy.then(super::clock::now);
+        let wait_start = busy.then(std::time::Instant::now);
         for (i, w) in self.workers.iter().enumerate() {
-            if let Some(seq) = posted.tickets[i].take() {
+            if let Some(seq) = self.tickets[i].take() {
                 match w.wait(seq) {
                     Ok(r) => replies[i + offset] = Some(r),
                     Err(Error::WorkerPanicked { .. }) if first.is_none() => {
@@ -370,22 +426,16 @@ impl<T: Work, S> Round<'_, T, S> {
                 }
             }
         }
-        if let Some(t) = wait_start {
-            self.waited.0 += super::clock::now().since(t).duration();
-            self.waited.1 += 1;
-        }
-        match first {
+        let waited = match wait_start {
+            Some(t) => (t.elapsed(), 1),
+            None => (Duration::ZERO, 0),
+        };
+        let replies = match first {
             Some(e) => Err(e),
             None => Ok(replies),
-        }
+        };
+        (replies, waited)
     }
-}
-
-/// The tickets of a round's posted tasks that have not been waited for: dropped while
-/// unwinding, it waits for each (their replies discarded), so no task outlives its round.
-struct Posted<'p, T: Work> {
-    workers: &'p [Worker<T>],
-    tickets: [Option<u64>; MAX_WORKERS],
 }
 
 impl<T: Work> Drop for Posted<'_, T> {

@@ -3,9 +3,7 @@
 //! numbers (decode spent 7.8 % of tracked time in host glue, prefill 20.3 %).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
-use super::clock::{self, Tick, Ticks};
+use std::time::{Duration, Instant};
 
 /// A phase of a forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +75,7 @@ impl Counters {
         let c = &self.cells[writer];
         for i in (0..PHASES).filter(|&i| lap.count[i] > 0) {
             c.count[i].fetch_add(lap.count[i], Ordering::Relaxed);
-            c.nanos[i].fetch_add(lap.spent[i].nanos(), Ordering::Relaxed);
+            c.nanos[i].fetch_add(lap.spent[i].as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -144,8 +142,8 @@ impl Counters {
 /// Consecutive phases timed with one clock read at each boundary (a forward shard's pack, run
 /// and collect, segment after segment), added to the counters once at the end.
 pub(crate) struct Lap {
-    last: Tick,
-    spent: [Ticks; PHASES],
+    last: Instant,
+    spent: [Duration; PHASES],
     count: [u64; PHASES],
 }
 
@@ -153,16 +151,16 @@ impl Lap {
     /// Starts timing the first phase.
     pub(crate) fn start() -> Lap {
         Lap {
-            last: clock::now(),
-            spent: [Ticks::default(); PHASES],
+            last: Instant::now(),
+            spent: [Duration::ZERO; PHASES],
             count: [0; PHASES],
         }
     }
 
     /// Ends a run of `phase` (begun at the previous mark) and starts the next.
     pub(crate) fn mark(&mut self, phase: Phase) {
-        let now = clock::now();
-        self.spent[phase as usize] += now.since(self.last);
+        let now = Instant::now();
+        self.spent[phase as usize] += now - self.last;
         self.count[phase as usize] += 1;
         self.last = now;
     }

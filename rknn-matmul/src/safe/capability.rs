@@ -4,62 +4,10 @@
 use rknn_chip::{MatmulType, Platform};
 use rknn_sys as sys;
 
+use super::context::ContextHandle;
+use super::runtime::Runtime;
+use crate::dtype::Scheme;
 use crate::error::{Error, Result};
-use crate::matmul::ContextHandle;
-use crate::runtime::Runtime;
-
-/// A quantisation scheme, named by weight and activation precision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Scheme {
-    /// f16 weights and activations.
-    F16,
-    /// int8 weights and activations.
-    W8A8,
-    /// int4 weights and int4 activations.
-    W4A4,
-    /// int8 weights, f16 activations (weight-only int8).
-    W8A16,
-    /// int4 weights, f16 activations (weight-only int4).
-    W4A16,
-    /// int4 weights, int8 activations.
-    W4A8,
-}
-
-impl Scheme {
-    /// Every scheme.
-    pub const ALL: [Scheme; 6] = [
-        Scheme::F16,
-        Scheme::W8A8,
-        Scheme::W4A4,
-        Scheme::W8A16,
-        Scheme::W4A16,
-        Scheme::W4A8,
-    ];
-
-    /// The scheme of a matmul type.
-    pub fn of(t: MatmulType) -> Scheme {
-        use rknn_chip::ElemKind::*;
-        match (t.a, t.b) {
-            (F16, F16) => Scheme::F16,
-            (I8, I8) => Scheme::W8A8,
-            (I4, I4) => Scheme::W4A4,
-            (F16, I8) => Scheme::W8A16,
-            (F16, I4) => Scheme::W4A16,
-            _ => Scheme::W4A8,
-        }
-    }
-
-    /// Whether the weights are narrower than the activations.
-    pub fn is_weight_only(self) -> bool {
-        matches!(self, Scheme::W8A16 | Scheme::W4A16 | Scheme::W4A8)
-    }
-}
-
-impl std::fmt::Display for Scheme {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self, f)
-    }
-}
 
 /// One row of the capability table.
 #[derive(Clone, Debug, PartialEq, Eq)]

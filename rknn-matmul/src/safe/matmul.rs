@@ -4,16 +4,17 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use rknn_chip::{ElemKind, Int4ConverterInput, Layout, QuantGranularity, QuantType};
-use rknn_sys::{self as sys, RknnApi};
+use rknn_sys as sys;
 
+use super::context::ContextHandle;
+use super::mem::{MemFlags, TensorMem};
+use super::runtime::Runtime;
 use crate::dtype::{Element, MatmulKind};
 use crate::error::{Error, Matrix, Result};
-use crate::mem::{MemFlags, TensorMem};
 use crate::result;
-use crate::runtime::Runtime;
 
 /// Which NPU core a context runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -416,70 +417,6 @@ impl<K: MatmulKind> MatmulBuilder<K> {
     }
 }
 
-/// What every object made from a context shares: the handle, its runtime, and the lock that
-/// serialises the calls on it. Memories hold an `Arc` of it, so the context is destroyed after
-/// the last of them, and a memory dropped on another thread never calls into the context at the
-/// same time as its owner (one context used from two threads at once has panicked RK3588's
-/// kernel).
-pub(crate) struct ContextHandle {
-    pub(crate) rt: Runtime,
-    ctx: sys::rknn_matmul_ctx,
-    /// The IOMMU domain of the context and of every memory allocated on it.
-    pub(crate) domain: i32,
-    calls: Mutex<()>,
-}
-
-impl ContextHandle {
-    /// Takes ownership of a context the runtime created: it is destroyed when the handle drops.
-    fn own(rt: Runtime, ctx: sys::rknn_matmul_ctx, domain: i32) -> ContextHandle {
-        ContextHandle {
-            rt,
-            ctx,
-            domain,
-            calls: Mutex::new(()),
-        }
-    }
-
-    /// Creates a context for `info` (also how the probes ask the runtime whether it accepts a
-    /// configuration, or for its versions).
-    pub(crate) fn create(
-        rt: &Runtime,
-        info: &mut sys::rknn_matmul_info,
-    ) -> Result<(ContextHandle, sys::rknn_matmul_io_attr)> {
-        let (ctx, io) = rt.call(|api| result::matmul_create(api, info))?;
-        Ok((
-            ContextHandle::own(rt.clone(), ctx, info.iommu_domain_id),
-            io,
-        ))
-    }
-
-    /// Makes a result-layer call on this context, alone.
-    pub(crate) fn call<T>(
-        &self,
-        f: impl FnOnce(&RknnApi, sys::rknn_matmul_ctx) -> Result<T>,
-    ) -> Result<T> {
-        let _alone = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        self.rt.call(|api| f(api, self.ctx))
-    }
-
-    /// As [`ContextHandle::call`] for a release in `Drop`: a failure is recorded on the runtime
-    /// and reported by its next call.
-    pub(crate) fn release(&self, f: impl FnOnce(&RknnApi, sys::rknn_matmul_ctx) -> Result<()>) {
-        let _alone = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        self.rt.released(f(self.rt.api(), self.ctx));
-    }
-}
-
-impl Drop for ContextHandle {
-    fn drop(&mut self) {
-        // Every memory holds an Arc of this handle, so all of them are gone: the documented
-        // order (memories first, then the context).
-        // SAFETY: a live context, destroyed once, after its memories.
-        let r = unsafe { result::matmul_destroy(self.rt.api(), self.ctx) };
-        self.rt.released(r);
-    }
-}
-
 /// A matmul context of type `K`: C = A × B on the NPU.
 ///
 /// It owns its runtime (an `Arc` inside [`Runtime`]), and its memories own it, so any drop
@@ -540,7 +477,7 @@ impl<K: MatmulKind> Matmul<K> {
     /// (through the runtime's function table); it stays valid while `self` lives, and must not
     /// be destroyed or used from another thread.
     pub fn as_raw(&self) -> sys::rknn_matmul_ctx {
-        self.handle.ctx
+        self.handle.raw()
     }
 
     /// The runtime's descriptors of A, B and C for the current shape.
@@ -686,35 +623,6 @@ impl<K: MatmulKind> Matmul<K> {
         self.alloc(Matrix::C, Some(flags))
     }
 
-    /// Reads what the next [`Matmul::set_m`] and [`Matmul::run`] at the current M read of this
-    /// wrapper (its shape, the current descriptors' sizes, what is bound, the context handle),
-    /// so that they find it in the CPU caches. Changes nothing.
-    pub(crate) fn touch(&self) {
-        let i = self.current.get();
-        let io = &self.ios[i];
-        std::hint::black_box((
-            self.ms[i],
-            io.A.size,
-            io.B.size,
-            io.C.size,
-            self.bound.each_ref().map(Cell::get),
-            self.handle.domain,
-            self.handle.ctx,
-        ));
-    }
-
-    /// Adds to `r` what a run reads first (see [`Matmul::touch`]): the context handle, the
-    /// current tensor attributes (A's whole, as `bind` copies it, and B's and C's sizes) and the
-    /// M values.
-    pub(crate) fn first_reads(&self, r: &mut crate::engine::prefetch::Ranges) {
-        let io = &self.ios[self.current.get()];
-        r.add(&*self.handle);
-        r.add(&io.A);
-        r.add(&io.B.size);
-        r.add(&io.C.size);
-        r.add_slice(&self.ms);
-    }
-
     /// Selects M on a dynamic-shape context. A and C are bound again by the next run; B stays
     /// bound, as the vendor's usage requires ("B can not be dynamic, only call set_io_mem
     /// once").
@@ -806,10 +714,11 @@ impl<K: MatmulKind> Matmul<K> {
         self.bind(Matrix::A, a)?;
         self.bind(Matrix::B, b)?;
         self.bind(Matrix::C, c)?;
-        self.handle.call(|api, ctx| {
-            // SAFETY: A, B and C are bound to live memories of this context, borrowed for the call.
-            unsafe { result::matmul_run(api, ctx) }
-        })?;
+        let call = self.handle.enter()?;
+        // SAFETY: A, B and C are bound to live memories of this context, borrowed for the call.
+        let ran = unsafe { result::matmul_run(call.api, call.ctx) };
+        call.rt.with_versions(ran)?;
+        drop(call);
         c.sync(sys::RKNN_MEMORY_SYNC_FROM_DEVICE)
     }
 

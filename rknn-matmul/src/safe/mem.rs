@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rknn_sys as sys;
 
+use super::context::ContextHandle;
+use super::runtime::Runtime;
 use crate::dtype::Element;
 use crate::error::{Call, Error, Matrix, Result};
-use crate::matmul::ContextHandle;
 use crate::result;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -48,7 +49,7 @@ bitflags::bitflags! {
 /// ```
 ///
 /// Writing through [`TensorMem::as_mut_slice`] marks the memory as changed; the next
-/// [`crate::Matmul::run`] then syncs it to the device and binds it again, so the documented
+/// [`Matmul::run`](super::matmul::Matmul::run) then syncs it to the device and binds it again, so the documented
 /// write → sync → bind → run order holds by construction.
 ///
 /// A memory is `Send` (it can move to another thread with its context, or be dropped there:
@@ -189,19 +190,6 @@ impl<T: Element> TensorMem<T> {
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
 
-    /// The CPU view as bytes (the engine's idle lanes read weights through it to warm the CPU
-    /// caches).
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        // SAFETY: as in `as_slice`; `T: Element` has no padding, so every byte of the `len`
-        // elements is initialised, and u8 has alignment 1.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.data.as_ptr().cast::<u8>(),
-                self.len * std::mem::size_of::<T>(),
-            )
-        }
-    }
-
     /// The CPU view, for writing. Marks the memory as changed, so the next run syncs it and
     /// binds it again.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
@@ -233,11 +221,6 @@ impl<T: Element> TensorMem<T> {
             .expect("a TensorMem holds its memory until it is dropped")
     }
 
-    /// Reads what binding it reads (see [`crate::Matmul`]'s `touch`), into the CPU caches.
-    pub(crate) fn touch(&self) {
-        std::hint::black_box((self.stamp(), self.shared, self.handle.domain));
-    }
-
     pub(crate) fn stamp(&self) -> (u64, u64) {
         (self.id, self.generation.get())
     }
@@ -252,7 +235,7 @@ impl<T: Element> TensorMem<T> {
         self.handle.domain
     }
 
-    pub(crate) fn runtime(&self) -> &crate::Runtime {
+    pub(crate) fn runtime(&self) -> &Runtime {
         &self.handle.rt
     }
 

@@ -12,9 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rknn_chip::{Int4ConverterInput, Platform, ShapeRules};
 use rknn_sys::{self as sys, RknnApi};
 
-use crate::error::{Error, Result, Versions};
-use crate::guard::{self, FdLimit, HandleBudget, NpuLock};
-use crate::matmul::ContextHandle;
+use super::guard::{self, FdLimit, HandleBudget, NpuLock};
+use crate::error::{Call, Error, Result, Versions};
 use crate::result;
 
 /// Which backend to open.
@@ -27,6 +26,38 @@ pub enum Backend {
     Npu,
     /// The emulator, playing this chip (needs the `emulator` feature, on by default).
     Emulator(Platform),
+}
+
+/// Modelled device time of a runtime's runs ([`Runtime::modelled_time`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelledTime {
+    /// Runs counted.
+    pub runs: u64,
+    /// Per NPU core, the modelled time of the runs made on it.
+    pub per_core: Vec<std::time::Duration>,
+}
+
+impl ModelledTime {
+    /// The modelled time of the busiest core: the NPU's wall time for work split evenly over
+    /// the cores and run on all of them at once (as the engine's linears are).
+    pub fn busiest_core(&self) -> std::time::Duration {
+        self.per_core.iter().copied().max().unwrap_or_default()
+    }
+
+    /// The difference since an earlier reading of the same runtime.
+    pub fn since(&self, earlier: &ModelledTime) -> ModelledTime {
+        ModelledTime {
+            runs: self.runs.saturating_sub(earlier.runs),
+            per_core: self
+                .per_core
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    t.saturating_sub(earlier.per_core.get(i).copied().unwrap_or_default())
+                })
+                .collect(),
+        }
+    }
 }
 
 /// When a guard applies.
@@ -302,7 +333,7 @@ impl Runtime {
         // create the throw-away context, though, means the backend is not usable.
         let versions = match rt.query_versions() {
             Ok(v) => Some(v),
-            Err(e) if e.call() == Some(crate::Call::QuerySdkVersion) => None,
+            Err(e) if e.call() == Some(Call::QuerySdkVersion) => None,
             Err(e) => return Err(e),
         };
         Arc::get_mut(&mut rt.shared)
@@ -320,19 +351,38 @@ impl Runtime {
             type_: sys::RKNN_INT8_MM_INT8_TO_INT32,
             ..Default::default()
         };
-        let (ctx, _) = ContextHandle::create(self, &mut info)?;
-        ctx.call(result::query_sdk_version)
+        // Raw calls: a context handle is a layer above the runtime.
+        let (ctx, _) = self.call(|api| result::matmul_create(api, &mut info))?;
+        let versions = self.call(|api| result::query_sdk_version(api, ctx));
+        // SAFETY: the context just created, with no memories, destroyed once.
+        let destroyed = unsafe { result::matmul_destroy(self.api(), ctx) };
+        let versions = versions?;
+        destroyed?;
+        Ok(versions)
     }
 
     /// Runs a result-layer call: first reports a release that failed earlier (a `Drop` could
     /// not return it), then makes the call and attaches the versions to errors for which a
     /// runtime/driver mismatch is the usual cause. Every FFI call of the safe layer goes
-    /// through here.
+    /// through here, or through the same two steps ([`Runtime::check_released`],
+    /// [`Runtime::with_versions`]) on a context's hot path.
     pub(crate) fn call<T>(&self, f: impl FnOnce(&RknnApi) -> Result<T>) -> Result<T> {
-        if let Some(e) = self.shared.released.take().into_iter().next() {
-            return Err(Error::ReleaseFailed(Box::new(e)));
+        self.check_released()?;
+        self.with_versions(f(self.api()))
+    }
+
+    /// The first release that failed since the last report, as [`Error::ReleaseFailed`].
+    pub(crate) fn check_released(&self) -> Result<()> {
+        match self.shared.released.take().into_iter().next() {
+            Some(e) => Err(Error::ReleaseFailed(Box::new(e))),
+            None => Ok(()),
         }
-        f(self.api()).map_err(|e| match e {
+    }
+
+    /// `r`, with the runtime's versions attached to an error for which a runtime/driver
+    /// mismatch is the usual cause.
+    pub(crate) fn with_versions<T>(&self, r: Result<T>) -> Result<T> {
+        r.map_err(|e| match e {
             Error::Rknn {
                 call,
                 code,
@@ -390,6 +440,21 @@ impl Runtime {
             Loaded::Emulator(e) => Some(e),
             Loaded::Library(_) => None,
         }
+    }
+
+    /// The device time a cost model of the chip gives the runs made so far, per NPU core,
+    /// when this runtime is the in-process emulator (what the chip would take, not what this
+    /// machine took); `None` on any other backend.
+    pub fn modelled_time(&self) -> Option<ModelledTime> {
+        #[cfg(feature = "emulator")]
+        if let Some(e) = self.emulator_instance() {
+            let t = e.modelled();
+            return Some(ModelledTime {
+                runs: t.runs,
+                per_core: t.per_core,
+            });
+        }
+        None
     }
 
     /// "npu" or "emulator".

@@ -42,7 +42,7 @@ unsafe fn gather_blocks<T: Copy, const SK: usize>(
             ptr::copy_nonoverlapping(src, dst, nb * SK);
             return;
         }
-        for_each_block!(m, nb, super::PACK_TILE, |r, b| {
+        for_each_block!(m, nb, super::common::PACK_TILE, |r, b| {
             let s = src.add(r * ld + b * SK).cast::<[T; SK]>();
             let d = dst.add((b * m + r) * SK).cast::<[T; SK]>();
             d.write_unaligned(s.read_unaligned());
@@ -129,7 +129,7 @@ unsafe fn scatter_blocks<T: Copy, const SN: usize, const ACC: bool>(
             return;
         }
         let (full, rem) = (n / SN, n % SN);
-        for_each_block!(m, full, super::COLLECT_TILE, |r, jb| {
+        for_each_block!(m, full, super::common::COLLECT_TILE, |r, jb| {
             let s = c.add((jb * m + r) * SN).cast::<[T; SN]>().read_unaligned();
             let d = out.add(r * ld + jb * SN).cast::<[T; SN]>();
             let v = if ACC {

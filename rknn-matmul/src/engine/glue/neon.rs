@@ -9,7 +9,7 @@
 // them safe; every `unsafe` block therefore also holds raw-pointer accesses, so it is needed on
 // every compiler.
 
-use super::{RowPlan, quantize_one};
+use super::common::{RowPlan, quantize_one};
 use std::arch::aarch64::{
     uint16x8_t, vandq_u32, vcvtnq_s32_f32, vdupq_n_f32, vdupq_n_s8, vdupq_n_u32, vld1q_f32,
     vld1q_u32, vmaxq_s8, vmaxq_u32, vmaxvq_u32, vmulq_f32, vqmovn_high_s16, vqmovn_high_s32,
@@ -223,7 +223,7 @@ unsafe fn pack_f16_blocks<const SK: usize>(
     // `c0 + SK <= k`), rows below `m`; block `b` of row `r` is `dp[(b * m + r) * SK..][..SK]`
     // with `b < nb`.
     unsafe {
-        for_each_block!(m, nb, super::PACK_F16_TILE, |r, b| {
+        for_each_block!(m, nb, super::common::PACK_F16_TILE, |r, b| {
             let c0 = k0 + b * SK;
             let s = xp.add(r * k);
             let d = dp.add((b * m + r) * SK);

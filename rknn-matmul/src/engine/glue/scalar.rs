@@ -1,11 +1,12 @@
 //! The portable reference backend: the formulas of the parent module as plain loops, one
 //! element at a time. The SIMD backends must match these functions bit for bit; tests and
-//! benchmarks call them directly, and `RKNN_GLUE=scalar` makes the parent module use them.
+//! benchmarks call them directly, and `RKNN_KERNEL_GLUE=scalar` makes the parent module use
+//! them.
 //!
 //! Each function has the same contract (and the same length checks) as its namesake in the
 //! parent module.
 
-use super::{
+use super::common::{
     amax_ignoring_nan, check_len, check_out, check_pack_a, check_quantize, mul, native_c_len,
     quantize_one,
 };

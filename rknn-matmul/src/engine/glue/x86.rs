@@ -8,7 +8,8 @@
 // them safe inside `#[target_feature]` functions; every `unsafe` block therefore also holds
 // raw-pointer accesses, so it is needed on every compiler.
 
-use super::{RowPlan, fast, quantize_one};
+use super::common::{RowPlan, quantize_one};
+use super::fast;
 use std::arch::x86_64::{
     __m256, __m256i, _CMP_ORD_Q, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_add_ps,
     _mm256_and_ps, _mm256_and_si256, _mm256_blend_ps, _mm256_castsi256_ps, _mm256_cmp_ps,
@@ -336,7 +337,7 @@ unsafe fn pack_f16_blocks<const SK: usize>(
     // `c0 + SK <= k`), rows below `m`; block `b` of row `r` is `dp[(b * m + r) * SK..][..SK]`
     // with `b < nb`; F16C is available.
     unsafe {
-        for_each_block!(m, nb, super::PACK_F16_TILE, |r, b| {
+        for_each_block!(m, nb, super::common::PACK_F16_TILE, |r, b| {
             let c0 = k0 + b * SK;
             let s = xp.add(r * k);
             let d = dp.add((b * m + r) * SK);
@@ -362,13 +363,13 @@ unsafe fn pack_f16_blocks<const SK: usize>(
 /// AVX2 is available.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn rotate_rows(signs: &[u64], mix: Option<&[f32]>, k: usize, x: &mut [f32]) {
-    crate::engine::rotation::rotate_rows_with(signs, mix, k, x, |block, signs| {
+    super::fwht::rotate_rows_with(signs, mix, k, x, |block, signs| {
         // SAFETY: AVX2 is available (contract).
         unsafe { sign_fwht64(block, signs) }
     })
 }
 
-/// [`sign_fwht64`](crate::engine::rotation::sign_fwht64) in eight registers (the signs flipped
+/// [`sign_fwht64`](super::fwht::sign_fwht64) in eight registers (the signs flipped
 /// by a mask built from their bits): the butterflies
 /// of distance 1, 2 and 4 within each register (the partner brought in by a permute, the sum
 /// kept in the lower lane and the difference `a - b` in the upper one), those of 8, 16 and 32

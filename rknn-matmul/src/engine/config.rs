@@ -1,0 +1,123 @@
+//! How to run the engine ([`EngineConfig`]) and how a linear treats its input
+//! ([`LinearOptions`]).
+
+use std::time::Duration;
+
+use super::rotation::Rotation;
+use super::topology::Pinning;
+use crate::error::{Error, Result};
+
+/// Up to this many rows, every M is its own bucket.
+const EXACT_BUCKETS_UP_TO: usize = 32;
+
+/// The largest `max_m`: the runtime takes at most 512 shapes per dynamic-shape context
+/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1..=32, 64 and the multiples of 128.
+pub const MAX_M_LIMIT: usize = (512 - 33) * 128;
+
+/// The largest K of an exact W8A8 linear: |q| <= 127 on both sides, so the i32 sum over K
+/// stays exact while 127 × 127 × K < 2^31.
+pub const MAX_EXACT_K_W8A8: usize = i32::MAX as usize / (127 * 127);
+
+/// How to run the engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// NPU cores to use (one lane each); default: the chip's core count on hardware, and on an
+    /// emulated runtime no more than this machine's CPUs (each emulated core is a busy CPU
+    /// thread: more of them than CPUs would make every round wait for the scheduler).
+    pub cores: Option<usize>,
+    /// Largest M per run; larger inputs are chunked. A multiple of 128 up to
+    /// [`MAX_M_LIMIT`] (default 512).
+    pub max_m: usize,
+    /// Where the workers run (default: the big cores).
+    pub pinning: Pinning,
+    /// How long an idle worker spins before parking (default 50 µs).
+    pub spin: Duration,
+    /// Whether the calling thread runs core 0's share of each round itself (default: yes). It
+    /// saves a hand-off per round; on the emulator, where every NPU core is a CPU thread, it is
+    /// also one busy thread fewer than cores + caller.
+    pub caller_runs_core0: bool,
+    /// Whether all contexts of one core share one A and one C memory per IOMMU domain
+    /// (default: yes). Every NPU memory holds a dma-buf file descriptor, and a process runs out
+    /// near 1020 under `ulimit -n 1024`: sharing needs 2 handles per linear and core (context
+    /// and B) instead of 4. Binding one context's memory in another is \[open\] on Rockchip's
+    /// runtime; turn this off if a board refuses it.
+    pub share_io_memories: bool,
+    /// Bytes one IOMMU domain holds (default 4 GiB, \[doc\] driver >= 0.9.8). Weights beyond it
+    /// are placed in the next domain, automatically.
+    pub iommu_domain_bytes: u64,
+    /// Bytes of each linear's weights that an idle worker reads ahead into the CPU caches, of
+    /// its own shard and as much again of the calling thread's lane's, while the caller does
+    /// the host work before that linear (default: [`DEFAULT_WARM_BYTES`] on an emulated runtime,
+    /// whose cores read B from host memory; 0, off, on hardware, where the NPU reads B by DMA).
+    /// The next linear is learned from the order of the forwards; only forwards of at most 32
+    /// rows of A (decode, speculative verify passes) are followed by a read-ahead. This is the
+    /// starting value: [`Engine::set_warm_bytes`] changes it while the engine runs.
+    pub warm_bytes: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            cores: None,
+            max_m: 512,
+            pinning: Pinning::BigCores,
+            spin: Duration::from_micros(50),
+            caller_runs_core0: true,
+            share_io_memories: true,
+            iommu_domain_bytes: 4 << 30,
+            warm_bytes: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The context M for `m` rows: `m` itself up to 32 (decode is 1, or 2 with residual
+    /// activations; a speculative verify pass a few more: padding rows would cost as much as
+    /// real ones), 64 up to 64, else `m` rounded up to a multiple of 128 (prefill chunks: 300
+    /// rows run at 384, not 512, which the field measured as +19 % prefill).
+    pub fn bucket(&self, m: usize) -> usize {
+        if m <= EXACT_BUCKETS_UP_TO {
+            m.max(1)
+        } else if m <= 64 {
+            64
+        } else {
+            m.div_ceil(128) * 128
+        }
+        .min(self.max_m)
+    }
+
+    /// Every bucket: 1, 2, 3, ..., 32, 64, then 128, 256, ..., `max_m`.
+    pub fn buckets(&self) -> Vec<usize> {
+        (1..=EXACT_BUCKETS_UP_TO)
+            .chain(std::iter::once(64))
+            .chain((128..=self.max_m).step_by(128))
+            .collect()
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.max_m == 0 || self.max_m % 128 != 0 || self.max_m > MAX_M_LIMIT {
+            return Err(Error::EngineConfig {
+                field: "max_m",
+                value: self.max_m,
+                rule: format!(
+                    "must be a positive multiple of 128 up to {MAX_M_LIMIT} (the runtime takes at most 512 shapes per context)"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a linear treats its input (W8A8).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinearOptions {
+    /// Rotate the input by this rotation (of `in_features` channels) before quantising it; the
+    /// weights are rotated once when the linear is made resident (`W x = (W Rᵀ)(R x)`). It
+    /// spreads activation outliers over many channels, so per-row int8 loses far less.
+    pub rotation: Option<Rotation>,
+    /// Quantise each input row twice, as itself and as the residual the first quantisation
+    /// left, and run both rows through the NPU: about 15 bits of activation precision from
+    /// int8 arithmetic, for a second row of A per input row (free when decode is bound by
+    /// reading the weights; twice the NPU work in prefill). Ignored for F16.
+    pub residual_activations: bool,
+}
