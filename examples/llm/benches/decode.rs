@@ -25,7 +25,7 @@ use std::time::Instant;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
     CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model,
-    Residual, host_pool,
+    Residual, Sequence, host_pool,
 };
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Backend, Platform, Runtime};
@@ -97,18 +97,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Decodes `tg` tokens one at a time after `context` (not timed) from an empty cache; tok/s.
-fn tg_rate(model: &mut Model, context: &[u32], tg: usize) -> f64 {
+fn tg_rate(model: &Model, seq: &mut Sequence, context: &[u32], tg: usize) -> f64 {
     let n_vocab = model.config().n_vocab as u32;
-    model.reset();
+    seq.reset();
     // The context before the timed tokens (llama-bench's `-d`), not timed.
     for (c, chunk) in context.chunks(128).enumerate() {
-        model.forward(chunk, c * 128, Logits::None).unwrap();
+        model.forward(seq, chunk, c * 128, Logits::None).unwrap();
     }
     let depth = context.len();
     let t = Instant::now();
     let mut tok = 1u32;
     for pos in depth..depth + tg {
-        let l = model.forward(&[tok], pos, Logits::Last).unwrap();
+        let l = model.forward(seq, &[tok], pos, Logits::Last).unwrap();
         tok = (l.len() as u32 + pos as u32 * 31) % n_vocab;
     }
     tg as f64 / t.elapsed().as_secs_f64()
@@ -193,8 +193,8 @@ fn main() {
         Some(e) => Box::new(EngineFactory::new(e.clone(), opts)),
     };
     let t = Instant::now();
-    let mut model = Model::load(&file, factory.as_mut(), pool.clone(), &mut |_, _| {}).unwrap();
-    model.set_cache_type(cache);
+    let model = Model::load(&file, factory.as_mut(), pool.clone(), &mut |_, _| {}).unwrap();
+    let mut seq = model.sequence(cache);
     let load_s = t.elapsed().as_secs_f64();
     eprintln!("loaded {path} in {load_s:.2} s, backend {backend}, {threads} threads");
     let n_vocab = model.config().n_vocab as u32;
@@ -203,9 +203,9 @@ fn main() {
         let tokens: Vec<u32> = (0..pp as u32).map(|i| (i * 7919 + 1) % n_vocab).collect();
         let mut rates = Vec::new();
         for r in 0..=reps {
-            model.reset();
+            seq.reset();
             let t = Instant::now();
-            model.forward(&tokens, 0, Logits::Last).unwrap();
+            model.forward(&mut seq, &tokens, 0, Logits::Last).unwrap();
             if r > 0 {
                 rates.push(pp as f64 / t.elapsed().as_secs_f64());
             }
@@ -227,7 +227,7 @@ fn main() {
         let stats_before = engine.as_ref().map(|e| e.stats());
         for r in 0..=reps {
             let before = stream.measure(2);
-            let rate = tg_rate(&mut model, &context, tg);
+            let rate = tg_rate(&model, &mut seq, &context, tg);
             let after = stream.measure(2);
             if r > 0 {
                 rates.push(rate);
@@ -270,7 +270,7 @@ fn main() {
             let on = engine.warm_bytes();
             let mut rate = |warm: usize| {
                 engine.set_warm_bytes(warm);
-                tg_rate(&mut model, &context, tg)
+                tg_rate(&model, &mut seq, &context, tg)
             };
             let mut ratios = Vec::new();
             for p in 0..ab_pairs {
@@ -297,7 +297,7 @@ fn main() {
     let bw = stream.measure(4);
     println!("stream read, {threads} threads: {bw:.2} GB/s");
     results.insert("stream_read_gb_s".into(), bw.into());
-    let s = model.stats();
+    let s = seq.stats();
     eprintln!(
         "time split: matmul {:.2} s, attention {:.2} s, other {:.2} s",
         s.matmul.as_secs_f64(),

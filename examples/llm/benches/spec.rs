@@ -13,10 +13,12 @@
 //! In one process the two modes share the same physical pages of the weights; separate
 //! processes (`scripts/bench/spec.py`) add page placement to the noise of each run.
 
-use rknn_llm::generate::{Generation, Generator, rate};
+use std::sync::Arc;
+
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{EngineFactory, EngineOptions, Model, host_pool};
-use rknn_llm::sample::{Sampler, SamplerConfig};
+use rknn_llm::sample::SamplerConfig;
+use rknn_llm::session::{GenerateParams, Generation, Session, rate};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
@@ -69,8 +71,8 @@ fn main() {
     let rt = Runtime::emulator(Platform::Rk3588).unwrap();
     let engine = Engine::new(&rt, EngineConfig::default()).unwrap();
     let mut factory = EngineFactory::new(engine.clone(), EngineOptions::default());
-    let mut model = Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap();
-    let emulator = rt.emulator_instance();
+    let model = Arc::new(Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap());
+    let tok = Arc::new(tok);
 
     let mut files: Vec<_> = std::fs::read_dir(&prompts)
         .unwrap_or_else(|e| panic!("{prompts}: {e}"))
@@ -82,24 +84,20 @@ fn main() {
         })
         .collect();
     files.sort();
+    let greedy = SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    };
+    let mut session = Session::new(model, tok.clone(), greedy).unwrap();
     let mut generate = |ids: &[u32], lookup: Option<PromptLookup>| -> Generation {
-        let mut sampler = Sampler::new(SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        });
-        let mut g = Generator {
-            model: &mut model,
-            emulator,
+        session.reset();
+        let params = GenerateParams {
+            max_tokens: Some(tokens),
             lookup,
-            history: Vec::new(),
-            tok: &tok,
-            sampler: &mut sampler,
-            batch: 128,
-            n_predict: Some(tokens),
-            logits_out: None,
-            text_out: None,
+            ..GenerateParams::default()
         };
-        g.generate(ids, 0).unwrap()
+        let g = session.generate_tokens(ids, &params).unwrap();
+        g.finish().unwrap()
     };
     println!(
         "| prompt | plain tok/s | lookup tok/s | ratio of medians | median pair ratio | acceptance | tokens / pass | RK3588 model: plain → lookup | identical |"

@@ -1,20 +1,27 @@
-//! The flagship of rknpu-rs: a quantized LLM forward pass (GGUF files of the llama family)
-//! whose weight matmuls run through the SDK, and the pieces around it.
+//! The flagship of rknpu-rs as a library: quantized LLMs (GGUF files of the llama family) whose
+//! weight matmuls run on the NPU through the SDK's engine, or on the host in f32.
 //!
 //! * [`gguf`]: the GGUF container: header, metadata, tensor directory, zero-copy views into the
 //!   mapped file, and dequantization of the common block formats.
 //! * [`tokenizer`]: the vocabularies GGUF files carry (SentencePiece-style and byte-level BPE
 //!   with the model's pre-tokenizer), producing llama.cpp's ids.
-//! * [`model`]: the llama / qwen2 forward pass with a KV cache.
+//! * [`model`]: the forward pass over a [`model::Model`] (immutable, shared) and a
+//!   [`model::Sequence`] (one sequence's KV cache), every weight matmul through one seam.
+//! * [`session`]: [`session::Session`], one conversation over a shared model, and
+//!   [`session::Session::generate`], an iterator of generated pieces.
 //! * [`sample`]: greedy, temperature, top-k, top-p, repetition penalty.
 //! * [`spec`]: lossless speculative decoding by prompt lookup.
-//! * [`generate`]: prefill, then decode token by token or by verified drafts.
 //! * [`chat`]: the ChatML, Llama-3 and Llama-2 chat formats.
+//! * [`perplexity`]: teacher-forced perplexity.
+//!
+//! The binaries (`llm-decode`) are behind the default `cli` feature; `default-features = false`
+//! builds the library alone.
 
 pub mod chat;
-pub mod generate;
 pub mod gguf;
 pub mod model;
+pub mod perplexity;
 pub mod sample;
+pub mod session;
 pub mod spec;
 pub mod tokenizer;

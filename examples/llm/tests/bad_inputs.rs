@@ -466,7 +466,7 @@ fn model_cases() -> Vec<Case> {
             "a prompt one token beyond the context",
             Box::new(move || {
                 let f = tiny();
-                let mut m = load(&f).map_err(|e| e.to_string())?;
+                let mut m = common::Run::new(load(&f).map_err(|e| e.to_string())?);
                 let n_ctx = m.config().n_ctx;
                 let tokens = vec![1u32; n_ctx + 1];
                 expect_err!(
@@ -479,7 +479,7 @@ fn model_cases() -> Vec<Case> {
             "a position past the cache",
             Box::new(move || {
                 let f = tiny();
-                let mut m = load(&f).map_err(|e| e.to_string())?;
+                let mut m = common::Run::new(load(&f).map_err(|e| e.to_string())?);
                 m.forward(&[1, 2], 0, Logits::None)
                     .map_err(|e| e.to_string())?;
                 expect_err!(
@@ -492,7 +492,7 @@ fn model_cases() -> Vec<Case> {
             "a token id outside the vocabulary",
             Box::new(move || {
                 let f = tiny();
-                let mut m = load(&f).map_err(|e| e.to_string())?;
+                let mut m = common::Run::new(load(&f).map_err(|e| e.to_string())?);
                 let n = m.config().n_vocab;
                 expect_err!(
                     m.forward(&[1, n as u32], 0, Logits::Last),

@@ -1,7 +1,7 @@
 //! The library's `Send + Sync` types used from several threads at once, each result checked
 //! against the same work done on one thread: the tokenizer, the mapped GGUF file and its
 //! tensor views, one linear of each backend (host f32, W8A8 on the emulated NPU) that two
-//! threads forward through together, and a model's filled KV cache read by several threads.
+//! threads forward through together, and sessions on several threads over one shared model.
 
 mod common;
 
@@ -123,34 +123,67 @@ fn one_linear_of_each_backend_serves_several_threads() {
 }
 
 #[test]
-fn a_filled_f16_kv_cache_is_read_from_several_threads() {
-    use rknn_llm::model::{CacheType, Logits, Model};
-    let file = &tiny_models()[1];
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap(),
-    );
-    let mut factory = HostF32Factory::new(pool.clone());
-    let mut model = Model::load(file, &mut factory, pool, &mut |_, _| {}).unwrap();
-    model.set_cache_type(CacheType::F16);
-    model.forward(&[1, 2, 3, 4, 5], 0, Logits::None).unwrap();
-    let cache = model.cache();
-    let want = (cache.len(), cache.bytes(), cache.cache_type());
-    assert_eq!(want.0, 5);
-    std::thread::scope(|s| {
-        let readers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..ROUNDS)
-                        .map(|_| (cache.len(), cache.bytes(), cache.cache_type()))
-                        .collect::<Vec<_>>()
+fn sessions_on_several_threads_share_one_model_and_generate_what_one_alone_does() {
+    use rknn_llm::model::{CacheType, Logits, Model, Sequence};
+    use rknn_llm::sample::SamplerConfig;
+    use rknn_llm::session::{GenerateParams, Session};
+    fn assert_send<T: Send>() {}
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send::<Session>();
+    assert_send::<Sequence>();
+    assert_send_sync::<Model>();
+    for file in tiny_models() {
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        let mut factory = HostF32Factory::new(pool.clone());
+        let model = Arc::new(Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap());
+        let tok = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+        let greedy = SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        };
+        let params = GenerateParams {
+            max_tokens: Some(12),
+            ..GenerateParams::default()
+        };
+        let prompts = ["once upon a time", "the quick brown fox", "1 2 3 4 5"];
+        let run = |prompt: &str| -> (Vec<u32>, Vec<u32>) {
+            let mut s = Session::new(model.clone(), tok.clone(), greedy.clone()).unwrap();
+            s.set_cache_type(CacheType::F16);
+            let g = s.generate(prompt, &params).unwrap().finish().unwrap();
+            // The model's logits for the whole history, in one sequence of this thread.
+            let mut seq = model.sequence(CacheType::F16);
+            let logits = model
+                .forward(&mut seq, s.history(), 0, Logits::Last)
+                .unwrap();
+            (g.generated, logits.iter().map(|v| v.to_bits()).collect())
+        };
+        let alone: Vec<_> = prompts.iter().map(|p| run(p)).collect();
+        assert!(alone.iter().all(|(g, _)| !g.is_empty()));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS * prompts.len())
+                .map(|i| {
+                    let p = prompts[i % prompts.len()];
+                    let run = &run;
+                    s.spawn(move || {
+                        (
+                            i % prompts.len(),
+                            (0..ROUNDS / 5).map(|_| run(p)).collect::<Vec<_>>(),
+                        )
+                    })
                 })
-            })
-            .collect();
-        for r in readers {
-            assert!(r.join().unwrap().iter().all(|&got| got == want));
-        }
-    });
+                .collect();
+            for h in handles {
+                let (i, got) = h.join().unwrap();
+                assert!(
+                    got.iter().all(|g| *g == alone[i]),
+                    "prompt {i}: a session under concurrency differs"
+                );
+            }
+        });
+    }
 }

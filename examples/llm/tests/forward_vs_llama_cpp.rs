@@ -73,7 +73,7 @@ fn load_fixture(name: &str) -> (Vec<usize>, Vec<Prompt>) {
     (subset_ids, prompts)
 }
 
-fn load_model(path: &Path, threads: usize) -> Model {
+fn load_model(path: &Path, threads: usize) -> common::Run {
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -81,13 +81,15 @@ fn load_model(path: &Path, threads: usize) -> Model {
             .unwrap(),
     );
     let file = GgufFile::open(path).unwrap();
-    Model::load(
-        &file,
-        &mut HostF32Factory::new(pool.clone()),
-        pool,
-        &mut |_, _| {},
+    common::Run::new(
+        Model::load(
+            &file,
+            &mut HostF32Factory::new(pool.clone()),
+            pool,
+            &mut |_, _| {},
+        )
+        .unwrap(),
     )
-    .unwrap()
 }
 
 /// Lowest id among the largest logits, as the reference's greedy step picks.

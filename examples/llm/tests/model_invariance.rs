@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError};
 
-fn model(name: &str, threads: usize) -> Model {
+fn model(name: &str, threads: usize) -> common::Run {
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -16,16 +16,18 @@ fn model(name: &str, threads: usize) -> Model {
             .unwrap(),
     );
     let file = GgufFile::open(common::fixtures().join("llm").join(name)).unwrap();
-    Model::load(
-        &file,
-        &mut HostF32Factory::new(pool.clone()),
-        pool,
-        &mut |_, _| {},
+    common::Run::new(
+        Model::load(
+            &file,
+            &mut HostF32Factory::new(pool.clone()),
+            pool,
+            &mut |_, _| {},
+        )
+        .unwrap(),
     )
-    .unwrap()
 }
 
-fn logits_in_chunks(m: &mut Model, tokens: &[u32], chunk: usize) -> Vec<u32> {
+fn logits_in_chunks(m: &mut common::Run, tokens: &[u32], chunk: usize) -> Vec<u32> {
     m.reset();
     let mut out = Vec::new();
     for (c, part) in tokens.chunks(chunk).enumerate() {

@@ -28,20 +28,24 @@ fn engine() -> Engine {
     Engine::new(&rt, EngineConfig::default()).unwrap()
 }
 
-fn npu_model(file: &GgufFile, opts: EngineOptions) -> Model {
+fn npu_model(file: &GgufFile, opts: EngineOptions) -> common::Run {
     let p = pool(2);
-    Model::load(
-        file,
-        &mut EngineFactory::new(engine(), opts),
-        p,
-        &mut |_, _| {},
+    common::Run::new(
+        Model::load(
+            file,
+            &mut EngineFactory::new(engine(), opts),
+            p,
+            &mut |_, _| {},
+        )
+        .unwrap(),
     )
-    .unwrap()
 }
 
-fn f32_model(file: &GgufFile) -> Model {
+fn f32_model(file: &GgufFile) -> common::Run {
     let p = pool(2);
-    Model::load(file, &mut HostF32Factory::new(p.clone()), p, &mut |_, _| {}).unwrap()
+    common::Run::new(
+        Model::load(file, &mut HostF32Factory::new(p.clone()), p, &mut |_, _| {}).unwrap(),
+    )
 }
 
 fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]) -> Json {

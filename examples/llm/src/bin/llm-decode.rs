@@ -22,12 +22,13 @@ use clap::{Parser, ValueEnum};
 use serde_json::json;
 
 use rknn_llm::chat::ChatFormat;
-use rknn_llm::generate::{Generation, Generator, Stop, rate};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model, Residual, host_pool,
+    CacheType, EngineFactory, EngineOptions, HostF32Factory, Model, Residual, host_pool,
 };
-use rknn_llm::sample::{Sampler, SamplerConfig};
+use rknn_llm::perplexity::perplexity;
+use rknn_llm::sample::SamplerConfig;
+use rknn_llm::session::{GenerateParams, Generation, Session, rate};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
@@ -196,6 +197,9 @@ fn main() {
     }
 }
 
+/// Loads the model and runs the prompt (or the chat, the perplexity, the tokenization) that
+/// `args` ask for. The decode loop is here: each piece the session's iterator returns is
+/// printed as it comes.
 fn run(args: Args) -> Result<(), Error> {
     if args.batch_size == 0 {
         return Err("--batch-size must be at least 1".into());
@@ -231,124 +235,113 @@ fn run(args: Args) -> Result<(), Error> {
     };
     // This thread drives the model: as the pool's member 0 it runs each pass itself.
     let pool = host_pool(threads)?;
-    let (mut model, engine) = load_model(&file, pool, &args)?;
-    if model.config().n_vocab != tok.n_vocab() {
-        return Err(format!(
-            "the model's {} logits do not match the vocabulary's {} tokens",
-            model.config().n_vocab,
-            tok.n_vocab()
-        )
-        .into());
-    }
-    let load_time = t_load.elapsed();
-    let mut dump = match &args.dump_logits {
-        Some(p) => {
-            Some(BufWriter::new(File::create(p).map_err(|e| {
-                format!("cannot create {}: {e}", p.display())
-            })?))
-        }
-        None => None,
-    };
-
-    if let Some(path) = &args.perplexity {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        return perplexity(
-            &mut model,
-            engine.as_ref(),
-            &tok,
-            &text,
-            &args,
-            dump.as_mut(),
-        );
-    }
-
+    let model = Arc::new(load_model(&file, pool, &args)?);
     let seed = args.seed.unwrap_or_else(random_seed);
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampling = SamplerConfig {
         temperature: args.temp,
         top_k: args.top_k,
         top_p: args.top_p,
         repeat_penalty: args.repeat_penalty,
         repeat_last_n: args.repeat_last_n,
         seed,
-    });
-    let emulator = engine
-        .as_ref()
-        .and_then(|e| e.runtime().emulator_instance());
-    let lookup = match args.spec {
-        SpecArg::None => None,
-        SpecArg::Lookup => Some(PromptLookup {
-            draft_max: usize::from(args.draft_max),
-            ngram_max: usize::from(args.ngram),
-            ngram_min: usize::from(args.ngram).min(PromptLookup::default().ngram_min),
-        }),
     };
-    let stream = !args.json;
-    let mut stdout = std::io::stdout();
-    let mut run = Generator {
-        model: &mut model,
-        emulator,
-        lookup,
-        history: Vec::new(),
-        tok: &tok,
-        sampler: &mut sampler,
-        batch: args.batch_size,
-        n_predict: usize::try_from(args.n_predict).ok(),
-        logits_out: dump.as_mut().map(|d| d as &mut dyn Write),
-        text_out: stream.then_some(&mut stdout as &mut dyn Write),
+    let mut session = Session::new(model.clone(), Arc::new(tok), sampling)?;
+    session.set_cache_type(match args.cache_type {
+        CacheTypeArg::F32 => CacheType::F32,
+        CacheTypeArg::F16 => CacheType::F16,
+    });
+    let load_time = t_load.elapsed();
+    let dump = match &args.dump_logits {
+        Some(p) => Some(SharedFile::create(p)?),
+        None => None,
     };
 
+    if let Some(path) = &args.perplexity {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        return run_perplexity(&model, &session, &text, &args, dump);
+    }
+    if let Some(d) = &dump {
+        session.set_logits_tap(Some(Box::new(d.clone())));
+    }
+    let params = GenerateParams {
+        max_tokens: usize::try_from(args.n_predict).ok(),
+        stop: Vec::new(),
+        lookup: match args.spec {
+            SpecArg::None => None,
+            SpecArg::Lookup => Some(PromptLookup {
+                draft_max: usize::from(args.draft_max),
+                ngram_max: usize::from(args.ngram),
+                ngram_min: usize::from(args.ngram).min(PromptLookup::default().ngram_min),
+            }),
+        },
+        batch: args.batch_size,
+    };
     if args.chat {
-        let format = chat_format(&file, &tok)?;
+        let format = chat_format(&file, session.tokenizer())?;
         return chat(
-            &mut run,
+            &mut session,
             &format,
             args.system.as_deref(),
             prompt_text.as_deref(),
+            &params,
         );
     }
 
     let text = prompt_text.ok_or("no prompt: give -p TEXT or -f FILE (or --chat)")?;
     let (prompt_ids, echo) = match &args.system {
         Some(system) => {
-            let format = chat_format(&file, &tok)?;
+            let format = chat_format(&file, session.tokenizer())?;
             let turn = format.user_turn(Some(system), &text, true);
-            (tok.encode(&turn, true, true)?, String::new())
+            (
+                session.tokenizer().encode(&turn, true, true)?,
+                String::new(),
+            )
         }
-        None => (tok.encode(&text, true, true)?, text.clone()),
+        None => (session.tokenizer().encode(&text, true, true)?, text.clone()),
     };
     if prompt_ids.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
+    let stream = !args.json;
+    let mut stdout = std::io::stdout();
     if stream {
         print!("{echo}");
-        std::io::stdout().flush()?;
+        stdout.flush()?;
     }
-    let out = run.generate(&prompt_ids, 0)?;
-    drop(run);
+    let mut generation = session.generate_tokens(&prompt_ids, &params)?;
+    for piece in &mut generation {
+        let piece = piece?;
+        if stream && !piece.text.is_empty() {
+            stdout.write_all(piece.text.as_bytes())?;
+            stdout.flush()?;
+        }
+    }
+    let out = generation.summary().clone();
+    drop(generation);
     if stream {
         println!();
     }
-    if let Some(d) = dump.as_mut() {
-        d.flush()?;
+    if let Some(d) = &dump {
+        d.lock().flush()?;
     }
-    let stats = model.stats().clone();
+    let engine = model.engine();
+    let stats = session.sequence().stats().clone();
     let summary = Summary {
         speculating: args.spec != SpecArg::None,
         load_time,
-        prompt_tokens: prompt_ids.len(),
         out: &out,
         threads,
         seed,
-        backend: backend_name(engine.as_ref()),
+        backend: backend_name(engine),
     };
     summary.print();
-    if let Some(e) = &engine {
+    if let Some(e) = engine {
         eprintln!("{}", engine_line(e));
     }
     let modelled = out.modelled.map(|(p, d)| {
-        let cores = engine.as_ref().map_or(0, Engine::workers);
-        (rate(prompt_ids.len(), p), rate(out.decisions, d), cores)
+        let cores = engine.map_or(0, rknn_matmul::engine::Engine::workers);
+        (rate(out.prompt_tokens, p), rate(out.decisions, d), cores)
     });
     if let Some((p, d, cores)) = modelled {
         eprintln!(
@@ -360,9 +353,9 @@ fn run(args: Args) -> Result<(), Error> {
             "prompt_ids": prompt_ids,
             "generated_ids": out.generated,
             "text": out.text,
-            "prefill_tok_s": rate(prompt_ids.len(), out.prefill_time),
-            "decode_tok_s": rate(out.decisions, out.decode_time),
-            "backend": backend_name(engine.as_ref()),
+            "prefill_tok_s": out.prefill_tok_s(),
+            "decode_tok_s": out.decode_tok_s(),
+            "backend": backend_name(engine),
             "stats": {
                 "modelled_rk3588": modelled.map(|(p, d, cores)| json!({
                     "prefill_tok_s": p,
@@ -371,7 +364,7 @@ fn run(args: Args) -> Result<(), Error> {
                     "note": "rknn_emu::cost model of the NPU time only (docs/npu-matmul-performance.md)",
                 })),
                 "wtype": model.backend_kind(),
-                "engine": engine.as_ref().map(engine_json),
+                "engine": engine.map(engine_json),
                 "load_s": load_time.as_secs_f64(),
                 "prompt_tokens": prompt_ids.len(),
                 "generated_tokens": out.generated.len(),
@@ -379,12 +372,12 @@ fn run(args: Args) -> Result<(), Error> {
                 "decode_s": out.decode_time.as_secs_f64(),
                 "decode_forwards": out.decode_forwards,
                 "spec": spec_json(&args, &out),
-                "stop": out.stop.name(),
+                "stop": out.stop.map_or("none", |s| s.name()),
                 "threads": threads,
                 "kernel": rknn_llm::model::kernels::selected().name(),
                 "seed": seed,
                 "n_ctx": model.config().n_ctx,
-                "cache_type": model.cache().cache_type().name(),
+                "cache_type": session.sequence().cache().cache_type().name(),
                 "matmul_s": stats.matmul.as_secs_f64(),
                 "attention_s": stats.attention.as_secs_f64(),
                 "other_s": stats.other.as_secs_f64(),
@@ -393,6 +386,35 @@ fn run(args: Args) -> Result<(), Error> {
         println!("{doc}");
     }
     Ok(())
+}
+
+/// A file the session's logits tap and `run` share (the tap is `Send + 'static`).
+#[derive(Clone)]
+struct SharedFile(Arc<std::sync::Mutex<BufWriter<File>>>);
+
+impl SharedFile {
+    fn create(p: &std::path::Path) -> Result<SharedFile, Error> {
+        let f = File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+        Ok(SharedFile(Arc::new(std::sync::Mutex::new(BufWriter::new(
+            f,
+        )))))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BufWriter<File>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.lock().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.lock().flush()
+    }
 }
 
 fn print_tokens(tok: &Tokenizer, text: &str, json: bool) -> Result<(), Error> {
@@ -479,11 +501,7 @@ fn open_engine(args: &Args) -> Result<Option<Engine>, Error> {
     Ok(Some(Engine::new(&rt, EngineConfig::default())?))
 }
 
-fn load_model(
-    file: &GgufFile,
-    pool: Arc<rayon::ThreadPool>,
-    args: &Args,
-) -> Result<(Model, Option<Engine>), Error> {
+fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Result<Model, Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
             "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
@@ -494,8 +512,7 @@ fn load_model(
         bar.set_length(total);
         bar.set_position(done);
     };
-    let engine = open_engine(args)?;
-    let mut model = match &engine {
+    let model = match open_engine(args)? {
         None => Model::load(
             file,
             &mut HostF32Factory::new(pool.clone()),
@@ -517,20 +534,11 @@ fn load_model(
                 },
                 seed: args.rotation_seed,
             };
-            Model::load(
-                file,
-                &mut EngineFactory::new(e.clone(), opts),
-                pool,
-                &mut progress,
-            )?
+            Model::load(file, &mut EngineFactory::new(e, opts), pool, &mut progress)?
         }
     };
     bar.finish_and_clear();
-    model.set_cache_type(match args.cache_type {
-        CacheTypeArg::F32 => CacheType::F32,
-        CacheTypeArg::F16 => CacheType::F16,
-    });
-    Ok((model, engine))
+    Ok(model)
 }
 
 fn chat_format(file: &GgufFile, tok: &Tokenizer) -> Result<ChatFormat, Error> {
@@ -545,28 +553,23 @@ fn random_seed() -> u64 {
     nanos ^ (u64::from(std::process::id()) << 32)
 }
 
-fn write_rows(out: &mut BufWriter<File>, rows: &[f32]) -> Result<(), Error> {
-    for v in rows {
-        out.write_all(&v.to_le_bytes())?;
-    }
-    Ok(())
-}
-
-/// Interactive chat: every line of stdin is a user message; the KV cache carries the
-/// conversation, so each turn evaluates only its own tokens.
+/// Interactive chat: every line of stdin is a user message; the session's KV cache carries
+/// the conversation, so each turn evaluates only its own tokens.
 fn chat(
-    run: &mut Generator<'_>,
+    session: &mut Session,
     format: &ChatFormat,
     system: Option<&str>,
     first: Option<&str>,
+    params: &GenerateParams,
 ) -> Result<(), Error> {
     eprintln!(
         "chat ({}): one message per line, end with Ctrl-D",
         format.name()
     );
-    let mut pos = 0;
+    let n_ctx = session.model().config().n_ctx;
     let mut lines = std::io::stdin().lock().lines();
     let mut pending = first.map(str::to_string);
+    let mut stdout = std::io::stdout();
     loop {
         let user = match pending.take() {
             Some(u) => u,
@@ -582,24 +585,21 @@ fn chat(
         if user.trim().is_empty() {
             continue;
         }
-        let turn = format.user_turn(system, &user, pos == 0);
-        let ids = run.tok.encode(&turn, pos == 0, true)?;
-        let out = run.generate(&ids, pos)?;
-        println!();
-        pos = out.end_pos;
-        // The cache must hold the whole reply (the end-of-turn marker comes with the next
-        // turn's text).
-        if let Some(t) = out.unfed.filter(|_| out.stop == Stop::NPredict) {
-            run.model.forward(&[t], pos, Logits::None)?;
-            pos += 1;
+        let mut turn = session.chat(format, system, &user, params)?;
+        for piece in &mut turn {
+            stdout.write_all(piece?.text.as_bytes())?;
+            stdout.flush()?;
         }
+        let out = turn.summary().clone();
+        drop(turn);
+        println!();
         eprintln!(
-            "[{} tokens, {:.1} tok/s, context {pos}/{}]",
+            "[{} tokens, {:.1} tok/s, context {}/{n_ctx}]",
             out.generated.len(),
-            rate(out.decisions, out.decode_time),
-            run.model.config().n_ctx
+            out.decode_tok_s(),
+            session.history().len(),
         );
-        if out.stop == Stop::Context {
+        if out.stop == Some(rknn_llm::session::Stop::Context) {
             return Err("context overflow: the conversation filled the context".into());
         }
     }
@@ -609,7 +609,6 @@ fn chat(
 struct Summary<'a> {
     speculating: bool,
     load_time: Duration,
-    prompt_tokens: usize,
     out: &'a Generation,
     threads: usize,
     seed: u64,
@@ -621,11 +620,11 @@ impl Summary<'_> {
         let o = self.out;
         eprintln!(
             "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s (stop: {}) | load {:.2} s | {} backend, {} threads, seed {}",
-            self.prompt_tokens,
-            rate(self.prompt_tokens, o.prefill_time),
+            o.prompt_tokens,
+            o.prefill_tok_s(),
             o.generated.len(),
-            rate(o.decisions, o.decode_time),
-            o.stop.name(),
+            o.decode_tok_s(),
+            o.stop.map_or("none", |s| s.name()),
             self.load_time.as_secs_f64(),
             self.backend,
             self.threads,
@@ -661,55 +660,46 @@ fn spec_json(args: &Args, o: &Generation) -> serde_json::Value {
     }
 }
 
-/// Teacher-forced perplexity over windows of the context length: each window starts from an
-/// empty cache and scores every token but its first with the previous position's logits.
-fn perplexity(
-    model: &mut Model,
-    engine: Option<&Engine>,
-    tok: &Tokenizer,
+/// `--perplexity`: the text's perplexity over windows of the context length
+/// ([`rknn_llm::perplexity`]), each scored position's logits written to `--dump-logits`.
+fn run_perplexity(
+    model: &Model,
+    session: &Session,
     text: &str,
     args: &Args,
-    mut dump: Option<&mut BufWriter<File>>,
+    dump: Option<SharedFile>,
 ) -> Result<(), Error> {
-    let ids = tok.encode(text, true, false)?;
-    if ids.len() < 2 {
-        return Err(format!(
-            "perplexity needs at least 2 tokens, the file has {}",
-            ids.len()
-        )
-        .into());
-    }
-    let n_ctx = model.config().n_ctx;
-    let n_vocab = model.config().n_vocab;
+    let ids = session.tokenizer().encode(text, true, false)?;
+    let mut seq = model.sequence(session.sequence().cache().cache_type());
     let t = Instant::now();
-    let (mut nll, mut scored) = (0.0f64, 0usize);
-    for window in ids.chunks(n_ctx) {
-        model.reset();
-        for (c, chunk) in window.chunks(args.batch_size).enumerate() {
-            let start = c * args.batch_size;
-            let logits = model.forward(chunk, start, Logits::All)?;
-            for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
-                let Some(&next) = window.get(start + r + 1) else {
-                    continue;
-                };
-                nll -= log_softmax_at(row, next as usize);
-                scored += 1;
-                if let Some(d) = dump.as_mut() {
-                    write_rows(d, row)?;
+    let mut dump = dump;
+    let p = perplexity(
+        model,
+        &mut seq,
+        &ids,
+        args.batch_size,
+        |row| match &mut dump {
+            Some(d) => {
+                for v in row {
+                    d.write_all(&v.to_le_bytes())?;
                 }
+                Ok(())
             }
-        }
-    }
-    if let Some(d) = dump.as_mut() {
+            None => Ok(()),
+        },
+    )?;
+    if let Some(d) = &mut dump {
         d.flush()?;
     }
-    let mean = nll / scored as f64;
-    let ppl = mean.exp();
     eprintln!(
-        "perplexity: {ppl:.4} over {scored} scored tokens ({} tokens, windows of {n_ctx}), {:.1} tok/s",
+        "perplexity: {:.4} over {} scored tokens ({} tokens, windows of {}), {:.1} tok/s",
+        p.ppl,
+        p.scored,
         ids.len(),
+        model.config().n_ctx,
         rate(ids.len(), t.elapsed())
     );
+    let engine = model.engine();
     if let Some(e) = engine {
         eprintln!("{}", engine_line(e));
     }
@@ -718,25 +708,15 @@ fn perplexity(
             "{}",
             json!({
                 "n_tokens": ids.len(),
-                "n_scored": scored,
-                "ppl": ppl,
-                "nll": mean,
+                "n_scored": p.scored,
+                "ppl": p.ppl,
+                "nll": p.nll,
                 "backend": backend_name(engine),
                 "wtype": model.backend_kind(),
             })
         );
     } else {
-        println!("{ppl:.4}");
+        println!("{:.4}", p.ppl);
     }
     Ok(())
-}
-
-/// `log softmax(row)[i]`, in f64.
-fn log_softmax_at(row: &[f32], i: usize) -> f64 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row
-        .iter()
-        .map(|&v| (f64::from(v) - f64::from(max)).exp())
-        .sum();
-    f64::from(row[i]) - f64::from(max) - sum.ln()
 }

@@ -1,17 +1,15 @@
-//! The seam between the model and whatever multiplies by its weights.
+//! The seam between the model and whatever multiplies by its weights: the backend.
 //!
 //! Every weight matmul of the model goes through [`LinearOp`]. The model is built from a GGUF
 //! file and a [`LinearFactory`], which receives each weight tensor as a zero-copy view into
 //! the file, one at a time, and turns it into a `LinearOp` in the backend's own format (so a
-//! backend converts the weights streaming, never holding two copies of the whole model). The
-//! host f32 backend here dequantizes to f32 and multiplies with the canonical-order dot product
-//! of [`super::kernels`], multi-threaded over output features.
+//! backend converts the weights streaming, never holding two copies of the whole model). Two
+//! backends exist: the host f32 reference ([`super::host`]) and the NPU engine
+//! ([`super::npu`]).
 
-use std::sync::Arc;
+use rknn_matmul::engine::Engine;
 
 use crate::gguf::TensorView;
-
-use super::kernels;
 
 /// An error from a backend, kept as the backend's own error type.
 pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
@@ -53,6 +51,12 @@ pub enum LinearRole {
 
 /// Builds the [`LinearOp`] of each weight matrix as the model loads.
 pub trait LinearFactory {
+    /// The engine the linears run on, when they run on the NPU (or its emulator): the model
+    /// keeps it for its statistics and modelled NPU time.
+    fn engine(&self) -> Option<&Engine> {
+        None
+    }
+
     /// Converts the weight made of `parts` stacked along the output features (one tensor for
     /// most linears; q, k and v, or gate and up, for the fused linears that read the same
     /// input) for the linear `role`. Each part has dimensions `[in_features, out_i]` and any
@@ -93,182 +97,4 @@ pub fn stacked_shape(parts: &[TensorView<'_>]) -> Result<(usize, usize), Backend
         n = n.checked_add(tn).ok_or("fused output features overflow")?;
     }
     Ok((k.unwrap_or(0), n))
-}
-
-/// The host backend: f32 weights, rayon threads.
-#[derive(Debug, Clone)]
-pub struct HostF32Factory {
-    pool: Arc<rayon::ThreadPool>,
-}
-
-impl HostF32Factory {
-    /// A factory whose linears run on `pool`.
-    pub fn new(pool: Arc<rayon::ThreadPool>) -> Self {
-        HostF32Factory { pool }
-    }
-}
-
-impl LinearFactory for HostF32Factory {
-    fn build(
-        &mut self,
-        _role: LinearRole,
-        parts: &[TensorView<'_>],
-    ) -> Result<Box<dyn LinearOp>, BackendError> {
-        let (k, n) = stacked_shape(parts)?;
-        let mut w = Vec::with_capacity(n * k);
-        for t in parts {
-            w.extend_from_slice(&t.to_f32()?);
-        }
-        Ok(Box::new(F32Linear::new(w, n, k, self.pool.clone())?))
-    }
-}
-
-/// A weight held as f32, `out_features × in_features` row-major.
-pub struct F32Linear {
-    w: Vec<f32>,
-    n: usize,
-    k: usize,
-    pool: Arc<rayon::ThreadPool>,
-}
-
-impl std::fmt::Debug for F32Linear {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("F32Linear")
-            .field("out_features", &self.n)
-            .field("in_features", &self.k)
-            .finish()
-    }
-}
-
-/// Weight rows one task multiplies by every input row while they stay in L1.
-const ROW_BLOCK: usize = 8;
-
-impl F32Linear {
-    /// A linear from `w`, `n` rows of `k`.
-    pub fn new(
-        w: Vec<f32>,
-        n: usize,
-        k: usize,
-        pool: Arc<rayon::ThreadPool>,
-    ) -> Result<Self, BackendError> {
-        if n.checked_mul(k) != Some(w.len()) {
-            return Err(format!("weight of {} values is not {n} × {k}", w.len()).into());
-        }
-        Ok(F32Linear { w, n, k, pool })
-    }
-
-    /// Computes output features `rows` for all `m` inputs into `out_t`, laid out
-    /// `[rows.len()][m]` (feature-major, so tasks own disjoint slices).
-    fn block(&self, x: &[f32], m: usize, first: usize, out_t: &mut [f32]) {
-        let k = self.k;
-        let kern = kernels::selected();
-        let rows = out_t.len() / m;
-        for rb in (0..rows).step_by(ROW_BLOCK) {
-            let re = (rb + ROW_BLOCK).min(rows);
-            for i in 0..m {
-                let xi = &x[i * k..(i + 1) * k];
-                for r in rb..re {
-                    let n = first + r;
-                    out_t[r * m + i] = kern.dot(xi, &self.w[n * k..(n + 1) * k]);
-                }
-            }
-        }
-    }
-}
-
-impl LinearOp for F32Linear {
-    fn in_features(&self) -> usize {
-        self.k
-    }
-
-    fn out_features(&self) -> usize {
-        self.n
-    }
-
-    fn kind(&self) -> &'static str {
-        "f32"
-    }
-
-    fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), BackendError> {
-        let (n, k) = (self.n, self.k);
-        if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(out.len()) {
-            return Err(format!(
-                "linear {n}×{k}: input of {} and output of {} values for {m} rows",
-                x.len(),
-                out.len()
-            )
-            .into());
-        }
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        // Several tasks per thread so a thread slowed by a neighbour does not hold up the rest.
-        let tasks = self.pool.current_num_threads() * 4;
-        let chunk = n.div_ceil(tasks).next_multiple_of(ROW_BLOCK).min(n);
-        use rayon::prelude::*;
-        if m == 1 {
-            self.pool.install(|| {
-                out.par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(c, o)| self.block(x, 1, c * chunk, o));
-            });
-        } else {
-            let mut out_t = vec![0.0f32; m * n];
-            self.pool.install(|| {
-                out_t
-                    .par_chunks_mut(chunk * m)
-                    .enumerate()
-                    .for_each(|(c, o)| self.block(x, m, c * chunk, o));
-            });
-            for (j, col) in out_t.chunks_exact(m).enumerate() {
-                for (i, &v) in col.iter().enumerate() {
-                    out[i * n + j] = v;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(t: usize) -> Arc<rayon::ThreadPool> {
-        Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap(),
-        )
-    }
-
-    #[test]
-    fn matches_naive_and_is_batch_and_thread_invariant() {
-        let mut rng = fastrand::Rng::with_seed(3);
-        let (n, k, m) = (37, 70, 5);
-        let w: Vec<f32> = (0..n * k).map(|_| rng.f32() - 0.5).collect();
-        let x: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
-        let one = F32Linear::new(w.clone(), n, k, pool(1)).unwrap();
-        let two = F32Linear::new(w.clone(), n, k, pool(2)).unwrap();
-        let mut batch = vec![0.0; m * n];
-        one.forward(&x, m, &mut batch).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let exact: f64 = (0..k)
-                    .map(|c| f64::from(x[i * k + c]) * f64::from(w[j * k + c]))
-                    .sum();
-                assert!((f64::from(batch[i * n + j]) - exact).abs() < 1e-5);
-            }
-        }
-        let mut b2 = vec![0.0; m * n];
-        two.forward(&x, m, &mut b2).unwrap();
-        assert_eq!(batch, b2, "thread count changes results");
-        for i in 0..m {
-            let mut row = vec![0.0; n];
-            two.forward(&x[i * k..(i + 1) * k], 1, &mut row).unwrap();
-            assert_eq!(row, batch[i * n..(i + 1) * n], "row {i} alone differs");
-        }
-        assert!(one.forward(&x, m + 1, &mut batch).is_err());
-    }
 }

@@ -16,10 +16,13 @@
 //! thread-invariant. AVX2 holds the 32 accumulators in four 8-lane registers, NEON in eight
 //! 4-lane ones, and both reduce them along the same tree.
 //!
-//! The backend is probed once; `RKNN_LLM_KERNEL=scalar|avx2|neon` forces one (`auto` or unset
-//! picks the fastest available).
+//! The backend is chosen once, as every host kernel of the SDK is ([`rknn_matmul::rknn_chip::kernel`]):
+//! the fastest this CPU runs, unless `RKNN_KERNEL_LLM` (or `RKNN_KERNEL` for every component)
+//! names another. [`kernel_choice`] says what was chosen and why.
 
 use std::sync::OnceLock;
+
+use rknn_matmul::rknn_chip::KernelChoice;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -38,7 +41,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The backend's name as `RKNN_LLM_KERNEL` spells it.
+    /// The backend's name as `RKNN_KERNEL_LLM` spells it.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Scalar => "scalar",
@@ -329,30 +332,37 @@ fn add_scaled_rows(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
     }
 }
 
-/// The backend [`dot`] uses: the fastest available, or the one `RKNN_LLM_KERNEL` names.
+/// The component name of these kernels in the kernel convention.
+pub const KERNEL_COMPONENT: &str = "llm";
+
+/// The backend [`dot`] uses, and why ([`rknn_matmul::rknn_chip::kernel`]), chosen once.
+pub fn kernel_choice() -> &'static KernelChoice {
+    static CHOICE: OnceLock<KernelChoice> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        // `all` is fastest first; the convention lists the reference first.
+        let compiled: Vec<&'static str> = Kernel::all().iter().rev().map(|k| k.name()).collect();
+        let available: Vec<&'static str> = Kernel::all()
+            .iter()
+            .rev()
+            .filter(|k| k.is_available())
+            .map(|k| k.name())
+            .collect();
+        let choice = KernelChoice::from_env(KERNEL_COMPONENT, &compiled, &available);
+        choice.warn();
+        choice
+    })
+}
+
+/// The backend [`dot`] uses ([`kernel_choice`]).
 pub fn selected() -> Kernel {
     static SELECTED: OnceLock<Kernel> = OnceLock::new();
     *SELECTED.get_or_init(|| {
-        let best = Kernel::all()
+        let name = kernel_choice().selected;
+        Kernel::all()
             .iter()
             .copied()
-            .find(|k| k.is_available())
-            .unwrap_or(Kernel::Scalar);
-        match std::env::var("RKNN_LLM_KERNEL") {
-            Ok(v) if !v.is_empty() && v != "auto" => {
-                match Kernel::all().iter().find(|k| k.name() == v) {
-                    Some(&k) if k.is_available() => k,
-                    _ => {
-                        eprintln!(
-                            "RKNN_LLM_KERNEL={v}: not an available kernel, using {}",
-                            best.name()
-                        );
-                        best
-                    }
-                }
-            }
-            _ => best,
-        }
+            .find(|k| k.name() == name)
+            .unwrap_or(Kernel::Scalar)
     })
 }
 

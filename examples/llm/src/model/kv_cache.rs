@@ -75,21 +75,51 @@ impl KvRows {
 /// Keys and values of every past position (see the module documentation).
 #[derive(Debug, Default)]
 pub struct KvCache {
-    pub(crate) k: Vec<KvRows>,
-    pub(crate) v: Vec<KvRows>,
-    pub(crate) len: usize,
+    k: Vec<KvRows>,
+    v: Vec<KvRows>,
+    len: usize,
+    /// Values per position of one buffer (a head's dimensions).
+    head_dim: usize,
     ty: CacheType,
 }
 
 impl KvCache {
-    /// An empty cache of `buffers` (layers × KV heads) buffers.
-    pub(crate) fn new(buffers: usize, ty: CacheType) -> KvCache {
+    /// An empty cache of `buffers` (layers × KV heads) buffers of `head_dim` values per
+    /// position.
+    pub(crate) fn new(buffers: usize, head_dim: usize, ty: CacheType) -> KvCache {
         KvCache {
             k: vec![KvRows::new(ty); buffers],
             v: vec![KvRows::new(ty); buffers],
             len: 0,
+            head_dim,
             ty,
         }
+    }
+
+    /// Appends rows of keys `k` and values `v` (`[rows][heads.len() * head_dim]`) to the
+    /// buffers `heads`.
+    pub(crate) fn append(&mut self, heads: std::ops::Range<usize>, k: &[f32], v: &[f32]) {
+        let width = heads.len() * self.head_dim;
+        for (cache, new) in [(&mut self.k, k), (&mut self.v, v)] {
+            for row in new.chunks_exact(width) {
+                for (buf, head) in cache[heads.clone()]
+                    .iter_mut()
+                    .zip(row.chunks_exact(self.head_dim))
+                {
+                    buf.extend(head);
+                }
+            }
+        }
+    }
+
+    /// The key and value buffers `heads`.
+    pub(crate) fn heads(&self, heads: std::ops::Range<usize>) -> (&[KvRows], &[KvRows]) {
+        (&self.k[heads.clone()], &self.v[heads])
+    }
+
+    /// Records that `len` positions are held (after [`KvCache::append`] of the new ones).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        self.len = len;
     }
 
     /// Positions held.
@@ -124,12 +154,12 @@ impl KvCache {
             * elem
     }
 
-    /// Keeps the first `pos` positions of rows of `width` values.
-    pub(crate) fn truncate(&mut self, pos: usize, width: usize) {
+    /// Keeps the first `pos` positions.
+    pub(crate) fn truncate(&mut self, pos: usize) {
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.truncate(pos * width);
+            buf.truncate(pos * self.head_dim);
         }
-        self.len = pos;
+        self.len = pos.min(self.len);
     }
 }
 
@@ -157,13 +187,13 @@ mod tests {
 
     #[test]
     fn truncation_and_sizes() {
-        let mut c = KvCache::new(2, CacheType::F16);
+        let mut c = KvCache::new(2, 2, CacheType::F16);
         for r in c.k.iter_mut().chain(c.v.iter_mut()) {
             r.extend(&[1.0; 8]);
         }
         c.len = 4;
         assert_eq!(c.bytes(), 4 * 8 * 2);
-        c.truncate(1, 2);
+        c.truncate(1);
         assert_eq!((c.len(), c.bytes()), (1, 4 * 2 * 2));
         assert_eq!(c.cache_type(), CacheType::F16);
     }

@@ -21,9 +21,9 @@
 //! rows at a time (dequantise, rotate, quantise), so loading never holds a whole matrix in f32
 //! for W8A8.
 
-use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat, glue};
+use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat};
 
-use super::linear::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
 use crate::gguf::TensorView;
 
 /// How the engine backend converts weights and treats activations. The defaults are what it
@@ -82,9 +82,6 @@ impl Residual {
     }
 }
 
-/// Rows converted at a time (dequantise, rotate, quantise) while loading.
-const ROWS_PER_STEP: usize = 256;
-
 /// Builds engine linears from GGUF weights.
 #[derive(Debug)]
 pub struct EngineFactory {
@@ -97,14 +94,13 @@ impl EngineFactory {
     pub fn new(engine: Engine, opts: EngineOptions) -> Self {
         EngineFactory { engine, opts }
     }
-
-    /// The engine.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
 }
 
 impl LinearFactory for EngineFactory {
+    fn engine(&self) -> Option<&Engine> {
+        Some(&self.engine)
+    }
+
     fn build(
         &mut self,
         role: LinearRole,
@@ -117,49 +113,37 @@ impl LinearFactory for EngineFactory {
         let seed = parts
             .first()
             .map_or(o.seed, |t| name_seed(o.seed, t.name()));
-        let rotation = o.rotate.then(|| Rotation::hadamard_mixed(k, seed));
         let opts = LinearOptions {
-            rotation: rotation.clone(),
+            rotation: o.rotate.then(|| Rotation::hadamard_mixed(k, seed)),
             residual_activations: o.residual.applies(role),
         };
-        let linear = match o.format {
-            WeightFormat::W8A8 => {
-                let mut q = vec![0i8; n * k];
-                let mut scales = vec![0f32; n];
-                let mut rows = vec![0f32; ROWS_PER_STEP * k];
-                let mut r0 = 0;
-                for t in parts {
-                    let tn = usize::try_from(t.dims()[1])?;
-                    for first in (0..tn).step_by(ROWS_PER_STEP) {
-                        let count = ROWS_PER_STEP.min(tn - first);
-                        let buf = &mut rows[..count * k];
-                        t.rows_to_f32(first, buf)?;
-                        if let Some(r) = &rotation {
-                            r.apply_rows(buf);
-                        }
-                        let at = r0 + first;
-                        glue::quantize_rows(
-                            buf,
-                            count,
-                            k,
-                            k,
-                            &mut q[at * k..(at + count) * k],
-                            &mut scales[at..at + count],
-                        );
-                    }
-                    r0 += tn;
+        // The parts' rows one after the other, a few at a time (the engine rotates and
+        // converts each step), so no whole matrix is ever held in f32.
+        let starts: Vec<usize> = parts
+            .iter()
+            .scan(0, |r0, t| {
+                let at = *r0;
+                *r0 += usize::try_from(t.dims()[1]).unwrap_or(usize::MAX);
+                Some(at)
+            })
+            .collect();
+        let linear = self
+            .engine
+            .linear_from_rows(n, k, o.format, opts, |first, buf| {
+                let mut row = first;
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let part = starts.partition_point(|&s| s <= row) - 1;
+                    let tn = usize::try_from(parts[part].dims()[1])?;
+                    let local = row - starts[part];
+                    let rows = ((buf.len() - filled) / k).min(tn - local);
+                    parts[part].rows_to_f32(local, &mut buf[filled..filled + rows * k])?;
+                    filled += rows * k;
+                    row += rows;
                 }
-                self.engine.linear_quantized_with(&q, &scales, n, k, opts)?
-            }
-            WeightFormat::F16 => {
-                let mut w = Vec::with_capacity(n * k);
-                for t in parts {
-                    w.extend_from_slice(&t.to_f32()?);
-                }
-                self.engine.linear_with(&w, n, k, WeightFormat::F16, opts)?
-            }
-        };
-        Ok(Box::new(EngineLinear { linear }))
+                Ok::<(), BackendError>(())
+            })?;
+        Ok(Box::new(linear))
     }
 }
 
@@ -170,29 +154,21 @@ fn name_seed(base: u64, name: &str) -> u64 {
     })
 }
 
-/// A weight resident on the NPU.
-#[derive(Debug)]
-pub struct EngineLinear {
-    linear: Linear,
-}
-
-impl LinearOp for EngineLinear {
+/// An engine linear is the NPU backend's [`LinearOp`]: the model calls its forward directly.
+impl LinearOp for Linear {
     fn in_features(&self) -> usize {
-        self.linear.in_features()
+        Linear::in_features(self)
     }
 
     fn out_features(&self) -> usize {
-        self.linear.out_features()
+        Linear::out_features(self)
     }
 
     fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), BackendError> {
-        Ok(self.linear.forward(x, m, out)?)
+        Ok(Linear::forward(self, x, m, out)?)
     }
 
     fn kind(&self) -> &'static str {
-        match self.linear.format() {
-            WeightFormat::W8A8 => "w8a8",
-            WeightFormat::F16 => "f16",
-        }
+        self.format().name()
     }
 }

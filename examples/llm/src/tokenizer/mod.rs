@@ -865,7 +865,7 @@ impl Tokenizer {
 
     /// The piece as llama.cpp's `token_to_piece(special)` gives it: control and unknown
     /// tokens are empty unless `special`.
-    pub(crate) fn piece(&self, id: u32, special: bool) -> Result<&[u8], TokenizerError> {
+    pub fn piece(&self, id: u32, special: bool) -> Result<&[u8], TokenizerError> {
         let piece = self
             .pieces
             .get(id as usize)

@@ -5,21 +5,24 @@
 //! of an incomplete character until the tokens that complete it arrive. Bytes that can never
 //! become valid UTF-8 come out as U+FFFD at once instead of stalling the stream.
 
+use std::ops::Deref;
+
 use super::{Tokenizer, TokenizerError};
 
-/// Streaming detokenizer over a [`Tokenizer`]: [`push`](Self::push) each generated id, print
-/// what it returns, and call [`finish`](Self::finish) at the end.
+/// Streaming detokenizer over a [`Tokenizer`] (borrowed, `&Tokenizer`, or shared,
+/// `Arc<Tokenizer>`): [`push`](Self::push) each generated id, print what it returns, and call
+/// [`finish`](Self::finish) at the end.
 #[derive(Debug)]
-pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     pending: Vec<u8>,
     render_special: bool,
 }
 
-impl<'a> StreamDecoder<'a> {
+impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
     /// A decoder that renders control tokens (end-of-turn markers and the like) as nothing, as
     /// llama.cpp's tools print generated text.
-    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+    pub fn new(tokenizer: T) -> Self {
         Self {
             tokenizer,
             pending: Vec::new(),

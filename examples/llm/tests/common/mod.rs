@@ -48,7 +48,9 @@ pub fn demo_model_forward() -> Option<PathBuf> {
 /// emulator (cargo's `runner`, e.g. qemu-user for aarch64), `RKNPU_TEST_RUNNER` names the same
 /// runner so the child runs too: without binfmt the kernel cannot execute a foreign binary.
 pub fn llm_decode() -> std::process::Command {
-    let exe = env!("CARGO_BIN_EXE_llm-decode");
+    let Some(exe) = option_env!("CARGO_BIN_EXE_llm-decode") else {
+        panic!("llm-decode is built for the tests that run it (feature `cli`)");
+    };
     let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
     let mut words = runner.split_whitespace();
     match words.next() {
@@ -86,4 +88,52 @@ pub fn run_json(
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A model with one sequence, driven as the tests drive it (forward, reset, the cache).
+pub struct Run {
+    pub model: std::sync::Arc<rknn_llm::model::Model>,
+    pub seq: rknn_llm::model::Sequence,
+}
+
+impl Run {
+    /// `model` with an empty f32 sequence.
+    pub fn new(model: rknn_llm::model::Model) -> Run {
+        let seq = model.sequence(rknn_llm::model::CacheType::F32);
+        Run {
+            model: std::sync::Arc::new(model),
+            seq,
+        }
+    }
+
+    /// [`rknn_llm::model::Model::forward`] on the sequence.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        which: rknn_llm::model::Logits,
+    ) -> Result<&[f32], rknn_llm::model::ModelError> {
+        self.model.forward(&mut self.seq, tokens, pos, which)
+    }
+
+    pub fn reset(&mut self) {
+        self.seq.reset();
+    }
+
+    pub fn config(&self) -> &rknn_llm::model::Config {
+        self.model.config()
+    }
+
+    pub fn cache(&self) -> &rknn_llm::model::KvCache {
+        self.seq.cache()
+    }
+
+    pub fn stats(&self) -> &rknn_llm::model::Stats {
+        self.seq.stats()
+    }
+
+    /// A new empty sequence storing keys and values as `ty`.
+    pub fn set_cache_type(&mut self, ty: rknn_llm::model::CacheType) {
+        self.seq = self.model.sequence(ty);
+    }
 }

@@ -1,0 +1,94 @@
+//! What can go wrong building or running a model.
+
+use super::backend::BackendError;
+use crate::gguf::{GgmlType, GgufError};
+
+/// What went wrong building or running the model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The GGUF file itself.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// `general.architecture` names an architecture this crate does not run.
+    #[error("unsupported architecture {arch:?} (supported: llama, qwen2)")]
+    UnsupportedArchitecture {
+        /// The architecture named by the file.
+        arch: String,
+    },
+    /// A required metadata key is absent.
+    #[error("metadata key {key:?} is missing")]
+    MissingKey {
+        /// The key.
+        key: String,
+    },
+    /// A metadata value is of the wrong type or out of range.
+    #[error("metadata key {key:?}: {reason}")]
+    BadKey {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A feature of the file this model does not implement.
+    #[error("unsupported model feature: {what}")]
+    Unsupported {
+        /// The feature.
+        what: String,
+    },
+    /// A required tensor is absent.
+    #[error("tensor {name:?} is missing")]
+    MissingTensor {
+        /// Its name.
+        name: String,
+    },
+    /// A tensor of the wrong shape or type.
+    #[error("tensor {name:?} has dimensions {found:?} of {ty}, expected {expected:?}")]
+    BadTensor {
+        /// Its name.
+        name: String,
+        /// The dimensions the configuration implies.
+        expected: Vec<u64>,
+        /// The dimensions in the file.
+        found: Vec<u64>,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// The backend refused or failed a weight.
+    #[error("backend, tensor {tensor:?}: {source}")]
+    Backend {
+        /// The tensor being converted or multiplied.
+        tensor: String,
+        /// The backend's error.
+        source: BackendError,
+    },
+    /// The tokens would run past the context length.
+    #[error(
+        "context overflow: positions {pos}..{end} exceed the context length {n_ctx}",
+        end = pos + n_tokens
+    )]
+    ContextOverflow {
+        /// First position.
+        pos: usize,
+        /// Tokens given.
+        n_tokens: usize,
+        /// The context length.
+        n_ctx: usize,
+    },
+    /// A position past what the cache holds.
+    #[error("position {pos} is past the {cached} positions in the KV cache")]
+    BadPosition {
+        /// The position given.
+        pos: usize,
+        /// Positions cached.
+        cached: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {n_vocab}")]
+    BadToken {
+        /// The id.
+        token: u32,
+        /// The vocabulary size.
+        n_vocab: usize,
+    },
+}

@@ -1,0 +1,251 @@
+//! The forward pass: token ids at positions of one sequence to logits, read in one sitting.
+//!
+//! A token's path: embedding row → per layer { RMSNorm → Q, K, V projections (+ biases for
+//! qwen2) → RoPE on Q and K → append K, V to the sequence's cache → causal grouped-query
+//! attention → output projection → residual; RMSNorm → SwiGLU feed-forward → residual } →
+//! final RMSNorm → output projection (tied to the embedding when the file has no
+//! `output.weight`). Every weight matmul goes through the seam ([`LinearOp`]).
+//!
+//! Batch invariance: the logits of a position are bit-identical whether it is computed alone
+//! or inside a batch of any size, with any thread count. Every float reduction (matmul dot
+//! products, attention scores, softmax sums, norms) runs in an order fixed by the vector
+//! lengths alone (see [`super::kernels`]); rows are never mixed.
+
+use std::time::{Duration, Instant};
+
+#[cfg(doc)]
+use super::backend::LinearOp;
+use super::error::ModelError;
+use super::kv_cache::{CacheType, KvCache};
+use super::load::Model;
+use super::ops::{
+    ATTENTION_PARALLEL_WORK, RopeTable, add_bias, add_into, attention, rms_norm, split_columns,
+    swiglu,
+};
+
+/// Which rows of logits [`Model::forward`] computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None: only fill the KV cache.
+    None,
+    /// The last token's.
+    Last,
+    /// Every token's (perplexity, fixtures).
+    All,
+}
+
+/// Time spent per phase, summed over forward calls.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Forward calls.
+    pub forward_calls: u64,
+    /// Tokens processed.
+    pub tokens: u64,
+    /// In [`LinearOp::forward`].
+    pub matmul: Duration,
+    /// In attention (scores, softmax, weighted values).
+    pub attention: Duration,
+    /// Everything else (norms, RoPE, embedding, SwiGLU, residuals).
+    pub other: Duration,
+}
+
+/// The state of one sequence: its KV cache, its last logits and its timings. Made by
+/// [`Model::sequence`]; any number of them may run over one model.
+#[derive(Debug)]
+pub struct Sequence {
+    cache: KvCache,
+    logits: Vec<f32>,
+    stats: Stats,
+}
+
+impl Sequence {
+    /// Positions held in the cache.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether the cache holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The logits of the last [`Model::forward`], `n_vocab` per row.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Accumulated timings.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Forgets every cached position.
+    pub fn reset(&mut self) {
+        self.cache.truncate(0);
+    }
+
+    /// Keeps the first `len` cached positions (no change if it holds fewer).
+    pub fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len);
+    }
+}
+
+impl Model {
+    /// An empty sequence whose cache stores keys and values as `ty`.
+    pub fn sequence(&self, ty: CacheType) -> Sequence {
+        let c = &self.config;
+        Sequence {
+            cache: KvCache::new(c.n_layer * c.n_head_kv, c.head_dim, ty),
+            logits: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Runs `tokens` at positions `pos..pos + tokens.len()` of `seq` and returns the requested
+    /// logits, `n_vocab` per row (the last row's, every row's, or none).
+    ///
+    /// `pos` may be at most the number of cached positions; a smaller `pos` first drops the
+    /// cached positions from `pos` on (to re-run a different continuation).
+    ///
+    /// The pass runs on the model's pool. Called from a thread of that pool (a pool from
+    /// [`host_pool`](super::host_pool::host_pool) on the calling thread) it runs on this thread
+    /// directly; from elsewhere it is handed to a pool thread, which costs a wake-up per pass.
+    pub fn forward<'s>(
+        &self,
+        seq: &'s mut Sequence,
+        tokens: &[u32],
+        pos: usize,
+        which: Logits,
+    ) -> Result<&'s [f32], ModelError> {
+        if self.pool.current_thread_index().is_none() {
+            // The whole pass on a pool thread: its parallel loops then split work among the
+            // pool's threads directly instead of each waking the pool from outside.
+            self.pool
+                .install(|| self.forward(seq, tokens, pos, which).map(drop))?;
+            return Ok(&seq.logits);
+        }
+        let c = &self.config;
+        let m = tokens.len();
+        if pos > seq.cache.len() {
+            return Err(ModelError::BadPosition {
+                pos,
+                cached: seq.cache.len(),
+            });
+        }
+        if pos.checked_add(m).is_none_or(|end| end > c.n_ctx) {
+            return Err(ModelError::ContextOverflow {
+                pos,
+                n_tokens: m,
+                n_ctx: c.n_ctx,
+            });
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(ModelError::BadToken {
+                token,
+                n_vocab: c.n_vocab,
+            });
+        }
+        seq.cache.truncate(pos);
+        seq.logits.clear();
+        if m == 0 {
+            return Ok(&seq.logits);
+        }
+        let t_start = Instant::now();
+        let mut t_matmul = Duration::ZERO;
+        let mut t_attn = Duration::ZERO;
+        let (e, qd, kvd) = (c.n_embd, c.q_dim(), c.kv_dim());
+
+        let mut x = vec![0.0f32; m * e];
+        for (row, &t) in x.chunks_exact_mut(e).zip(tokens) {
+            let s = t as usize * self.embd_row_bytes;
+            crate::gguf::dequantize(self.embd_ty, &self.embd[s..s + self.embd_row_bytes], row)?;
+        }
+        let rope = RopeTable::new(c, self.rope_freqs.as_deref(), pos, m);
+        let mut h = vec![0.0f32; m * e];
+        let mut qkv = vec![0.0f32; m * (qd + 2 * kvd)];
+        let mut q = vec![0.0f32; m * qd];
+        let mut k = vec![0.0f32; m * kvd];
+        let mut v = vec![0.0f32; m * kvd];
+        let mut att = vec![0.0f32; m * qd];
+        let mut gate_up = vec![0.0f32; m * 2 * c.n_ff];
+        let mut gate = vec![0.0f32; m * c.n_ff];
+        let mut up = vec![0.0f32; m * c.n_ff];
+
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Attention block.
+            rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
+            let t = Instant::now();
+            let p = &layer.wqkv;
+            p.op.forward(&h, m, &mut qkv).map_err(|e| p.failed(e))?;
+            t_matmul += t.elapsed();
+            // One row (decode) holds q, k and v side by side: use them in place.
+            let [q, k, v] = split_columns(&mut qkv, m, [&mut q, &mut k, &mut v]);
+            add_bias(q, layer.bq.as_deref());
+            add_bias(k, layer.bk.as_deref());
+            add_bias(v, layer.bv.as_deref());
+            rope.apply(q, c.n_head);
+            rope.apply(k, c.n_head_kv);
+            let heads = l * c.n_head_kv..(l + 1) * c.n_head_kv;
+            seq.cache.append(heads.clone(), k, v);
+
+            let t = Instant::now();
+            let work = m * c.n_head * (pos + m) * c.head_dim;
+            let (keys, values) = seq.cache.heads(heads);
+            let pool = (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool);
+            attention(c, pool, q, keys, values, pos, &mut att);
+            t_attn += t.elapsed();
+
+            let t = Instant::now();
+            let p = &layer.wo;
+            p.op.forward(&att, m, &mut h).map_err(|e| p.failed(e))?;
+            t_matmul += t.elapsed();
+            add_into(&mut x, &h);
+
+            // Feed-forward block.
+            rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
+            let t = Instant::now();
+            let p = &layer.w_gate_up;
+            p.op.forward(&h, m, &mut gate_up).map_err(|e| p.failed(e))?;
+            t_matmul += t.elapsed();
+            let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
+            swiglu(c.n_ff, gate, up);
+            let t = Instant::now();
+            let p = &layer.w_down;
+            p.op.forward(gate, m, &mut h).map_err(|e| p.failed(e))?;
+            t_matmul += t.elapsed();
+            add_into(&mut x, &h);
+        }
+        seq.cache.set_len(pos + m);
+
+        let rows = match which {
+            Logits::None => 0..0,
+            Logits::Last => m - 1..m,
+            Logits::All => 0..m,
+        };
+        if !rows.is_empty() {
+            let n = rows.len();
+            let sel = &x[rows.start * e..rows.end * e];
+            let mut normed = vec![0.0f32; n * e];
+            rms_norm(sel, &self.output_norm, c.rms_eps, &mut normed);
+            seq.logits.resize(n * c.n_vocab, 0.0);
+            let t = Instant::now();
+            let p = &self.output;
+            p.op.forward(&normed, n, &mut seq.logits)
+                .map_err(|e| p.failed(e))?;
+            t_matmul += t.elapsed();
+        }
+        let total = t_start.elapsed();
+        let s = &mut seq.stats;
+        s.forward_calls += 1;
+        s.tokens += m as u64;
+        s.matmul += t_matmul;
+        s.attention += t_attn;
+        s.other += total.saturating_sub(t_matmul + t_attn);
+        Ok(&seq.logits)
+    }
+}

@@ -1,0 +1,243 @@
+//! A model's weights, loaded from a GGUF file through a [`LinearFactory`]: immutable once
+//! loaded, so one [`Model`] (behind an `Arc`) serves any number of sequences at once.
+
+use std::sync::Arc;
+
+use rknn_matmul::engine::Engine;
+
+use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
+use super::config::{Architecture, Config};
+use super::error::ModelError;
+use crate::gguf::{GgmlType, GgufFile, TensorView};
+
+/// A weight matrix behind the seam, with its tensor name for error messages.
+pub(super) struct Projection {
+    pub(super) name: String,
+    pub(super) op: Box<dyn LinearOp>,
+}
+
+impl Projection {
+    /// The error of a failed forward.
+    pub(super) fn failed(&self, source: BackendError) -> ModelError {
+        ModelError::Backend {
+            tensor: self.name.clone(),
+            source,
+        }
+    }
+}
+
+/// One transformer block's weights.
+pub(super) struct Layer {
+    pub(super) attn_norm: Vec<f32>,
+    /// q, k and v fused: they read the same input, so a backend that transforms its input
+    /// (quantises, rotates) does it once, and runs one matmul instead of three.
+    pub(super) wqkv: Projection,
+    pub(super) bq: Option<Vec<f32>>,
+    pub(super) bk: Option<Vec<f32>>,
+    pub(super) bv: Option<Vec<f32>>,
+    pub(super) wo: Projection,
+    pub(super) ffn_norm: Vec<f32>,
+    /// gate and up fused, for the same reason.
+    pub(super) w_gate_up: Projection,
+    pub(super) w_down: Projection,
+}
+
+/// A loaded model: its configuration and weights, and the host pool its passes run on.
+/// Immutable (`Send + Sync`): each sequence keeps its own state in a
+/// [`Sequence`](super::forward::Sequence), so many sequences, on many threads, share one
+/// model.
+pub struct Model {
+    pub(super) config: Config,
+    pub(super) embd_ty: GgmlType,
+    pub(super) embd_row_bytes: usize,
+    pub(super) embd: Vec<u8>,
+    pub(super) layers: Vec<Layer>,
+    pub(super) output_norm: Vec<f32>,
+    pub(super) output: Projection,
+    pub(super) rope_freqs: Option<Vec<f32>>,
+    pub(super) pool: Arc<rayon::ThreadPool>,
+    backend_kind: &'static str,
+    engine: Option<Engine>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .field("backend", &self.backend_kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loading progress: weight bytes converted so far and in total.
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+impl Model {
+    /// Builds the model from `file`, converting each weight matrix with `factory`; attention
+    /// runs on `pool`. `progress` is called after each tensor.
+    pub fn load(
+        file: &GgufFile,
+        factory: &mut dyn LinearFactory,
+        pool: Arc<rayon::ThreadPool>,
+        progress: Progress<'_>,
+    ) -> Result<Self, ModelError> {
+        let c = Config::from_gguf(file)?;
+        let (e, q, kv, ff) = (
+            c.n_embd as u64,
+            c.q_dim() as u64,
+            c.kv_dim() as u64,
+            c.n_ff as u64,
+        );
+        let total: u64 = file.tensor_infos().iter().map(|t| t.n_bytes()).sum();
+        let mut done = 0u64;
+
+        let tensor = |name: &str, dims: &[u64]| -> Result<TensorView<'_>, ModelError> {
+            let t = file
+                .tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+            if t.dims() != dims || !t.ty().can_dequantize() {
+                return Err(ModelError::BadTensor {
+                    name: name.into(),
+                    expected: dims.to_vec(),
+                    found: t.dims().to_vec(),
+                    ty: t.ty(),
+                });
+            }
+            Ok(t)
+        };
+        let vector = |name: &str, len: u64, done: &mut u64| -> Result<Vec<f32>, ModelError> {
+            let t = tensor(name, &[len])?;
+            *done += t.data().len() as u64;
+            Ok(t.to_f32()?)
+        };
+        // A linear of the tensors `parts` (name, out_features) stacked along the outputs.
+        let mut linear = |role: LinearRole,
+                          parts: &[(&str, u64)],
+                          k: u64,
+                          done: &mut u64|
+         -> Result<Projection, ModelError> {
+            let views = parts
+                .iter()
+                .map(|&(name, n)| tensor(name, &[k, n]))
+                .collect::<Result<Vec<_>, _>>()?;
+            let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join("+");
+            let op = factory
+                .build(role, &views)
+                .map_err(|source| ModelError::Backend {
+                    tensor: name.clone(),
+                    source,
+                })?;
+            *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
+            Ok(Projection { name, op })
+        };
+
+        let embd = tensor("token_embd.weight", &[e, c.n_vocab as u64])?;
+        done += embd.data().len() as u64;
+        progress(done, total);
+
+        // The block count comes from the file: every layer has tensors in it, so no more
+        // layers than tensors are reserved up front (2^40 layers aborted the process).
+        let mut layers = Vec::with_capacity(c.n_layer.min(file.tensor_infos().len()));
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let bias =
+                |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
+                    match c.arch {
+                        Architecture::Qwen2 => vector(&n(s), len, done).map(Some),
+                        Architecture::Llama if file.tensor(&n(s)).is_some() => {
+                            Err(ModelError::Unsupported {
+                                what: format!("tensor {:?} in a llama model", n(s)),
+                            })
+                        }
+                        Architecture::Llama => Ok(None),
+                    }
+                };
+            let (wq, wk, wv) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));
+            let (wg, wu) = (n("ffn_gate.weight"), n("ffn_up.weight"));
+            let layer = Layer {
+                attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
+                wqkv: linear(
+                    LinearRole::Qkv,
+                    &[(&wq, q), (&wk, kv), (&wv, kv)],
+                    e,
+                    &mut done,
+                )?,
+                bq: bias("attn_q.bias", q, &mut done)?,
+                bk: bias("attn_k.bias", kv, &mut done)?,
+                bv: bias("attn_v.bias", kv, &mut done)?,
+                wo: linear(
+                    LinearRole::AttnOutput,
+                    &[(&n("attn_output.weight"), e)],
+                    q,
+                    &mut done,
+                )?,
+                ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
+                w_gate_up: linear(LinearRole::GateUp, &[(&wg, ff), (&wu, ff)], e, &mut done)?,
+                w_down: linear(
+                    LinearRole::Down,
+                    &[(&n("ffn_down.weight"), e)],
+                    ff,
+                    &mut done,
+                )?,
+            };
+            layers.push(layer);
+            progress(done, total);
+        }
+        let output_norm = vector("output_norm.weight", e, &mut done)?;
+        let output_name = if file.tensor("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let output = linear(
+            LinearRole::Output,
+            &[(output_name, c.n_vocab as u64)],
+            e,
+            &mut done,
+        )?;
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(
+                "rope_freqs.weight",
+                (c.n_rot / 2) as u64,
+                &mut done,
+            )?),
+            None => None,
+        };
+        progress(total, total);
+
+        let backend_kind = output.op.kind();
+        Ok(Model {
+            engine: factory.engine().cloned(),
+            embd_ty: embd.ty(),
+            embd_row_bytes: embd.row_bytes(),
+            embd: embd.data().to_vec(),
+            layers,
+            output_norm,
+            output,
+            rope_freqs,
+            pool,
+            backend_kind,
+            config: c,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The kind of the backend's linears (`"f32"`, `"w8a8"`, `"f16"`).
+    pub fn backend_kind(&self) -> &'static str {
+        self.backend_kind
+    }
+
+    /// The engine the linears run on, if they run on the NPU (or its emulator).
+    pub fn engine(&self) -> Option<&Engine> {
+        self.engine.as_ref()
+    }
+
+    /// The host pool its passes run on.
+    pub fn pool(&self) -> &Arc<rayon::ThreadPool> {
+        &self.pool
+    }
+}

@@ -1,0 +1,679 @@
+//! Generation: a [`Session`] over a shared [`Model`], and [`Session::generate`], an iterator of
+//! generated pieces that stops on end-of-generation, the token limit or a stop string, and is
+//! cancelled by dropping it.
+//!
+//! A session owns one sequence's state (its KV cache), its sampler and a handle to the
+//! tokenizer; the model's weights are shared (`Arc<Model>`), so any number of sessions, on any
+//! threads, run over one loaded model. The session remembers its conversation: a second
+//! [`Session::generate`] continues after the first (a chat's turns), feeding first the last
+//! token the previous generation decided but did not feed.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rknn_llm::gguf::GgufFile;
+//! use rknn_llm::model::{HostF32Factory, Model, host_pool};
+//! use rknn_llm::sample::SamplerConfig;
+//! use rknn_llm::session::{GenerateParams, Session};
+//! use rknn_llm::tokenizer::Tokenizer;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llm/tiny-llama.gguf");
+//! let file = GgufFile::open(path)?;
+//! let pool = host_pool(2)?;
+//! let model = Model::load(&file, &mut HostF32Factory::new(pool.clone()), pool, &mut |_, _| {})?;
+//! let tokenizer = Tokenizer::from_gguf(&file)?;
+//! let greedy = SamplerConfig { temperature: 0.0, ..SamplerConfig::default() };
+//! let mut session = Session::new(Arc::new(model), Arc::new(tokenizer), greedy)?;
+//! let params = GenerateParams { max_tokens: Some(8), ..GenerateParams::default() };
+//! let mut text = String::new();
+//! for piece in session.generate("Once upon a time", &params)? {
+//!     text.push_str(&piece?.text); // or print it as it comes; `break` cancels
+//! }
+//! assert!(session.history().len() > 4);
+//! # Ok(()) }
+//! ```
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::chat::ChatFormat;
+use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
+use crate::sample::{Sampler, SamplerConfig, Verdict};
+use crate::spec::{DraftPolicy, PromptLookup, SpecStats};
+use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// An end-of-generation token.
+    Eog,
+    /// The requested number of tokens ([`GenerateParams::max_tokens`]).
+    MaxTokens,
+    /// A stop string ([`GenerateParams::stop`]).
+    StopString,
+    /// The context is full.
+    Context,
+}
+
+impl Stop {
+    /// The name in `llm-decode`'s summary and JSON (`"eog"`, `"n_predict"`, `"stop"`,
+    /// `"context"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Eog => "eog",
+            Stop::MaxTokens => "n_predict",
+            Stop::StopString => "stop",
+            Stop::Context => "context",
+        }
+    }
+}
+
+/// How to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateParams {
+    /// Tokens to generate at most (`None`: until end of generation or a full context).
+    pub max_tokens: Option<usize>,
+    /// Text that ends the generation where it appears; it is not part of the output.
+    pub stop: Vec<String>,
+    /// Speculative decoding by prompt lookup (lossless), when set.
+    pub lookup: Option<PromptLookup>,
+    /// Prompt tokens per forward pass (default 128; at least 1).
+    pub batch: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_tokens: None,
+            stop: Vec::new(),
+            lookup: None,
+            batch: 128,
+        }
+    }
+}
+
+/// Why generation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GenerateError {
+    /// The forward pass refused its input.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A prompt that could not be tokenized, or an id without text.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Writing the logits ([`Session::set_logits_tap`]) failed.
+    #[error("writing the logits: {0}")]
+    Io(#[from] std::io::Error),
+    /// Nothing to evaluate: an empty prompt in a session with no pending token.
+    #[error("the prompt is empty after tokenization")]
+    EmptyPrompt,
+    /// Too few tokens to score ([`crate::perplexity::perplexity`]).
+    #[error("perplexity needs at least {need} tokens, the text has {got}")]
+    TooShort {
+        /// Tokens needed.
+        need: usize,
+        /// Tokens given.
+        got: usize,
+    },
+    /// The model and the tokenizer disagree on the vocabulary.
+    #[error("the model's {model} logits do not match the vocabulary's {tokenizer} tokens")]
+    VocabularyMismatch {
+        /// The model's logits per row.
+        model: usize,
+        /// The tokenizer's tokens.
+        tokenizer: usize,
+    },
+}
+
+/// One generated token and the text it completes (possibly empty: a piece of a character, or
+/// text held back because a stop string may begin there). A final piece without a token
+/// carries the text still held back when generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The token, `None` for the final piece.
+    pub token: Option<u32>,
+    /// The text released with it.
+    pub text: String,
+}
+
+/// What one generation produced and how long it took.
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    /// The generated ids.
+    pub generated: Vec<u32>,
+    /// Their text (up to a stop string, which is left out).
+    pub text: String,
+    /// Evaluating the prompt, up to the first token's logits.
+    pub prefill_time: Duration,
+    /// Everything after.
+    pub decode_time: Duration,
+    /// Prompt tokens evaluated (the prompt, and a token the previous generation left unfed).
+    pub prompt_tokens: usize,
+    /// Forward passes after the prompt.
+    pub decode_forwards: usize,
+    /// Token decisions made from decode passes' logits (one per pass without speculation).
+    pub decisions: usize,
+    /// What speculation did.
+    pub spec: SpecStats,
+    /// The modelled RK3588 NPU time (busiest core) of prefill and of decode so far, when the
+    /// matmuls run on the in-process emulator (its cost model, not this machine's time).
+    pub modelled: Option<(Duration, Duration)>,
+    /// Why it stopped, once it has.
+    pub stop: Option<Stop>,
+}
+
+impl Generation {
+    /// Decode speed: token decisions per second of decode time.
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.decisions, self.decode_time)
+    }
+
+    /// Prompt speed: prompt tokens per second of prefill time.
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_time)
+    }
+
+    /// Token decisions per decode forward pass: 1 without speculation, more as drafts are
+    /// accepted.
+    pub fn tokens_per_pass(&self) -> f64 {
+        if self.decode_forwards == 0 {
+            0.0
+        } else {
+            self.decisions as f64 / self.decode_forwards as f64
+        }
+    }
+}
+
+/// `n` per second of `t` (0 for no time).
+pub fn rate(n: usize, t: Duration) -> f64 {
+    let s = t.as_secs_f64();
+    if s > 0.0 { n as f64 / s } else { 0.0 }
+}
+
+/// One conversation over a shared model: its KV cache, its sampler and its tokenizer. `Send`,
+/// so a server can keep sessions on any thread.
+pub struct Session {
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    seq: Sequence,
+    sampler: Sampler,
+    /// Every token of the conversation; the first `seq.len()` are in the KV cache, the rest
+    /// (at most one: a token decided but not fed yet) are fed first by the next generation.
+    history: Vec<u32>,
+    tap: Option<Box<dyn Write + Send>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model)
+            .field("history", &self.history.len())
+            .field("cached", &self.seq.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session over `model` with `tokenizer`, sampling as `sampling` says; its cache is f32.
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        sampling: SamplerConfig,
+    ) -> Result<Session, GenerateError> {
+        let (m, t) = (model.config().n_vocab, tokenizer.n_vocab());
+        if m != t {
+            return Err(GenerateError::VocabularyMismatch {
+                model: m,
+                tokenizer: t,
+            });
+        }
+        Ok(Session {
+            seq: model.sequence(CacheType::F32),
+            model,
+            tokenizer,
+            sampler: Sampler::new(sampling),
+            history: Vec::new(),
+            tap: None,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The sequence's state (its cache and timings).
+    pub fn sequence(&self) -> &Sequence {
+        &self.seq
+    }
+
+    /// Every token of the conversation so far.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Samples as `sampling` says from now on (a new random stream from its seed).
+    pub fn set_sampling(&mut self, sampling: SamplerConfig) {
+        self.sampler = Sampler::new(sampling);
+        for &t in &self.history {
+            self.sampler.accept(t);
+        }
+    }
+
+    /// Stores keys and values as `ty` from now on; the conversation is forgotten (positions
+    /// written in one type are not converted to the other).
+    pub fn set_cache_type(&mut self, ty: CacheType) {
+        self.seq = self.model.sequence(ty);
+        self.history.clear();
+    }
+
+    /// Forgets the conversation.
+    pub fn reset(&mut self) {
+        self.seq.reset();
+        self.history.clear();
+        self.sampler = Sampler::new(self.sampler.config().clone());
+    }
+
+    /// Writes every logits row the session computes from now on to `tap`, as little-endian
+    /// f32 rows of `n_vocab` (prompts evaluate every row then, not only the last). Returns the
+    /// previous tap.
+    pub fn set_logits_tap(
+        &mut self,
+        tap: Option<Box<dyn Write + Send>>,
+    ) -> Option<Box<dyn Write + Send>> {
+        std::mem::replace(&mut self.tap, tap)
+    }
+
+    /// Generates after `prompt` (tokenized with the special tokens it names, and a BOS when
+    /// the vocabulary wants one at the start of a conversation).
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        params: &GenerateParams,
+    ) -> Result<Generate<'_>, GenerateError> {
+        let ids = self
+            .tokenizer
+            .encode(prompt, self.history.is_empty(), true)?;
+        self.generate_tokens(&ids, params)
+    }
+
+    /// The next turn of a chat: `user`'s message in `format`, with `system`'s message on the
+    /// first turn (see [`ChatFormat::user_turn`]).
+    pub fn chat(
+        &mut self,
+        format: &ChatFormat,
+        system: Option<&str>,
+        user: &str,
+        params: &GenerateParams,
+    ) -> Result<Generate<'_>, GenerateError> {
+        let first = self.history.is_empty();
+        let turn = format.user_turn(system, user, first);
+        let ids = self.tokenizer.encode(&turn, first, true)?;
+        self.generate_tokens(&ids, params)
+    }
+
+    /// Generates after the token ids `prompt`: evaluates them (after any token the previous
+    /// generation left unfed) in chunks of `params.batch`, decides the first token, and
+    /// returns the iterator that generates the rest.
+    pub fn generate_tokens(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generate<'_>, GenerateError> {
+        let t = Instant::now();
+        let m0 = modelled(&self.model);
+        let start = self.seq.len();
+        let n_vocab = self.model.config().n_vocab;
+        // Checked before anything is kept: a bad id is the model's typed error.
+        self.history.extend_from_slice(prompt);
+        let pending: Vec<u32> = self.history[start..].to_vec();
+        if pending.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        let batch = params.batch.max(1);
+        let mut last = Vec::new();
+        let evaluated = (|| -> Result<(), GenerateError> {
+            for (c, chunk) in pending.chunks(batch).enumerate() {
+                let is_last = (c + 1) * batch >= pending.len();
+                let which = match (self.tap.is_some(), is_last) {
+                    (true, _) => Logits::All,
+                    (false, true) => Logits::Last,
+                    (false, false) => Logits::None,
+                };
+                let logits = self
+                    .model
+                    .forward(&mut self.seq, chunk, start + c * batch, which)?;
+                if let Some(tap) = &mut self.tap {
+                    write_rows(tap, logits)?;
+                }
+                if is_last {
+                    last = logits[logits.len() - n_vocab..].to_vec();
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = evaluated {
+            // The cache holds what was evaluated; the history must not claim more.
+            self.history.truncate(self.seq.len());
+            return Err(e);
+        }
+        for &t in prompt {
+            self.sampler.accept(t);
+        }
+        let decided = self.sampler.sample(&last);
+        let prefill_time = t.elapsed();
+        let m1 = modelled(&self.model);
+        Ok(Generate {
+            decoder: StreamDecoder::new(self.tokenizer.clone()),
+            policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
+            params: params.clone(),
+            out: Generation {
+                prefill_time,
+                prompt_tokens: pending.len(),
+                modelled: m0
+                    .zip(m1.as_ref())
+                    .map(|(a, b)| (b.since(&a).busiest_core(), Duration::ZERO)),
+                ..Generation::default()
+            },
+            modelled_from: m1,
+            decided: Some(decided),
+            accepted: Vec::new(),
+            stop_after: None,
+            held: String::new(),
+            flushed: false,
+            started: Instant::now(),
+            s: self,
+        })
+    }
+}
+
+/// The modelled NPU time so far, when the model's matmuls run on the in-process emulator.
+fn modelled(model: &Model) -> Option<rknn_matmul::ModelledTime> {
+    model.engine().and_then(|e| e.runtime().modelled_time())
+}
+
+fn write_rows(out: &mut dyn Write, rows: &[f32]) -> std::io::Result<()> {
+    for v in rows {
+        out.write_all(&v.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+/// The generation iterator of [`Session::generate`]: each item is one generated token and
+/// its text ([`Piece`]); dropping it cancels the generation (the session keeps what was
+/// generated so far).
+pub struct Generate<'s> {
+    s: &'s mut Session,
+    params: GenerateParams,
+    decoder: StreamDecoder<Arc<Tokenizer>>,
+    policy: DraftPolicy,
+    out: Generation,
+    modelled_from: Option<rknn_matmul::ModelledTime>,
+    /// The token decided for the next position, not emitted yet.
+    decided: Option<u32>,
+    /// Drafted tokens the last verify pass accepted (fed already, and in the history), to
+    /// emit in order (the next one last), and the stop that ends the generation after them.
+    accepted: Vec<u32>,
+    stop_after: Option<Stop>,
+    /// Released text not yet returned because a stop string may begin in it.
+    held: String,
+    flushed: bool,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Generate<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generate")
+            .field("generated", &self.out.generated.len())
+            .field("stop", &self.out.stop)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Generate<'_> {
+    /// What has been generated so far, and the timings (complete once the iterator has
+    /// returned `None`).
+    pub fn summary(&self) -> &Generation {
+        &self.out
+    }
+
+    /// Why generation stopped, once it has.
+    pub fn stop(&self) -> Option<Stop> {
+        self.out.stop
+    }
+
+    /// Runs the generation to its end and returns the summary.
+    pub fn finish(mut self) -> Result<Generation, GenerateError> {
+        for piece in &mut self {
+            piece?;
+        }
+        Ok(std::mem::take(&mut self.out))
+    }
+
+    fn limit(&self) -> usize {
+        self.params.max_tokens.unwrap_or(usize::MAX)
+    }
+
+    /// Ends the generation for `why`: accepted drafts not emitted yet leave the history and
+    /// the cache (the conversation ends where the output does).
+    fn end(&mut self, why: Stop) {
+        if !self.accepted.is_empty() {
+            let keep = self.s.history.len() - self.accepted.len();
+            self.s.history.truncate(keep);
+            self.s.seq.truncate(keep);
+            self.accepted.clear();
+        }
+        self.decided = None;
+        self.out.stop = Some(why);
+        self.out.decode_time = self.started.elapsed();
+        if let (Some(m), Some(from)) = (modelled(&self.s.model), &self.modelled_from) {
+            if let Some((_, d)) = &mut self.out.modelled {
+                *d = m.since(from).busiest_core();
+            }
+        }
+    }
+
+    /// Emits a generated token (decided now, or an accepted draft when `fed`): recorded as
+    /// generated (and, unless fed, in the history, unfed), decoded, and its text released as
+    /// far as a stop string allows.
+    fn emit(&mut self, token: u32, fed: bool) -> Result<Piece, GenerateError> {
+        self.out.generated.push(token);
+        if !fed {
+            self.s.sampler.accept(token);
+            self.s.history.push(token);
+        }
+        let text = self.decoder.push(token)?;
+        let text = self.release(&text);
+        if self.out.stop.is_none() && self.out.generated.len() >= self.limit() {
+            self.end(Stop::MaxTokens);
+        }
+        Ok(Piece {
+            token: Some(token),
+            text,
+        })
+    }
+
+    /// Adds `text` to what is held and returns what can be released: everything before a stop
+    /// string (which ends the generation), or everything that cannot begin one.
+    fn release(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        let stops = &self.params.stop;
+        let found = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        let cut = match found {
+            Some(at) => at,
+            None => {
+                // Hold back the longest end of `held` that begins a stop string.
+                let held = &self.held;
+                let begins = stops
+                    .iter()
+                    .map(|s| {
+                        (1..=s.len().min(held.len()))
+                            .rev()
+                            .find(|&n| {
+                                let at = held.len() - n;
+                                held.is_char_boundary(at) && s.starts_with(&held[at..])
+                            })
+                            .unwrap_or(0)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                held.len() - begins
+            }
+        };
+        let out: String = self.held.drain(..cut).collect();
+        self.out.text.push_str(&out);
+        if found.is_some() {
+            self.held.clear();
+            self.end(Stop::StopString);
+        }
+        out
+    }
+
+    /// The text still held back at the end (a character's first bytes, text that began a
+    /// stop string), once.
+    fn flush(&mut self) -> Option<Piece> {
+        if self.flushed {
+            return None;
+        }
+        self.flushed = true;
+        if self.out.stop == Some(Stop::StopString) {
+            return None;
+        }
+        let mut text = std::mem::take(&mut self.held);
+        text.push_str(&self.decoder.finish());
+        self.out.text.push_str(&text);
+        (!text.is_empty()).then_some(Piece { token: None, text })
+    }
+
+    /// After a pass that fed the last emitted token and `drafts` at `pos`: each drafted token
+    /// stands if the model, at its position, would have chosen it (up to the token limit, and
+    /// not past an end-of-generation token); the first row that does not confirm its draft
+    /// decides the next token. The cache and the history keep the fed token and the accepted
+    /// drafts.
+    fn verify(&mut self, drafts: &[u32], pos: usize) -> Result<(), GenerateError> {
+        let limit = self.limit();
+        let Session {
+            model,
+            tokenizer,
+            seq,
+            sampler,
+            history,
+            tap,
+        } = &mut *self.s;
+        let n_vocab = model.config().n_vocab;
+        let mut accepted = Vec::new();
+        for (i, row) in seq.logits().chunks_exact(n_vocab).enumerate() {
+            if let Some(tap) = tap {
+                write_rows(tap, row)?;
+            }
+            self.out.decisions += 1;
+            let Some(&drafted) = drafts.get(i) else {
+                self.decided = Some(sampler.sample(row));
+                break;
+            };
+            match sampler.verify(row, drafted) {
+                Verdict::Reject(t) => {
+                    self.decided = Some(t);
+                    break;
+                }
+                Verdict::Accept => {
+                    self.out.spec.accepted += 1;
+                    if tokenizer.is_eog(drafted) {
+                        self.stop_after = Some(Stop::Eog);
+                        break;
+                    }
+                    sampler.accept(drafted);
+                    accepted.push(drafted);
+                    if self.out.generated.len() + accepted.len() >= limit {
+                        self.stop_after = Some(Stop::MaxTokens);
+                        break;
+                    }
+                }
+            }
+        }
+        seq.truncate(pos + 1 + accepted.len());
+        history.truncate(pos + 1);
+        history.extend_from_slice(&accepted);
+        accepted.reverse();
+        self.accepted = accepted;
+        Ok(())
+    }
+}
+
+impl Iterator for Generate<'_> {
+    type Item = Result<Piece, GenerateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.out.stop.is_some() {
+            return self.flush().map(Ok);
+        }
+        // Drafts a verify pass accepted come first: they are fed already.
+        if let Some(t) = self.accepted.pop() {
+            return Some(self.emit(t, true));
+        }
+        if let Some(why) = self.stop_after.take() {
+            self.end(why);
+            return self.next();
+        }
+        if self.out.generated.len() >= self.limit() {
+            self.end(Stop::MaxTokens);
+            return self.next();
+        }
+        if let Some(token) = self.decided.take() {
+            if self.s.tokenizer.is_eog(token) {
+                self.end(Stop::Eog);
+                return self.next();
+            }
+            return Some(self.emit(token, false));
+        }
+        // Feed the last emitted token (and drafts) and decide the next.
+        let pos = self.s.seq.len();
+        let n_ctx = self.s.model.config().n_ctx;
+        if pos >= n_ctx {
+            self.end(Stop::Context);
+            return self.next();
+        }
+        let room = (self.limit() - self.out.generated.len())
+            .min(n_ctx - pos - 1)
+            .min(self.policy.next_len());
+        let drafts: Vec<u32> = match &self.params.lookup {
+            Some(l) => l.draft(&self.s.history, room).to_vec(),
+            None => Vec::new(),
+        };
+        let mut fed = Vec::with_capacity(1 + drafts.len());
+        fed.extend_from_slice(&self.s.history[pos..]);
+        fed.extend_from_slice(&drafts);
+        let which = if drafts.is_empty() {
+            Logits::Last
+        } else {
+            Logits::All
+        };
+        let Session { model, seq, .. } = &mut *self.s;
+        if let Err(e) = model.forward(seq, &fed, pos, which) {
+            return Some(Err(e.into()));
+        }
+        self.out.decode_forwards += 1;
+        if !drafts.is_empty() {
+            self.out.spec.passes += 1;
+            self.out.spec.drafted += drafts.len();
+        }
+        let before = self.out.spec.accepted;
+        if let Err(e) = self.verify(&drafts, pos) {
+            return Some(Err(e));
+        }
+        self.policy
+            .record(drafts.len(), self.out.spec.accepted - before);
+        self.next()
+    }
+}
