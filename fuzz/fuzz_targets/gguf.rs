@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{Config, HostF32Factory, Logits, Model};
+use rknn_llm::model::{CacheType, Config, HostF32Factory, Logits, Model};
 use rknn_llm::tokenizer::Tokenizer;
 
 fn pool() -> Arc<rayon::ThreadPool> {
@@ -70,15 +70,16 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mut factory = HostF32Factory::new(pool());
-    let Ok(mut model) = Model::load(&file, &mut factory, pool(), &mut |_, _| {}) else {
+    let Ok(model) = Model::load(&file, &mut factory, pool(), &mut |_, _| {}) else {
         return;
     };
     let c = model.config().clone();
     if c.n_vocab == 0 || c.n_ctx < 2 {
         return;
     }
+    let mut seq = model.sequence(CacheType::F32);
     let logits = model
-        .forward(&[0, (c.n_vocab - 1) as u32], 0, Logits::All)
+        .forward(&mut seq, &[0, (c.n_vocab - 1) as u32], 0, Logits::All)
         .expect("two in-vocabulary tokens within the context");
     assert_eq!(logits.len(), 2 * c.n_vocab);
 });

@@ -370,13 +370,12 @@ fn the_read_ahead_budget_changes_while_the_engine_runs() {
     e.set_warm_bytes(budget);
     assert_eq!(e.warm_bytes(), budget);
     // The order is learned during the first token: each forward of the two later ones is
-    // followed by a spell of a budget of the worker's own shard and one of the caller's
-    // (registered while the budget was 0), each shard larger than the budget. More than the
-    // worker's own shards could give shows the caller's share is read too.
+    // followed by a spell that reads a budget of the worker's own shard of the next linear
+    // (each shard is larger than the budget), unless the next task interrupts it.
     let spells = 2 * shapes.len();
     let read = tokens("on");
-    assert!(read > (spells * budget) as u64, "{read}");
-    assert!(read <= (spells * 2 * budget) as u64, "{read}");
+    assert!(read >= budget as u64, "{read}");
+    assert!(read <= (spells * budget) as u64, "{read}");
     e.set_warm_bytes(0);
     assert_eq!(tokens("off again"), 0);
 }

@@ -45,13 +45,13 @@ pub struct EngineConfig {
     /// Bytes one IOMMU domain holds (default 4 GiB, \[doc\] driver >= 0.9.8). Weights beyond it
     /// are placed in the next domain, automatically.
     pub iommu_domain_bytes: u64,
-    /// Bytes of each linear's weights that an idle worker reads ahead into the CPU caches, of
-    /// its own shard and as much again of the calling thread's lane's, while the caller does
-    /// the host work before that linear (default: [`DEFAULT_WARM_BYTES`] on an emulated runtime,
+    /// Bytes of its own shard of each linear's weights that an idle worker reads ahead into the
+    /// CPU caches while the caller does the host work before that linear (default:
+    /// [`DEFAULT_WARM_BYTES`](super::DEFAULT_WARM_BYTES) on an emulated runtime,
     /// whose cores read B from host memory; 0, off, on hardware, where the NPU reads B by DMA).
     /// The next linear is learned from the order of the forwards; only forwards of at most 32
     /// rows of A (decode, speculative verify passes) are followed by a read-ahead. This is the
-    /// starting value: [`Engine::set_warm_bytes`] changes it while the engine runs.
+    /// starting value: [`Engine::set_warm_bytes`](super::Engine::set_warm_bytes) changes it while the engine runs.
     pub warm_bytes: Option<usize>,
 }
 

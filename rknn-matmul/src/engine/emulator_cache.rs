@@ -6,8 +6,8 @@
 //! memory, and decode is bound by that reading (a token reads every weight byte once). Between
 //! two linears the caller does host work (attention, norms, preparing the next input) while
 //! the workers wait, and the memory bus has nothing to do. A worker that has replied reads the
-//! first bytes of the next linear's B, its own shard's and a share of the calling thread's
-//! lane's, so that the run finds them in the caches.
+//! first bytes of its own shard of the next linear's B, so that the run finds them in the
+//! caches.
 //!
 //! Measured (in-process ABBA of decode tg64 on the demo model, on and off in one process,
 //! `docs/engine-performance.md`): 1.052 (95 % interval 1.033-1.072) over 200 pairs on a 2-vCPU
@@ -20,7 +20,6 @@
 //! one atomic the engine shares with its workers, so [`super::Engine::set_warm_bytes`] changes
 //! it while they run (a benchmark compares both settings on one model that way).
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -46,72 +45,13 @@ const STEP: usize = 4096;
 /// Cortex-A76/A55).
 const LINE: usize = 64;
 
-/// Part of another lane's resident weights, by address. It does not keep them alive: see
-/// [`EmulatorCache::add_peer`] for the protocol that does.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PeerBytes {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: an address and a length, read only under the protocol of `EmulatorCache::add_peer` (the
-// memory outlives every read because its lane frees it only after this worker has dropped the
-// range); reading plain bytes that no thread writes is sound from any thread.
-unsafe impl Send for PeerBytes {}
-
-impl PeerBytes {
-    /// The range of `bytes`.
-    pub(crate) fn of(bytes: &[u8]) -> PeerBytes {
-        PeerBytes {
-            ptr: NonNull::from(bytes).cast(),
-            len: bytes.len(),
-        }
-    }
-
-    /// The bytes `start..start + len` of the concatenation of `parts`, as parts (into `out`,
-    /// cleared first).
-    pub(crate) fn window(parts: &[PeerBytes], start: usize, len: usize, out: &mut Vec<PeerBytes>) {
-        out.clear();
-        let (mut at, end) = (0usize, start.saturating_add(len));
-        for p in parts {
-            let (lo, hi) = (at.max(start), (at + p.len).min(end));
-            if lo < hi {
-                out.push(PeerBytes {
-                    ptr: offset(p.ptr, lo - at),
-                    len: hi - lo,
-                });
-            }
-            at += p.len;
-        }
-    }
-}
-
-/// `ptr + n`, for an `n` inside the range that starts at `ptr` (so never null).
-fn offset(ptr: NonNull<u8>, n: usize) -> NonNull<u8> {
-    NonNull::new(ptr.as_ptr().wrapping_add(n)).expect("an offset inside a range is not null")
-}
-
-/// The calling thread's lane's weights of one linear, and this worker's part of their
-/// read-ahead: part `slot` of `slots` equal parts of the first `budget` bytes.
-#[derive(Debug)]
-struct PeerLane {
-    parts: Vec<PeerBytes>,
-    slot: usize,
-    slots: usize,
-    /// This worker's window of `parts` for the budget `for_budget`.
-    window: Vec<PeerBytes>,
-    for_budget: Option<usize>,
-}
-
-/// A worker's read-ahead state: what follows what, the other lane's ranges it warms, and the
-/// linear to warm while idle.
+/// A worker's read-ahead state: what follows what, and the linear to warm while idle.
 #[derive(Debug, Default)]
 pub(crate) struct EmulatorCache {
     /// Bytes per lane and linear to read ahead (0: off), shared with the engine.
     budget: Arc<AtomicUsize>,
     last: Option<u64>,
     next: FxHashMap<u64, u64>,
-    peers: FxHashMap<u64, PeerLane>,
     pending: Option<u64>,
 }
 
@@ -131,18 +71,10 @@ impl EmulatorCache {
         (!rt.is_hardware()).then(|| EmulatorCache::new(budget))
     }
 
-    /// Reads ahead the first budget's bytes of linear `id`'s weights on this lane, `own` (in
-    /// the order its runs read them), and this worker's share of the calling thread's lane's,
-    /// until done or `interrupted()`. Returns the bytes read.
-    pub(crate) fn read_ahead(
-        &mut self,
-        id: u64,
-        own: &[&[u8]],
-        interrupted: &dyn Fn() -> bool,
-    ) -> u64 {
-        let budget = self.budget();
-        let peers = self.peers(id, budget);
-        read_ahead(own.iter().copied(), peers, budget, interrupted)
+    /// Reads ahead the first budget's bytes of a linear's weights on this lane, `own` (in the
+    /// order its runs read them), until done or `interrupted()`. Returns the bytes read.
+    pub(crate) fn read_ahead(&self, own: &[&[u8]], interrupted: &dyn Fn() -> bool) -> u64 {
+        read_ahead(own.iter().copied(), self.budget(), interrupted)
     }
 
     /// Bytes per lane and linear it reads ahead now.
@@ -177,42 +109,8 @@ impl EmulatorCache {
         self.pending.take()
     }
 
-    /// The other lane's ranges this worker warms for `id`: its part of the first `budget`
-    /// bytes (the window is cut again only when the budget has changed).
-    pub(crate) fn peers(&mut self, id: u64, budget: usize) -> &[PeerBytes] {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return &[];
-        };
-        if p.for_budget != Some(budget) {
-            let share = budget.div_ceil(p.slots);
-            PeerBytes::window(&p.parts, p.slot * share, share, &mut p.window);
-            p.for_budget = Some(budget);
-        }
-        &p.window
-    }
-
-    /// Warms another lane's weights of linear `id`, `parts` (in the order its runs read
-    /// them), from now on: part `slot` of `slots` equal parts of their first budget's bytes.
-    ///
-    /// The protocol that keeps them alive: the engine registers them after the lane that owns
-    /// them has built them, and when the linear is dropped it removes it from every worker
-    /// (which calls [`EmulatorCache::forget`]) in one round and only then from the owning lane. A
-    /// worker reads them only while idle, between tasks, so after its reply to the removal it
-    /// never reads them again.
-    pub(crate) fn add_peer(&mut self, id: u64, parts: Vec<PeerBytes>, slot: usize, slots: usize) {
-        let lane = PeerLane {
-            parts,
-            slot,
-            slots: slots.max(1),
-            window: Vec::new(),
-            for_budget: None,
-        };
-        self.peers.insert(id, lane);
-    }
-
-    /// Linear `id` is gone: forget its ranges and its place in the order.
+    /// Linear `id` is gone: forget its place in the order.
     pub(crate) fn forget(&mut self, id: u64) {
-        self.peers.remove(&id);
         self.next.remove(&id);
         self.next.retain(|_, n| *n != id);
         if self.last == Some(id) {
@@ -224,43 +122,19 @@ impl EmulatorCache {
     }
 }
 
-/// Reads the first `budget` bytes of `own` (this lane's ranges, in the order its run reads
-/// them) and of `peers`, a step of each in turn, until done or `interrupted()`, which it asks
-/// before every step. Returns the bytes read.
+/// Reads the first `budget` bytes of `ranges` (in the order a run reads them), a step at a
+/// time, until done or `interrupted()`, which it asks before every step (a posted task waits
+/// at most one step for the worker). Returns the bytes read.
 fn read_ahead<'a>(
-    own: impl Iterator<Item = &'a [u8]>,
-    peers: &[PeerBytes],
+    ranges: impl Iterator<Item = &'a [u8]>,
     budget: usize,
     interrupted: &dyn Fn() -> bool,
 ) -> u64 {
-    let mut own = Cursor::new(own, budget);
-    let mut peer = Cursor::new(
-        peers.iter().map(|p| {
-            // SAFETY: a range registered with `EmulatorCache::add_peer`, alive under its protocol:
-            // its lane frees it only after this worker has forgotten it, and this runs only
-            // while the worker is idle, between tasks. Nothing writes resident weights after
-            // their registration.
-            unsafe { std::slice::from_raw_parts(p.ptr.as_ptr().cast_const(), p.len) }
-        }),
-        budget,
-    );
+    let mut cursor = Cursor::new(ranges, budget);
     let mut read = 0u64;
-    let mut idle = 0;
-    // Own and peer steps alternate, with a question before each (not each pair, which let a
-    // posted task wait two steps): in decode, instrumented, the time from a post to the
-    // worker's start of it went from 1.0 to 0.5 µs per task on average.
-    for turn in 0.. {
-        if interrupted() {
-            break;
-        }
-        let step = if turn % 2 == 0 {
-            own.step()
-        } else {
-            peer.step()
-        };
-        // Both cursors empty one after the other: done.
-        idle = if step.is_empty() { idle + 1 } else { 0 };
-        if idle == 2 {
+    while !interrupted() {
+        let step = cursor.step();
+        if step.is_empty() {
             break;
         }
         touch(step);
@@ -368,84 +242,23 @@ mod tests {
     }
 
     #[test]
-    fn a_workers_window_of_the_callers_lane_follows_the_budget() {
-        let a = [0u8; 100];
-        let shared = budget(40);
-        let mut w = EmulatorCache::new(shared.clone());
-        // Worker 1 of 2: the second half of the first `budget` bytes.
-        w.add_peer(7, vec![PeerBytes::of(&a)], 1, 2);
-        let spans = |w: &mut EmulatorCache, b: usize| -> Vec<(usize, usize)> {
-            w.peers(7, b)
-                .iter()
-                .map(|p| (p.ptr.as_ptr() as usize - a.as_ptr() as usize, p.len))
-                .collect()
-        };
-        assert_eq!(spans(&mut w, shared.load(Ordering::Relaxed)), [(20, 20)]);
-        assert_eq!(spans(&mut w, 80), [(40, 40)]);
-        // Worker 0 takes bytes 0..500 of 1000, which holds the whole lane.
-        assert_eq!(spans(&mut w, 1000), [], "past the lane's 100 bytes");
-        assert_eq!(spans(&mut w, 0), []);
-        assert!(w.peers(8, 80).is_empty(), "an unknown linear has none");
-        w.forget(7);
-        assert_eq!(spans(&mut w, 80), []);
-    }
-
-    #[test]
-    fn a_window_cuts_the_concatenation_of_ranges() {
-        let a = [0u8; 100];
-        let b = [0u8; 50];
-        let parts = [PeerBytes::of(&a), PeerBytes::of(&b)];
-        let mut out = vec![PeerBytes::of(&b)];
-        let mut got = |start, len| -> Vec<(usize, usize)> {
-            PeerBytes::window(&parts, start, len, &mut out);
-            out.iter()
-                .map(|p| {
-                    let at = p.ptr.as_ptr() as usize;
-                    let base = [a.as_ptr() as usize, b.as_ptr() as usize]
-                        .into_iter()
-                        .zip([a.len(), b.len()])
-                        .find(|&(base, len)| (base..base + len).contains(&at))
-                        .expect("inside a or b")
-                        .0;
-                    (at - base, p.len)
-                })
-                .collect()
-        };
-        assert_eq!(got(0, 30), [(0, 30)]);
-        assert_eq!(got(90, 30), [(90, 10), (0, 20)]);
-        assert_eq!(got(120, 1000), [(20, 30)]);
-        assert_eq!(got(150, 10), []);
-        assert_eq!(got(0, usize::MAX), [(0, 100), (0, 50)]);
-    }
-
-    #[test]
-    fn reading_ahead_takes_the_budget_of_its_own_and_every_peer_byte_until_interrupted() {
+    fn reading_ahead_takes_the_budget_until_interrupted() {
         let own = vec![1u8; 3 * STEP + 10];
         let seg2 = vec![2u8; STEP];
-        let peer = vec![3u8; STEP + 1];
-        let peers = [PeerBytes::of(&peer)];
         let never = || false;
-        let read = read_ahead(
-            [&own[..], &seg2[..]].into_iter(),
-            &peers,
-            2 * STEP + 5,
-            &never,
-        );
-        assert_eq!(read, (2 * STEP + 5 + STEP + 1) as u64);
+        let read = read_ahead([&own[..], &seg2[..]].into_iter(), 2 * STEP + 5, &never);
+        assert_eq!(read, (2 * STEP + 5) as u64);
         // Past the first segment into the second.
-        let read = read_ahead([&own[..], &seg2[..]].into_iter(), &[], usize::MAX, &never);
+        let read = read_ahead([&own[..], &seg2[..]].into_iter(), usize::MAX, &never);
         assert_eq!(read, (4 * STEP + 10) as u64);
-        // Asked before every step: interrupted at the third question, after one step of each.
+        // Asked before every step: interrupted at the third question, after two steps.
         let checks = Cell::new(0);
         let after_two = || {
             checks.set(checks.get() + 1);
             checks.get() > 2
         };
-        let read = read_ahead([&own[..]].into_iter(), &peers, usize::MAX, &after_two);
+        let read = read_ahead([&own[..]].into_iter(), usize::MAX, &after_two);
         assert_eq!(read, (2 * STEP) as u64);
         assert_eq!(checks.get(), 3);
-        // Once its own bytes are read it goes on with the peer's alone, then stops by itself.
-        let read = read_ahead([&own[..10]].into_iter(), &peers, usize::MAX, &never);
-        assert_eq!(read, (10 + STEP + 1) as u64);
     }
 }

@@ -215,35 +215,13 @@ impl Linear {
             })
             .collect::<Result<Vec<_>>>()?;
         drop(b);
-        let built = inner.pool.round().run_all(|i, _| {
+        inner.pool.round().run_all(|i, _| {
             let spec = specs[i].take()?;
             Some(Task::Register {
                 id,
                 build: Box::new(move |rt, io| spec.build(rt, io)),
             })
         })?;
-        // On an emulated runtime the workers read the calling thread's lane's weights ahead
-        // too, each a share (registered whatever the budget is now, which `set_warm_bytes`
-        // may raise later).
-        let workers = inner.pool.len().saturating_sub(1);
-        let caller_lane = match &built[0] {
-            Some(Reply::Registered(ranges)) if inner.pool.has_inline_lane() => Some(ranges),
-            _ => None,
-        };
-        if let Some(caller_lane) = caller_lane.filter(|_| workers > 0 && !rt.is_hardware()) {
-            inner.pool.round().run_all(|i, _| {
-                // Lane 0 is the calling thread's own; workers without a shard never run it.
-                if i == 0 || linear.plan.shards[i].is_none() {
-                    return None;
-                }
-                Some(Task::Peer {
-                    id,
-                    parts: caller_lane.clone(),
-                    slot: i - 1,
-                    slots: workers,
-                })
-            })?;
-        }
         Ok(linear)
     }
 
@@ -477,16 +455,12 @@ impl Drop for Linear {
         if let Ok(mut plan) = self.inner.domains.lock() {
             plan.release(self.domain, self.b_bytes);
         }
-        // The workers first, the calling thread's lane after their replies: a worker may read
-        // that lane's weights ahead until it has forgotten them
-        // ([`EmulatorCache::add_peer`](super::emulator_cache::EmulatorCache::add_peer)).
-        let inline = usize::from(self.inner.pool.has_inline_lane());
         let shards = &self.plan.shards;
-        for lanes in [inline..shards.len(), 0..inline] {
-            let _ = self.inner.pool.round().run_all(|i, _| {
-                (lanes.contains(&i) && shards[i].is_some()).then_some(Task::Remove { id: self.id })
-            });
-        }
+        let _ = self
+            .inner
+            .pool
+            .round()
+            .run_all(|i, _| shards[i].is_some().then_some(Task::Remove { id: self.id }));
     }
 }
 

@@ -285,11 +285,6 @@ impl<T: Work, S> Pool<T, S> {
         self.lanes
     }
 
-    /// Whether lane 0 runs on the calling thread.
-    pub(crate) fn has_inline_lane(&self) -> bool {
-        self.lanes > self.workers.len()
-    }
-
     /// Takes the pool for one round (waits for another caller's round to finish).
     pub(crate) fn round(&self) -> Round<'_, T, S> {
         Round {

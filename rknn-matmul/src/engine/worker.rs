@@ -36,14 +36,6 @@ pub(crate) enum Task {
     Forward(Forward),
     /// Rotate and prepare a share of a prompt chunk's rows.
     Prepare(PrepareRows),
-    /// Read ahead a share of the calling thread's lane's weights of linear `id` while idle
-    /// (see [`EmulatorCache::add_peer`]).
-    Peer {
-        id: u64,
-        parts: Vec<super::emulator_cache::PeerBytes>,
-        slot: usize,
-        slots: usize,
-    },
     /// Linear `id` is gone.
     Remove {
         id: u64,
@@ -89,10 +81,8 @@ pub(crate) struct PrepareRows {
 
 /// What a lane gives back.
 pub(crate) enum Reply {
-    /// Nothing (removal, ping, a forward).
+    /// Nothing (registration, removal, ping, a forward).
     Done,
-    /// A shard was built: its weights' ranges, in the order its runs read them.
-    Registered(Vec<super::emulator_cache::PeerBytes>),
     /// A [`PrepareRows`]'s rows and scales.
     Prepared(Prepared),
 }
@@ -397,23 +387,7 @@ impl Work for Task {
         match self {
             Task::Register { id, build } => {
                 let shard = build(&st.rt, &mut st.bufs.io)?;
-                let ranges = shard
-                    .weights()
-                    .into_iter()
-                    .map(super::emulator_cache::PeerBytes::of)
-                    .collect();
                 st.shards.insert(id, shard);
-                Ok(Reply::Registered(ranges))
-            }
-            Task::Peer {
-                id,
-                parts,
-                slot,
-                slots,
-            } => {
-                if let Some(c) = &mut st.cache {
-                    c.add_peer(id, parts, slot, slots);
-                }
                 Ok(Reply::Done)
             }
             Task::Prepare(job) => Ok(Reply::Prepared(prepare_share(
@@ -460,7 +434,7 @@ impl Work for Task {
             return;
         };
         let own = st.shards.get(&id).map(|s| s.weights()).unwrap_or_default();
-        let read = cache.read_ahead(id, &own, interrupted);
+        let read = cache.read_ahead(&own, interrupted);
         st.stats.add_warmed(st.lane, read);
     }
 }
