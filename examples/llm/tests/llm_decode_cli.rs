@@ -288,3 +288,42 @@ fn errors_are_one_line() {
         "not a GGUF file",
     );
 }
+
+/// `scripts/demo.sh`'s default question, read from the script so the two cannot drift apart,
+/// answered by the demo model on the default (NPU) path as the demo runs it: the answer is
+/// right ("Paris"), not merely fluent.
+#[test]
+fn the_demo_question_gets_the_right_answer() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let script = std::fs::read_to_string(common::workspace_root().join("scripts/demo.sh")).unwrap();
+    let question = script
+        .lines()
+        .find_map(|l| l.strip_prefix("question=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("demo.sh sets question=\"...\"");
+    let system = script
+        .split("--system \"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("demo.sh passes --system");
+    let o = llm_decode(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--system",
+        system,
+        "-p",
+        question,
+        "-n",
+        "48",
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc = json_out(&o);
+    let text = doc["text"].as_str().unwrap();
+    assert_eq!(question, "What is the capital of France?", "update the expected answer");
+    assert!(text.contains("Paris"), "{question} -> {text:?}");
+}
