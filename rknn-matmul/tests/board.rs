@@ -3,34 +3,40 @@
 //! (the engine's native B packing, native A packing and native C reading, all from `rknn-chip`)
 //! with what Rockchip's runtime does itself.
 //!
-//! Skipped, with a message, where the runtime is an emulator; `RKNN_BOARD_TESTS_ON_EMULATOR=1`
-//! runs them anyway, which proves the test code but not the facts.
+//! One body per test on every backend (`common::backend_test!`): on a board,
+//! `RKNN_TEST_BACKEND=npu`. Skipped, with a message, where the runtime is an emulator (the
+//! built-in one or the drop-in library); `RKNN_BOARD_TESTS_ON_EMULATOR=1` runs them there
+//! anyway, which proves the test code but not the facts.
 
 mod common;
 
+use common::backend_test;
 use rknn_matmul::rknn_chip::layout::{NativeB, pack_a_native, unpack_c_native};
 use rknn_matmul::*;
 
-fn board_runtime(what: &str) -> Option<Runtime> {
-    let rt = common::runtime();
+/// Whether the comparison `what` runs on `rt`: on hardware, or anywhere with
+/// `RKNN_BOARD_TESTS_ON_EMULATOR`; otherwise it is skipped with a message.
+fn on_a_board(rt: &Runtime, what: &str) -> bool {
     if rt.is_hardware() || std::env::var_os("RKNN_BOARD_TESTS_ON_EMULATOR").is_some() {
-        return Some(rt);
+        return true;
     }
     eprintln!(
         "skipped: {what} needs a real NPU (the runtime is {})",
         rt.selection_reason()
     );
-    None
+    false
 }
 
+backend_test!(host_packed_native_b_equals_the_runtimes_converter);
 /// The engine packs native B on the host (`NativeB::pack_from_nk`, with the tile the runtime
 /// reports); the runtime's own converter must produce the same bytes.
-#[test]
-fn host_packed_native_b_equals_the_runtimes_converter() {
-    let Some(rt) = board_runtime("comparing native B with rknn_B_normal_layout_to_native_layout")
-    else {
+fn host_packed_native_b_equals_the_runtimes_converter(rt: &Runtime) {
+    if !on_a_board(
+        rt,
+        "comparing native B with rknn_B_normal_layout_to_native_layout",
+    ) {
         return;
-    };
+    }
     let mut rng = fastrand::Rng::with_seed(5);
     let seg = rt.platform().k_segment();
     let mut shapes = vec![(64, 32), (96, 64), (320, 96)];
@@ -62,13 +68,13 @@ fn host_packed_native_b_equals_the_runtimes_converter() {
     }
 }
 
+backend_test!(native_a_and_c_agree_with_a_normal_layout_run);
 /// Native A written on the host and native C read on the host give the same product as a run
 /// with every matrix in the normal layout.
-#[test]
-fn native_a_and_c_agree_with_a_normal_layout_run() {
-    let Some(rt) = board_runtime("comparing native A/C with a NORM-layout run") else {
+fn native_a_and_c_agree_with_a_normal_layout_run(rt: &Runtime) {
+    if !on_a_board(rt, "comparing native A/C with a NORM-layout run") {
         return;
-    };
+    }
     let mut rng = fastrand::Rng::with_seed(6);
     for (m, k, n) in [(1, 64, 32), (5, 96, 64), (33, 160, 96)] {
         let a: Vec<i8> = (0..m * k).map(|_| rng.i8(..)).collect();

@@ -1,20 +1,16 @@
 //! The GEMM engine against naive references: W8A8 exactly equal to a reference that
 //! quantises the same way, F16 within tolerance, identical whatever the number of cores, for
 //! any M, K (above the 8192 segment too) and N; safe for many threads at once. One body per
-//! test, on whichever backend `common::runtime()` selects.
+//! test, run on every backend by `common::backend_test!`.
 
 mod common;
 
-use rknn_matmul::Error;
+use common::backend_test;
 use rknn_matmul::engine::{Engine, EngineConfig, MAX_EXACT_K_W8A8, WeightFormat};
+use rknn_matmul::{Error, Runtime};
 
-fn engine(cores: usize) -> Engine {
-    engine_on(&common::runtime(), cores)
-}
-
-/// An engine on its own runtime, for tests that count the runtime's live memories while other
-/// tests run.
-fn engine_on(rt: &rknn_matmul::Runtime, cores: usize) -> Engine {
+/// An engine of `cores` lanes (at most the chip's) on `rt`, unpinned.
+fn engine(rt: &Runtime, cores: usize) -> Engine {
     let cfg = EngineConfig {
         cores: Some(cores.min(rt.npu_cores())),
         pinning: rknn_matmul::engine::topology::Pinning::None,
@@ -27,9 +23,9 @@ fn random(rng: &mut fastrand::Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| (rng.f32() - 0.5) * 4.0).collect()
 }
 
-#[test]
-fn w8a8_is_exactly_the_reference_for_random_shapes() {
-    let e = engine(3);
+backend_test!(w8a8_is_exactly_the_reference_for_random_shapes);
+fn w8a8_is_exactly_the_reference_for_random_shapes(rt: &Runtime) {
+    let e = engine(rt, 3);
     let mut rng = fastrand::Rng::with_seed(42);
     let mut shapes = vec![
         (1, 8192 + 32, 64),
@@ -67,9 +63,9 @@ fn w8a8_is_exactly_the_reference_for_random_shapes() {
     }
 }
 
-#[test]
-fn f16_matches_an_f64_reference_within_tolerance() {
-    let e = engine(3);
+backend_test!(f16_matches_an_f64_reference_within_tolerance);
+fn f16_matches_an_f64_reference_within_tolerance(rt: &Runtime) {
+    let e = engine(rt, 3);
     let mut rng = fastrand::Rng::with_seed(7);
     for (m, k, n) in [
         (1, 64, 16),
@@ -98,19 +94,18 @@ fn f16_matches_an_f64_reference_within_tolerance() {
     }
 }
 
-#[test]
-fn results_are_identical_whatever_the_number_of_cores() {
+backend_test!(results_are_identical_whatever_the_number_of_cores);
+fn results_are_identical_whatever_the_number_of_cores(rt: &Runtime) {
     let mut rng = fastrand::Rng::with_seed(9);
     let (m, k, n) = (70, 9000, 130);
     let w = random(&mut rng, n * k);
     let x = random(&mut rng, m * k);
-    let rt = common::runtime();
     let mut outs: Vec<(String, Vec<u32>, Vec<u32>)> = Vec::new();
     for cores in 1..=rt.npu_cores() {
         // The caller running core 0's share, or worker threads only.
         for caller_runs_core0 in [true, false] {
             let e = Engine::new(
-                &rt,
+                rt,
                 EngineConfig {
                     cores: Some(cores),
                     caller_runs_core0,
@@ -163,12 +158,12 @@ fn m_buckets_are_exact_when_small_then_multiples_of_128() {
     }
 }
 
-#[test]
-fn stats_count_every_phase_and_weights_are_freed_on_drop() {
-    let rt = common::runtime_with(|_| {});
+backend_test!(stats_count_every_phase_and_weights_are_freed_on_drop);
+fn stats_count_every_phase_and_weights_are_freed_on_drop(rt: &Runtime) {
+    let rt = common::runtime_with(rt, |_| {});
     let budget = rt.handle_budget();
     let before = budget.live();
-    let e = engine_on(&rt, 3);
+    let e = engine(&rt, 3);
     let cores = e.workers();
     let mut rng = fastrand::Rng::with_seed(3);
     let (k, n) = (8192 + 64, 96);
@@ -200,13 +195,13 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop() {
     assert_eq!(budget.live(), before);
 }
 
+backend_test!(the_phase_times_add_up_to_the_wall_time_of_a_forward);
 /// The phase statistics are real time, whichever clock the engine reads (the CPU's counter
 /// where it has a constant-rate one, `Instant` elsewhere): on one lane, where every phase runs
 /// on the calling thread one after the other, a forward's phases add up to most of its wall
 /// time and never to more.
-#[test]
-fn the_phase_times_add_up_to_the_wall_time_of_a_forward() {
-    let e = engine(1);
+fn the_phase_times_add_up_to_the_wall_time_of_a_forward(rt: &Runtime) {
+    let e = engine(rt, 1);
     let (n, k) = (1024, 2048);
     let mut rng = fastrand::Rng::with_seed(5);
     let lin = e
@@ -243,9 +238,9 @@ fn the_phase_times_add_up_to_the_wall_time_of_a_forward() {
     panic!("the phases held only these shares of the wall time: {shares:?}");
 }
 
-#[test]
-fn idle_workers_read_the_next_linear_ahead_and_change_no_bit() {
-    let rt = common::runtime_with(|_| {});
+backend_test!(idle_workers_read_the_next_linear_ahead_and_change_no_bit);
+fn idle_workers_read_the_next_linear_ahead_and_change_no_bit(rt: &Runtime) {
+    let rt = common::runtime_with(rt, |_| {});
     let cores = 2.min(rt.npu_cores());
     let budget = 64 << 10;
     let make = |warm_bytes| {
@@ -319,9 +314,9 @@ fn idle_workers_read_the_next_linear_ahead_and_change_no_bit() {
     );
 }
 
-#[test]
-fn the_read_ahead_budget_changes_while_the_engine_runs() {
-    let rt = common::runtime_with(|_| {});
+backend_test!(the_read_ahead_budget_changes_while_the_engine_runs);
+fn the_read_ahead_budget_changes_while_the_engine_runs(rt: &Runtime) {
+    let rt = common::runtime_with(rt, |_| {});
     assert!(
         rt.npu_cores() >= 2,
         "the emulated chip has a worker besides the caller"
@@ -380,9 +375,9 @@ fn the_read_ahead_budget_changes_while_the_engine_runs() {
     assert_eq!(tokens("off again"), 0);
 }
 
-#[test]
-fn without_sharing_every_segment_has_its_own_a_and_c() {
-    let rt = common::runtime_with(|_| {});
+backend_test!(without_sharing_every_segment_has_its_own_a_and_c);
+fn without_sharing_every_segment_has_its_own_a_and_c(rt: &Runtime) {
+    let rt = common::runtime_with(rt, |_| {});
     let e = Engine::new(
         &rt,
         EngineConfig {
@@ -402,9 +397,9 @@ fn without_sharing_every_segment_has_its_own_a_and_c() {
     assert_eq!(got, common::reference_w8a8(&x, &w, 3, k, n));
 }
 
-#[test]
-fn bad_sizes_and_configs_are_typed_errors() {
-    let e = engine(1);
+backend_test!(bad_sizes_and_configs_are_typed_errors);
+fn bad_sizes_and_configs_are_typed_errors(rt: &Runtime) {
+    let e = engine(rt, 1);
     let err = e.linear(&[1.0; 10], 3, 4, WeightFormat::W8A8).unwrap_err();
     assert!(
         matches!(
@@ -444,10 +439,9 @@ fn bad_sizes_and_configs_are_typed_errors() {
         .linear(&vec![1.0; k], 1, k, WeightFormat::W8A8)
         .unwrap_err();
     assert!(matches!(err, Error::KTooLargeForExactSum { .. }), "{err}");
-    let rt = common::runtime();
     for max_m in [100, 0, 1 << 40] {
         let err = Engine::new(
-            &rt,
+            rt,
             EngineConfig {
                 max_m,
                 ..EngineConfig::default()
@@ -460,7 +454,7 @@ fn bad_sizes_and_configs_are_typed_errors() {
         );
     }
     let err = Engine::new(
-        &rt,
+        rt,
         EngineConfig {
             cores: Some(rt.npu_cores() + 1),
             ..EngineConfig::default()
@@ -473,11 +467,11 @@ fn bad_sizes_and_configs_are_typed_errors() {
     );
 }
 
-#[test]
-fn the_largest_exact_k_is_exact() {
+backend_test!(the_largest_exact_k_is_exact);
+fn the_largest_exact_k_is_exact(rt: &Runtime) {
     // All-ones weights and input quantise to 127 × 127 per term: the sum at the bound is the
     // largest exact i32 the engine promises.
-    let e = engine(1);
+    let e = engine(rt, 1);
     let k = MAX_EXACT_K_W8A8;
     let lin = e.linear(&vec![1.0; k], 1, k, WeightFormat::W8A8).unwrap();
     let y = lin.forward_vec(&vec![1.0; k], 1).unwrap();
@@ -489,9 +483,9 @@ fn the_largest_exact_k_is_exact() {
     );
 }
 
-#[test]
-fn prequantised_weights() {
-    let e = engine(3);
+backend_test!(prequantised_weights);
+fn prequantised_weights(rt: &Runtime) {
+    let e = engine(rt, 3);
     let q: Vec<i8> = (0..5 * 40).map(|i| (i % 7) as i8 - 3).collect();
     let scales = [0.5f32, 1.0, 2.0, 0.25, 1.5];
     let lin = e.linear_quantized(&q, &scales, 5, 40).unwrap();
@@ -518,12 +512,12 @@ fn prequantised_weights() {
     ));
 }
 
+backend_test!(many_threads_share_one_engine);
 /// Several threads forward through, register on and drop linears of one engine at once; every
 /// result is checked. A lost or misrouted task would leave an output unwritten (checked by
 /// pre-filling it with NaN) or wrong.
-#[test]
-fn many_threads_share_one_engine() {
-    let e = engine(3);
+fn many_threads_share_one_engine(rt: &Runtime) {
+    let e = engine(rt, 3);
     let mut rng = fastrand::Rng::with_seed(11);
     let shared: Vec<(usize, usize, Vec<f32>)> = [(64, 96), (200, 40), (33, 300)]
         .iter()
@@ -574,10 +568,10 @@ fn many_threads_share_one_engine() {
     });
 }
 
-#[test]
-fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f32() {
+backend_test!(rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f32);
+fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f32(rt: &Runtime) {
     use rknn_matmul::engine::{LinearOptions, Rotation};
-    let e = engine(3);
+    let e = engine(rt, 3);
     let mut rng = fastrand::Rng::with_seed(21);
     let (m, k, n) = (4, 576, 96);
     let w = random(&mut rng, n * k);
@@ -646,8 +640,8 @@ fn rotated_linears_are_exactly_the_reference_on_rotated_operands_and_closer_to_f
     assert!(matches!(e2, Err(Error::Length { .. })));
 }
 
-#[test]
-fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards() {
+backend_test!(prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards);
+fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards(rt: &Runtime) {
     // From 32 rows per chunk the engine rotates and quantises on every lane (each a share of
     // the rows) instead of on the caller; a row's output must not depend on where it was
     // quantised, nor on the chunk around it (speculative decoding relies on it), with and
@@ -668,7 +662,7 @@ fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards() {
         };
         let mut outs = Vec::new();
         for cores in [1, 3] {
-            let e = engine(cores);
+            let e = engine(rt, cores);
             let lin = e
                 .linear_with(&w, n, k, WeightFormat::W8A8, opts.clone())
                 .unwrap();

@@ -1,27 +1,36 @@
 //! The field-hazard guards (fd limit, NPU lock between processes, mallopt) and the platform
-//! detection, on the selected test backend.
+//! detection, one body per test on every backend (`common::backend_test!`).
 
 mod common;
 
+use common::{TestBackend, backend_test};
 use rknn_matmul::guard::NpuLock;
 use rknn_matmul::*;
 
-#[test]
-#[cfg_attr(miri, ignore = "libc calls: not under Miri's isolation")]
-fn the_fd_limit_is_raised_toward_the_hard_limit() {
-    let rt = common::runtime();
+backend_test!(
+    #[cfg_attr(miri, ignore = "libc calls: not under Miri's isolation")]
+    the_fd_limit_is_raised_toward_the_hard_limit
+);
+fn the_fd_limit_is_raised_toward_the_hard_limit(rt: &Runtime) {
     let l = rt.fd_limit().expect("raised by default");
     assert!(l.soft >= l.soft_before);
     assert!(l.soft == l.hard.min(1 << 20), "{l:?}");
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "libc calls, files: not under Miri's isolation")]
-fn mallopt_and_the_lock_follow_their_policies() {
-    let dir = std::env::temp_dir().join(format!("rknn-lock-policy-{}", std::process::id()));
+backend_test!(
+    #[cfg_attr(miri, ignore = "libc calls, files: not under Miri's isolation")]
+    mallopt_and_the_lock_follow_their_policies
+);
+fn mallopt_and_the_lock_follow_their_policies(shared: &Runtime) {
+    // A lock of its own per backend: the variants run at once, in one process.
+    let dir = std::env::temp_dir().join(format!(
+        "rknn-lock-policy-{}-{}",
+        std::process::id(),
+        TestBackend::of(shared)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("npu.lock");
-    let rt = common::runtime_with(|o| {
+    let rt = common::runtime_with(shared, |o| {
         o.mallopt = GuardPolicy::Always;
         o.lock = GuardPolicy::Always;
         o.lock_path = path.clone();
@@ -35,7 +44,7 @@ fn mallopt_and_the_lock_follow_their_policies() {
         std::process::id().to_string()
     );
     // A second runtime of this process shares the lock instead of reporting itself busy.
-    let rt2 = common::runtime_with(|o| {
+    let rt2 = common::runtime_with(shared, |o| {
         o.lock = GuardPolicy::Always;
         o.lock_path = path.clone();
     });
@@ -48,7 +57,7 @@ fn mallopt_and_the_lock_follow_their_policies() {
     drop(rt2);
     assert_eq!(NpuLock::holder(&path), None, "released on drop");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
-    let rt = common::runtime_with(|o| {
+    let rt = common::runtime_with(shared, |o| {
         o.lock = GuardPolicy::Never;
         o.mallopt = GuardPolicy::Never;
     });
@@ -59,14 +68,17 @@ fn mallopt_and_the_lock_follow_their_policies() {
 /// binfmt handler to start its child).
 const ENOEXEC: i32 = 8;
 
+backend_test!(
+    #[cfg_attr(miri, ignore = "processes: not under Miri's isolation")]
+    a_second_process_gets_npu_busy_with_the_holders_pid
+);
 /// A second process trying to take the NPU while this one holds it gets "NPU busy (held by
 /// pid N)". The child is this test binary, re-run with an environment variable.
-#[test]
-#[cfg_attr(miri, ignore = "processes: not under Miri's isolation")]
-fn a_second_process_gets_npu_busy_with_the_holders_pid() {
+fn a_second_process_gets_npu_busy_with_the_holders_pid(shared: &Runtime) {
+    let backend = TestBackend::of(shared);
     let lock = match std::env::var_os("RKNN_LOCK_CHILD") {
         Some(path) => {
-            let (backend, mut opts) = common::options();
+            let (backend, mut opts) = common::options(shared);
             opts.lock = GuardPolicy::Always;
             opts.lock_path = path.into();
             let e = Runtime::open(backend, opts).unwrap_err();
@@ -82,18 +94,19 @@ fn a_second_process_gets_npu_busy_with_the_holders_pid() {
             );
             return;
         }
-        None => std::env::temp_dir().join(format!("rknn-busy-{}.lock", std::process::id())),
+        None => {
+            let pid = std::process::id();
+            std::env::temp_dir().join(format!("rknn-busy-{pid}-{backend}.lock"))
+        }
     };
-    let rt = common::runtime_with(|o| {
+    let rt = common::runtime_with(shared, |o| {
         o.lock = GuardPolicy::Always;
         o.lock_path = lock.clone();
     });
+    // The child runs this backend's variant only.
+    let test = format!("a_second_process_gets_npu_busy_with_the_holders_pid::{backend}");
     let out = match std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_second_process_gets_npu_busy_with_the_holders_pid",
-            "--nocapture",
-        ])
+        .args(["--exact", &test, "--nocapture"])
         .env("RKNN_LOCK_CHILD", &lock)
         .env("RKNN_LOCK_PARENT", std::process::id().to_string())
         .output()
@@ -142,17 +155,15 @@ fn the_platform_is_read_from_the_device_tree() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-/// The NPU code path on the drop-in library (`RKNN_TEST_BACKEND=dropin`, or a build without the
-/// `emulator` feature): the library is loaded with dlopen, versions are queried through
-/// `rknn_query`, and the NPU-only guards apply.
+/// The NPU code path on the drop-in library: the library is loaded with dlopen, versions are
+/// queried through `rknn_query`, and the NPU-only guards apply. About the drop-in only: the
+/// emulator has no library and takes no guards by default, and on a board the versions differ.
 #[test]
 #[cfg_attr(miri, ignore = "dlopen: not under Miri")]
 fn the_npu_path_loads_the_library_and_takes_its_guards() {
-    if common::backend() != common::TestBackend::Dropin {
-        eprintln!("skipped: only for the drop-in backend");
+    let Some(rt) = common::runtime(TestBackend::Dropin) else {
         return;
-    }
-    let rt = common::runtime();
+    };
     assert!(
         !rt.is_emulator() && !rt.is_hardware(),
         "the NPU code path on the emulator"

@@ -1,10 +1,10 @@
 //! The safe layer against naive references, and every misuse the API turns into a typed
-//! error. One body per test, run on whichever backend `common::runtime()` selects (the
-//! emulator by default; `RKNN_TEST_BACKEND=dropin` or `npu` for the NPU code path).
+//! error. One body per test, run on every backend by `common::backend_test!` (`::emulator`,
+//! `::dropin`: the NPU code path on the drop-in library, `::npu`: a board).
 
 mod common;
 
-use common::{naive_i8, runtime, runtime_for};
+use common::{backend_test, naive_i8, runtime_for};
 use half::f16;
 use rknn_matmul::*;
 
@@ -12,9 +12,8 @@ fn as_i64<T: Copy + Into<i64>>(v: &[T]) -> Vec<i64> {
     v.iter().map(|&x| x.into()).collect()
 }
 
-#[test]
-fn i8_matmul_matches_a_naive_gemm_in_every_layout() {
-    let rt = runtime();
+backend_test!(i8_matmul_matches_a_naive_gemm_in_every_layout);
+fn i8_matmul_matches_a_naive_gemm_in_every_layout(rt: &Runtime) {
     let mut rng = fastrand::Rng::with_seed(1);
     // Miri interprets every instruction: keep its shapes small.
     let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
@@ -54,9 +53,8 @@ fn i8_matmul_matches_a_naive_gemm_in_every_layout() {
     }
 }
 
-#[test]
-fn writes_after_a_run_are_bound_again_before_the_next() {
-    let rt = runtime();
+backend_test!(writes_after_a_run_are_bound_again_before_the_next);
+fn writes_after_a_run_are_bound_again_before_the_next(rt: &Runtime) {
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let (mut a, mut b, mut c) = (
         mm.alloc_a().unwrap(),
@@ -78,9 +76,8 @@ fn writes_after_a_run_are_bound_again_before_the_next() {
     assert!(c.as_slice().iter().all(|&x| x == -3 * 2 * 32));
 }
 
-#[test]
-fn f16_and_dynamic_shapes_keep_b_bound() {
-    let rt = runtime();
+backend_test!(f16_and_dynamic_shapes_keep_b_bound);
+fn f16_and_dynamic_shapes_keep_b_bound(rt: &Runtime) {
     let (k, n) = (64, 32);
     let mm = rt
         .matmul::<F16xF16ToF32>(1, k, n)
@@ -118,9 +115,8 @@ fn f16_and_dynamic_shapes_keep_b_bound() {
     );
 }
 
-#[test]
-fn bad_shapes_and_types_are_typed_errors_before_any_ffi_call() {
-    let rt = runtime();
+backend_test!(bad_shapes_and_types_are_typed_errors_before_any_ffi_call);
+fn bad_shapes_and_types_are_typed_errors_before_any_ffi_call(rt: &Runtime) {
     let p = rt.platform();
     let e = rt.matmul::<I8xI8ToI32>(1, 64, 100).build().unwrap_err();
     assert_eq!(
@@ -177,9 +173,9 @@ fn bad_shapes_and_types_are_typed_errors_before_any_ffi_call() {
     assert!(matches!(e, Error::DynamicShapes { .. }), "{e}");
 }
 
-#[test]
-fn quantisation_parameters_are_checked() {
-    let Some(rt) = runtime_for(Platform::Rk3588) else {
+backend_test!(quantisation_parameters_are_checked);
+fn quantisation_parameters_are_checked(rt: &Runtime) {
+    let Some(rt) = runtime_for(rt, Platform::Rk3588) else {
         return;
     };
     let build = |q: BQuant| rt.matmul::<I8xI8ToF32>(1, 64, 64).quant_b(q).build();
@@ -281,9 +277,9 @@ fn quantisation_parameters_are_checked() {
     assert!(matches!(e, Error::BadScale { index: 17, .. }), "{e}");
 }
 
-#[test]
-fn core_selection_and_quantised_types() {
-    let Some(rt) = runtime_for(Platform::Rk3588) else {
+backend_test!(core_selection_and_quantised_types);
+fn core_selection_and_quantised_types(rt: &Runtime) {
+    let Some(rt) = runtime_for(rt, Platform::Rk3588) else {
         return;
     };
     for core in 0..3 {
@@ -315,9 +311,8 @@ fn core_selection_and_quantised_types() {
     }
 }
 
-#[test]
-fn memories_of_another_context_or_matrix_are_refused() {
-    let rt = runtime();
+backend_test!(memories_of_another_context_or_matrix_are_refused);
+fn memories_of_another_context_or_matrix_are_refused(rt: &Runtime) {
     let m1 = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let m2 = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let (a, b) = (m1.alloc_a().unwrap(), m1.alloc_b().unwrap());
@@ -348,10 +343,10 @@ fn memories_of_another_context_or_matrix_are_refused() {
     m1.run(&a, &b, &mut c1).unwrap();
 }
 
-#[test]
-fn any_drop_order_is_safe_and_everything_is_freed_once() {
+backend_test!(any_drop_order_is_safe_and_everything_is_freed_once);
+fn any_drop_order_is_safe_and_everything_is_freed_once(rt: &Runtime) {
     // A runtime of its own: its live-memory count is not shared with other tests.
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let live = rt.handle_budget().live();
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let (mut a, b, mut c) = (
@@ -372,9 +367,8 @@ fn any_drop_order_is_safe_and_everything_is_freed_once() {
     assert!(rt.take_release_errors().is_empty());
 }
 
-#[test]
-fn contexts_and_memories_move_to_other_threads() {
-    let rt = runtime();
+backend_test!(contexts_and_memories_move_to_other_threads);
+fn contexts_and_memories_move_to_other_threads(rt: &Runtime) {
     let mm = rt.matmul::<I8xI8ToI32>(2, 64, 32).build().unwrap();
     let (mut a, mut b, mut c) = (
         mm.alloc_a().unwrap(),
@@ -423,14 +417,13 @@ fn contexts_and_memories_move_to_other_threads() {
     assert!(rt.take_release_errors().is_empty());
 }
 
-#[test]
-fn the_handle_budget_is_a_typed_error_before_the_runtime_fails() {
-    let rt = runtime();
+backend_test!(the_handle_budget_is_a_typed_error_before_the_runtime_fails);
+fn the_handle_budget_is_a_typed_error_before_the_runtime_fails(rt: &Runtime) {
     if let Some(l) = rt.fd_limit() {
         // Sized from the (raised) fd limit, keeping room for the process's other files.
         assert!(rt.handle_budget().budget() < l.soft as usize, "{l:?}");
     }
-    let rt = common::runtime_with(|o| o.handle_budget = Some(5));
+    let rt = common::runtime_with(rt, |o| o.handle_budget = Some(5));
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     let held: Vec<_> = (0..5).map(|_| mm.alloc_a().unwrap()).collect();
     let e = mm.alloc_a().unwrap_err();
@@ -443,9 +436,8 @@ fn the_handle_budget_is_a_typed_error_before_the_runtime_fails() {
     assert!(mm.alloc_a().is_ok());
 }
 
-#[test]
-fn capabilities_and_schemes() {
-    let rt = runtime();
+backend_test!(capabilities_and_schemes);
+fn capabilities_and_schemes(rt: &Runtime) {
     let caps = rt.capabilities();
     let p = rt.platform();
     for c in &caps {
@@ -463,9 +455,9 @@ fn capabilities_and_schemes() {
     }
 }
 
-#[test]
-fn int4_w4a4_runs_with_native_b_from_the_converter() {
-    let Some(rt) = runtime_for(Platform::Rk3588) else {
+backend_test!(int4_w4a4_runs_with_native_b_from_the_converter);
+fn int4_w4a4_runs_with_native_b_from_the_converter(rt: &Runtime) {
+    let Some(rt) = runtime_for(rt, Platform::Rk3588) else {
         return;
     };
     let (m, k, n) = (3, 64, 64);
@@ -521,9 +513,9 @@ fn int4_w4a4_runs_with_native_b_from_the_converter() {
     );
 }
 
-#[test]
-fn i8_to_i8_with_an_asymmetric_output() {
-    let Some(rt) = runtime_for(Platform::Rk3588) else {
+backend_test!(i8_to_i8_with_an_asymmetric_output);
+fn i8_to_i8_with_an_asymmetric_output(rt: &Runtime) {
+    let Some(rt) = runtime_for(rt, Platform::Rk3588) else {
         return;
     };
     let mm = rt
@@ -549,9 +541,8 @@ fn i8_to_i8_with_an_asymmetric_output() {
     );
 }
 
-#[test]
-fn allocation_flags_reach_the_runtime() {
-    let rt = runtime();
+backend_test!(allocation_flags_reach_the_runtime);
+fn allocation_flags_reach_the_runtime(rt: &Runtime) {
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     for flags in [
         MemFlags::CACHEABLE,
@@ -591,9 +582,8 @@ fn error_codes_map() {
     assert!(!RknnCode::from_raw(-5).suggests_version_skew());
 }
 
-#[test]
-fn shared_memories_serve_several_contexts_of_one_domain() {
-    let rt = runtime();
+backend_test!(shared_memories_serve_several_contexts_of_one_domain);
+fn shared_memories_serve_several_contexts_of_one_domain(rt: &Runtime) {
     let mut rng = fastrand::Rng::with_seed(12);
     // Contexts of different K and N, one shared A and one shared C for all of them.
     let shapes = [(64, 32), (128, 96), (32, 64)];
@@ -653,7 +643,7 @@ fn shared_memories_serve_several_contexts_of_one_domain() {
         "{e}"
     );
     // A memory of another runtime is foreign even when shared.
-    let rt2 = common::runtime_with(|_| {});
+    let rt2 = common::runtime_with(rt, |_| {});
     let mm2 = rt2.matmul::<I8xI8ToI32>(2, 64, 32).build().unwrap();
     let (b3, mut c3) = (mm2.alloc_b().unwrap(), mm2.alloc_c().unwrap());
     let e = mm2.run(&a, &b3, &mut c3).unwrap_err();

@@ -1,5 +1,5 @@
-//! Stress and leak checks, on whichever backend `common::runtime_with()` selects (the emulator
-//! by default; on a board the descriptor counts are the dma-buf handles themselves):
+//! Stress and leak checks, one body per test on every backend (`common::backend_test!`; on a
+//! board the descriptor counts are the dma-buf handles themselves):
 //!
 //! * threads each with their own contexts and engines running GEMMs for a bounded time, every
 //!   result compared with a naive reference;
@@ -9,7 +9,8 @@
 //!   runtime's live-handle count and the process's open file descriptors (`/proc/self/fd`) are
 //!   back at their start values.
 //!
-//! The tests of this file take one lock, so the descriptor counts see no other test's files.
+//! The tests of this file take one lock, so the descriptor counts see no other test's files
+//! (and, with it held, open every backend's shared runtime, whose first opening would).
 //! `RKNPU_STRESS_SECS` sets the time each timed test runs (default 1.5 s).
 
 mod common;
@@ -17,13 +18,18 @@ mod common;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::backend_test;
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::*;
 
 /// Every test of this file takes it: those that count descriptors must not see another's.
+/// Another test's variant may open a backend's shared runtime at any time (the drop-in's
+/// `dlopen` and NPU lock are descriptors), so all of them are opened first, with the lock held.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    common::open_shared_runtimes();
+    guard
 }
 
 fn budget() -> Duration {
@@ -70,11 +76,13 @@ fn engine_on(rt: &Runtime, cores: usize) -> Engine {
     Engine::new(rt, cfg).expect("an engine")
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
-fn threads_with_their_own_contexts_and_engines_for_a_bounded_time() {
+backend_test!(
+    #[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
+    threads_with_their_own_contexts_and_engines_for_a_bounded_time
+);
+fn threads_with_their_own_contexts_and_engines_for_a_bounded_time(rt: &Runtime) {
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let (live0, fds0) = (rt.handle_budget().live(), open_fds());
     let until = Instant::now() + budget();
     let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
@@ -141,11 +149,13 @@ fn threads_with_their_own_contexts_and_engines_for_a_bounded_time() {
     assert!(rt.take_release_errors().is_empty());
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
-fn threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time() {
+backend_test!(
+    #[cfg_attr(miri, ignore = "timed: meaningless under Miri")]
+    threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time
+);
+fn threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time(rt: &Runtime) {
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let (live0, fds0) = (rt.handle_budget().live(), open_fds());
     let engine = engine_on(&rt, 3);
     let mut rng = fastrand::Rng::with_seed(7);
@@ -205,11 +215,13 @@ fn threads_sharing_one_engine_forward_register_and_drop_for_a_bounded_time() {
     assert!(rt.take_release_errors().is_empty());
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "10 000 cycles: too slow under Miri")]
-fn ten_thousand_allocate_free_cycles_leave_no_handle_and_no_descriptor() {
+backend_test!(
+    #[cfg_attr(miri, ignore = "10 000 cycles: too slow under Miri")]
+    ten_thousand_allocate_free_cycles_leave_no_handle_and_no_descriptor
+);
+fn ten_thousand_allocate_free_cycles_leave_no_handle_and_no_descriptor(rt: &Runtime) {
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let mm = rt.matmul::<I8xI8ToI32>(4, 64, 32).build().unwrap();
     let (live0, fds0) = (rt.handle_budget().live(), open_fds());
     let mut held = Vec::new();
@@ -233,11 +245,13 @@ fn ten_thousand_allocate_free_cycles_leave_no_handle_and_no_descriptor() {
     assert!(rt.take_release_errors().is_empty());
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "2 000 cycles: too slow under Miri")]
-fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor() {
+backend_test!(
+    #[cfg_attr(miri, ignore = "2 000 cycles: too slow under Miri")]
+    two_thousand_context_cycles_leave_no_handle_and_no_descriptor
+);
+fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor(rt: &Runtime) {
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let (live0, fds0) = (rt.handle_budget().live(), open_fds());
     let contexts0 = emulator_counts(&rt).map(|c| c.0);
     for i in 0..2_000usize {
@@ -266,16 +280,16 @@ fn two_thousand_context_cycles_leave_no_handle_and_no_descriptor() {
     assert!(rt.take_release_errors().is_empty());
 }
 
+backend_test!(a_small_engine_shared_by_two_threads);
 /// The engine's scheduler with real threads, small enough for Miri (`.ci/miri` runs it): two
 /// threads forward through one shared linear on a two-lane engine (the caller's lane and a
 /// worker thread) while one of them registers and drops a linear of its own.
-#[test]
-fn a_small_engine_shared_by_two_threads() {
+fn a_small_engine_shared_by_two_threads(rt: &Runtime) {
     // Serial with the tests that count this process's descriptors: making an engine opens and
     // closes some (the CPU topology under /sys, the runtime library), which a count taken
     // meanwhile would see.
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let engine = engine_on(&rt, 2);
     let (n, k) = (40, 32);
     let mut rng = fastrand::Rng::with_seed(3);
@@ -305,16 +319,16 @@ fn a_small_engine_shared_by_two_threads() {
     assert_eq!(rt.handle_budget().live(), 0);
 }
 
+backend_test!(linears_dropped_while_idle_workers_read_them_ahead);
 /// Idle workers read the next linear's weights ahead, those of the calling thread's lane by
 /// address: a linear dropped while a worker reads it ahead must never have its weights read
 /// after they are freed (natively a fault: the emulator unmaps them; Miri runs this test too)
 /// nor change a bit of any result, while another thread changes the read-ahead budget.
 /// (Threads sharing an engine while it reads ahead, which it does by default on the emulator:
 /// `threads_sharing_one_engine_...` above.)
-#[test]
-fn linears_dropped_while_idle_workers_read_them_ahead() {
+fn linears_dropped_while_idle_workers_read_them_ahead(rt: &Runtime) {
     let _serial = serial();
-    let rt = common::runtime_with(|_| {});
+    let rt = common::runtime_with(rt, |_| {});
     let cfg = EngineConfig {
         cores: Some(2.min(rt.npu_cores())),
         pinning: rknn_matmul::engine::topology::Pinning::None,
