@@ -289,8 +289,8 @@ fn main() {
             let logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
             let n = logs.len() as f64;
             let mean = logs.iter().sum::<f64>() / n;
-            let sd = (logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0))
-                .sqrt();
+            let sd =
+                (logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
             let half = 1.97 * sd / n.sqrt();
             ratios.sort_by(f64::total_cmp);
             let med = ratios[ratios.len() / 2];

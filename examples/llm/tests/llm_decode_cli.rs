@@ -324,6 +324,9 @@ fn the_demo_question_gets_the_right_answer() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let doc = json_out(&o);
     let text = doc["text"].as_str().unwrap();
-    assert_eq!(question, "What is the capital of France?", "update the expected answer");
+    assert_eq!(
+        question, "What is the capital of France?",
+        "update the expected answer"
+    );
     assert!(text.contains("Paris"), "{question} -> {text:?}");
 }
