@@ -121,3 +121,17 @@ pub struct LinearOptions {
     /// reading the weights; twice the NPU work in prefill). Ignored for F16.
     pub residual_activations: bool,
 }
+
+impl LinearOptions {
+    /// Checks that the rotation, if any, is of `k` channels (the linear's input features).
+    pub(crate) fn check(&self, k: usize) -> Result<()> {
+        match &self.rotation {
+            Some(r) if r.k() != k => Err(Error::Length {
+                what: "rotation channels (in_features)",
+                expected: k,
+                got: r.k(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}

@@ -118,16 +118,7 @@ impl Linear {
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<Linear, E> {
         let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
-        if let Some(r) = &opts.rotation {
-            if r.k() != k {
-                return Err(Error::Length {
-                    what: "rotation channels (in_features)",
-                    expected: k,
-                    got: r.k(),
-                }
-                .into());
-            }
-        }
+        opts.check(k)?;
         let mut b = try_vec(
             plan.n_pad * k_pad,
             <K as crate::dtype::MatmulKind>::B::default(),

@@ -264,15 +264,7 @@ impl Engine {
         k: usize,
         opts: LinearOptions,
     ) -> Result<Linear> {
-        if let Some(r) = &opts.rotation {
-            if r.k() != k {
-                return Err(Error::Length {
-                    what: "rotation channels (in_features)",
-                    expected: k,
-                    got: r.k(),
-                });
-            }
-        }
+        opts.check(k)?;
         let plan = LinearPlan::new(
             &self.inner.rt,
             self.inner.pool.len(),
