@@ -144,3 +144,96 @@ fn a_closed_pipe_is_not_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "{stderr}");
 }
+
+/// `rknn-info` with the kernel variables set as `vars` (every other one removed).
+fn rknn_info_with_kernels(args: &[&str], vars: &[(&str, &str)]) -> Option<Output> {
+    let mut cmd = common::tool(env!("CARGO_BIN_EXE_rknn-info"));
+    for v in [
+        "RKNN_KERNEL",
+        "RKNN_KERNEL_EMU",
+        "RKNN_KERNEL_GLUE",
+        "RKNN_KERNEL_LLM",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.envs(vars.iter().copied()).args(args);
+    match cmd.output() {
+        Err(e) if e.raw_os_error() == Some(8) => None,
+        Err(e) => panic!("start rknn-info: {e}"),
+        Ok(out) => (!out.stdout.is_empty()).then_some(out),
+    }
+}
+
+fn kernels(vars: &[(&str, &str)]) -> Option<Vec<serde_json::Value>> {
+    let out = rknn_info_with_kernels(&["--backend", "emulator", "--json"], vars)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    Some(v["kernels"].as_array().expect("a kernels array").clone())
+}
+
+#[test]
+fn the_kernel_report_follows_the_one_convention() {
+    let Some(all) = kernels(&[("RKNN_KERNEL", "scalar")]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    let names: Vec<&str> = all
+        .iter()
+        .map(|k| k["component"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["emu", "glue", "llm"]);
+    for k in &all {
+        assert_eq!(k["selected"], "scalar", "{k}");
+        assert_eq!(k["set_by"], "RKNN_KERNEL=scalar", "{k}");
+        assert!(
+            k["available"]
+                .as_array()
+                .unwrap()
+                .contains(&"scalar".into())
+        );
+    }
+    // One component's variable changes that component only.
+    let glue = kernels(&[("RKNN_KERNEL_GLUE", "scalar")]).unwrap();
+    let defaults = kernels(&[]).unwrap();
+    for (k, d) in glue.iter().zip(&defaults) {
+        if k["component"] == "glue" {
+            assert_eq!(k["selected"], "scalar");
+            assert_eq!(k["set_by"], "RKNN_KERNEL_GLUE=scalar");
+        } else {
+            assert_eq!(k["selected"], d["selected"], "{k}");
+            assert!(k["set_by"].is_null(), "{k}");
+        }
+        // The default is the fastest this CPU runs: the last available.
+        assert_eq!(
+            d["selected"],
+            *d["available"].as_array().unwrap().last().unwrap(),
+            "{d}"
+        );
+    }
+    // The text report says the same, one line per component.
+    let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL_LLM", "scalar")]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("RKNN_KERNEL_<COMPONENT>"), "{text}");
+    assert!(
+        text.contains("llm: scalar (set by RKNN_KERNEL_LLM=scalar)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn probing_the_capability_table_prints_no_error_lines() {
+    let Some(out) = rknn_info(&["--backend", "emulator"]) else {
+        eprintln!("skipped: cannot start rknn-info here");
+        return;
+    };
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("E RKNN"), "{stderr}");
+    // The refusals are still reported, in the table.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("RK3588 has no weight-only"), "{stdout}");
+}

@@ -34,10 +34,51 @@ struct Args {
     /// Print this tool's version and the runtime's and driver's versions, then exit.
     #[arg(short = 'V', long)]
     version: bool,
+    /// Print which host kernels each component of the SDK uses (the emulator's matmul kernels,
+    /// the engine's glue, the LLM's host kernels), and why, then exit.
+    #[arg(long)]
+    kernels: bool,
+}
+
+/// Every component's kernel choice ([`rknn_chip::kernel`]).
+fn kernel_choices() -> [&'static rknn_chip::KernelChoice; 3] {
+    [
+        rknn_matmul::rknn_emu::kernels::kernel_choice(),
+        rknn_matmul::engine::glue::kernel_choice(),
+        rknn_llm::model::kernels::kernel_choice(),
+    ]
+}
+
+fn kernels_json() -> serde_json::Value {
+    kernel_choices()
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "component": c.component,
+                "selected": c.selected,
+                "available": c.available,
+                "compiled": c.compiled,
+                "set_by": c.set_by.as_ref().map(|(var, value)| format!("{var}={value}")),
+                "ignored": c.ignored,
+            })
+        })
+        .collect()
+}
+
+fn kernels_text() -> String {
+    let mut s = String::from(
+        "Host kernels (RKNN_KERNEL for every component, RKNN_KERNEL_<COMPONENT> for one):\n",
+    );
+    for c in kernel_choices() {
+        let _ = writeln!(s, "  {c}");
+    }
+    s
 }
 
 fn open(args: &Args) -> Result<(Runtime, std::path::PathBuf), rknn_matmul::Error> {
     let mut opts = RuntimeOptions::default();
+    // The in-process emulator's log follows the variable too (see `main`).
+    opts.emulator.log_errors = std::env::var("RKNN_EMU_LOG").as_deref() != Ok("0");
     let backend = match (args.backend, args.platform) {
         (BackendArg::Auto, p) => {
             if let Some(p) = p {
@@ -57,6 +98,19 @@ fn open(args: &Args) -> Result<(Runtime, std::path::PathBuf), rknn_matmul::Error
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.kernels && !args.json {
+        print_out(&kernels_text());
+        return ExitCode::SUCCESS;
+    }
+    // Probing the capability table asks the runtime for every matmul type, and an emulator
+    // logs each one it refuses as an error line: these are answers, not errors, so its log is
+    // off unless the user asked for it (`RKNN_EMU_LOG`).
+    let quiet = std::env::var_os("RKNN_EMU_LOG").is_none();
+    if quiet {
+        // SAFETY: no other thread exists yet (nothing has been spawned), so nothing reads the
+        // environment concurrently; a drop-in library loaded later reads it once.
+        unsafe { std::env::set_var("RKNN_EMU_LOG", "0") };
+    }
     let (rt, lock_path) = match open(&args) {
         Ok(r) => r,
         Err(e) if args.version => {
@@ -83,6 +137,11 @@ fn main() -> ExitCode {
             rt.platform()
         ));
         return ExitCode::SUCCESS;
+    }
+    if rt.is_hardware() && !args.json {
+        eprintln!(
+            "rknn-info: probing the matmul types; the runtime logs each one it rejects (E RKNN lines): those are expected"
+        );
     }
     let caps = rt.capabilities();
     let fd = rt.fd_limit();
@@ -115,6 +174,7 @@ fn main() -> ExitCode {
             "handle_budget": rt.handle_budget().budget(),
             "npu_lock": {"path": lock_path.display().to_string(), "holder_pid": lock_holder},
             "dtypes": dtypes,
+            "kernels": kernels_json(),
         });
         print_out(&format!("{v}\n"));
         return ExitCode::SUCCESS;
@@ -170,6 +230,7 @@ fn main() -> ExitCode {
             c.reason.as_deref().unwrap_or("")
         );
     }
+    let _ = write!(s, "\n{}", kernels_text());
     print_out(&s);
     ExitCode::SUCCESS
 }
