@@ -7,10 +7,10 @@ use rknn_chip::{ElemKind, Layout, MatmulType, Platform};
 use rknn_sys::{self as sys, RknnFunctions};
 
 use super::case::{self, BQuant, Case, alloc_abc, bind_abc, encode, type_name};
+use super::check::{Check, Cx, Label, Setting, Side, Unsupported, Values};
 use super::observe::{Item, Observation, Value};
 use super::raw::{Ctx, Missing, Which};
 use super::report::Timing;
-use super::{Check, Cx, Label, Setting, Side, Unsupported, Values};
 
 type Observed = Result<Observation, Unsupported>;
 

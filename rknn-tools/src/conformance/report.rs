@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use rknn_matmul::Runtime;
 use serde_json::{Value as Json, json};
 
-use super::{CheckResult, Mode, Status};
+use super::check::{CheckResult, Mode, Status};
 
 /// What the subject runtime is.
 #[derive(Clone, Debug)]

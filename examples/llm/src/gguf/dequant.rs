@@ -7,7 +7,8 @@
 
 use half::f16;
 
-use super::{GgmlType, GgufError, QK_K};
+use super::error::GgufError;
+use super::types::{GgmlType, QK_K};
 
 /// Converts `src`, whole blocks of type `ty`, to the `dst.len()` f32 values they encode.
 ///

@@ -2,6 +2,9 @@
 
 use std::collections::HashMap;
 
+/// Deepest nesting of arrays inside arrays accepted; bounds recursion on hostile input.
+pub(crate) const MAX_ARRAY_DEPTH: usize = 8;
+
 /// The type tag of a GGUF metadata value, as written in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ValueType {

@@ -3,7 +3,7 @@
 use super::error::ModelError;
 use crate::gguf::{GgufFile, Value};
 
-/// The architectures [`Model`] runs.
+/// The architectures [`Model`](super::Model) runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// `llama`: GGUF files rotate adjacent pairs in RoPE.

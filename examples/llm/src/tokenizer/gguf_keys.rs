@@ -1,6 +1,7 @@
 //! The GGUF keys the tokenizer reads, gathered into a [`VocabSpec`].
 
-use super::{SpecialIds, TokenizerError, VocabSpec};
+use super::error::TokenizerError;
+use super::spec::{SpecialIds, VocabSpec};
 use crate::gguf::{Metadata, Value};
 
 fn get<'a>(

@@ -19,7 +19,7 @@
 
 use fancy_regex::Regex;
 
-use super::TokenizerError;
+use super::error::TokenizerError;
 
 /// The GPT-2 expression, shared by many pre-tokenizers; `\s+` stands for `\s+(?!\S)`.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";

@@ -7,7 +7,8 @@
 
 use std::ops::Deref;
 
-use super::{Tokenizer, TokenizerError};
+use super::error::TokenizerError;
+use super::vocab::Tokenizer;
 
 /// Streaming detokenizer over a [`Tokenizer`] (borrowed, `&Tokenizer`, or shared,
 /// `Arc<Tokenizer>`): [`push`](Self::push) each generated id, print what it returns, and call
