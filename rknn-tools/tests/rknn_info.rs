@@ -215,6 +215,14 @@ fn the_kernel_report_follows_the_one_convention() {
         );
     }
     // The text report says the same, one line per component.
+    let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL", "scalar")]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for c in ["emu", "glue", "llm"] {
+        assert!(
+            text.contains(&format!("  {c}: scalar (set by RKNN_KERNEL=scalar)")),
+            "{text}"
+        );
+    }
     let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL_LLM", "scalar")]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RKNN_KERNEL_<COMPONENT>"), "{text}");
@@ -226,7 +234,17 @@ fn the_kernel_report_follows_the_one_convention() {
 
 #[test]
 fn probing_the_capability_table_prints_no_error_lines() {
-    let Some(out) = rknn_info(&["--backend", "emulator"]) else {
+    // As a user runs it: no RKNN_EMU_LOG in the environment.
+    let out = common::tool(env!("CARGO_BIN_EXE_rknn-info"))
+        .env_remove("RKNN_EMU_LOG")
+        .args(["--backend", "emulator"])
+        .output();
+    let out = match out {
+        Err(e) if e.raw_os_error() == Some(8) => None,
+        Err(e) => panic!("start rknn-info: {e}"),
+        Ok(out) => (!out.stdout.is_empty()).then_some(out),
+    };
+    let Some(out) = out else {
         eprintln!("skipped: cannot start rknn-info here");
         return;
     };

@@ -138,7 +138,8 @@ fn main() -> ExitCode {
         ));
         return ExitCode::SUCCESS;
     }
-    if rt.is_hardware() && !args.json {
+    // On stderr, so also before a JSON report: the runtime's lines go there in both cases.
+    if rt.is_hardware() {
         eprintln!(
             "rknn-info: probing the matmul types; the runtime logs each one it rejects (E RKNN lines): those are expected"
         );
