@@ -148,12 +148,20 @@ fn a_closed_pipe_is_not_a_panic() {
 /// `rknn-info` with the kernel variables set as `vars` (every other one removed).
 fn rknn_info_with_kernels(args: &[&str], vars: &[(&str, &str)]) -> Option<Output> {
     let mut cmd = common::tool(env!("CARGO_BIN_EXE_rknn-info"));
+    // The known variables, and any other RKNN_KERNEL* the test's own environment has.
+    let inherited = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_string_lossy().starts_with("RKNN_KERNEL"));
     for v in [
         "RKNN_KERNEL",
         "RKNN_KERNEL_EMU",
         "RKNN_KERNEL_GLUE",
         "RKNN_KERNEL_LLM",
-    ] {
+    ]
+    .map(std::ffi::OsString::from)
+    .into_iter()
+    .chain(inherited)
+    {
         cmd.env_remove(v);
     }
     cmd.envs(vars.iter().copied()).args(args);
