@@ -337,29 +337,7 @@ impl Session {
         if pending.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        let batch = params.batch.max(1);
-        let mut last = Vec::new();
-        let evaluated = (|| -> Result<(), GenerateError> {
-            for (c, chunk) in pending.chunks(batch).enumerate() {
-                let is_last = (c + 1) * batch >= pending.len();
-                let which = match (self.tap.is_some(), is_last) {
-                    (true, _) => Logits::All,
-                    (false, true) => Logits::Last,
-                    (false, false) => Logits::None,
-                };
-                let logits = self
-                    .model
-                    .forward(&mut self.seq, chunk, start + c * batch, which)?;
-                if let Some(tap) = &mut self.tap {
-                    write_rows(tap, logits)?;
-                }
-                if is_last {
-                    last = logits[logits.len() - n_vocab..].to_vec();
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = evaluated {
+        if let Err(e) = self.evaluate(&pending, start, params.batch.max(1)) {
             // The cache holds what was evaluated; the history must not claim more.
             self.history.truncate(self.seq.len());
             return Err(e);
@@ -367,7 +345,9 @@ impl Session {
         for &t in prompt {
             self.sampler.accept(t);
         }
-        let decided = self.sampler.sample(&last);
+        // The last evaluated row's logits decide the first token.
+        let logits = self.seq.logits();
+        let decided = self.sampler.sample(&logits[logits.len() - n_vocab..]);
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
         Ok(Generate {
@@ -391,6 +371,33 @@ impl Session {
             started: Instant::now(),
             s: self,
         })
+    }
+}
+
+impl Session {
+    /// Evaluates `pending` at positions `start..` in forward passes of `batch` tokens, tapping
+    /// every row's logits when there is a tap (else computing only the last row's).
+    fn evaluate(
+        &mut self,
+        pending: &[u32],
+        start: usize,
+        batch: usize,
+    ) -> Result<(), GenerateError> {
+        for (c, chunk) in pending.chunks(batch).enumerate() {
+            let is_last = (c + 1) * batch >= pending.len();
+            let which = match (self.tap.is_some(), is_last) {
+                (true, _) => Logits::All,
+                (false, true) => Logits::Last,
+                (false, false) => Logits::None,
+            };
+            let logits = self
+                .model
+                .forward(&mut self.seq, chunk, start + c * batch, which)?;
+            if let Some(tap) = &mut self.tap {
+                write_rows(tap, logits)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -8,10 +8,8 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{HostF32Factory, Logits, Model};
+use rknn_llm::model::Logits;
 use serde_json::Value as Json;
 
 const TOLERANCE: f32 = 1e-3;
@@ -74,22 +72,7 @@ fn load_fixture(name: &str) -> (Vec<usize>, Vec<Prompt>) {
 }
 
 fn load_model(path: &Path, threads: usize) -> common::Run {
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap(),
-    );
-    let file = GgufFile::open(path).unwrap();
-    common::Run::new(
-        Model::load(
-            &file,
-            &mut HostF32Factory::new(pool.clone()),
-            pool,
-            &mut |_, _| {},
-        )
-        .unwrap(),
-    )
+    common::load_f32(path, threads)
 }
 
 /// Lowest id among the largest logits, as the reference's greedy step picks.

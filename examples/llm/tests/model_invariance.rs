@@ -9,22 +9,7 @@ use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError};
 
 fn model(name: &str, threads: usize) -> common::Run {
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap(),
-    );
-    let file = GgufFile::open(common::fixtures().join("llm").join(name)).unwrap();
-    common::Run::new(
-        Model::load(
-            &file,
-            &mut HostF32Factory::new(pool.clone()),
-            pool,
-            &mut |_, _| {},
-        )
-        .unwrap(),
-    )
+    common::load_f32(&common::fixtures().join("llm").join(name), threads)
 }
 
 fn logits_in_chunks(m: &mut common::Run, tokens: &[u32], chunk: usize) -> Vec<u32> {

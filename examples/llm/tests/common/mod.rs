@@ -90,6 +90,20 @@ pub fn run_json(
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The model at `path` on the host f32 path, its passes on a pool of `threads`, with one
+/// sequence.
+pub fn load_f32(path: &std::path::Path, threads: usize) -> Run {
+    let pool = std::sync::Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap(),
+    );
+    let file = rknn_llm::gguf::GgufFile::open(path).unwrap();
+    let mut factory = rknn_llm::model::HostF32Factory::new(pool.clone());
+    Run::new(rknn_llm::model::Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap())
+}
+
 /// A model with one sequence, driven as the tests drive it (forward, reset, the cache).
 pub struct Run {
     pub model: std::sync::Arc<rknn_llm::model::Model>,
