@@ -914,8 +914,13 @@ mod tests {
     use super::*;
     use rknn_matmul::{Core, Platform};
 
+    /// The emulator in its default configuration, whatever `RKNN_EMU_*` the tests inherit.
     fn emulator() -> Runtime {
-        Runtime::emulator(Platform::Rk3588).unwrap()
+        let opts = rknn_matmul::RuntimeOptions {
+            emulator: rknn_matmul::EmuConfig::default(),
+            ..rknn_matmul::RuntimeOptions::default()
+        };
+        Runtime::open(rknn_matmul::Backend::Emulator(Platform::Rk3588), opts).unwrap()
     }
 
     fn case(m: usize, k: usize, n: usize, dtype: Dtype, layout: LayoutArg) -> Case {

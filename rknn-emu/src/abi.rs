@@ -11,7 +11,7 @@ use rknn_chip::layout::{self, TensorDesc};
 use rknn_chip::{ElemKind, Int4ConverterInput, Platform};
 use rknn_sys::{self as sys, RknnFunctions, rknn_matmul_ctx, rknn_tensor_mem};
 
-use crate::config::NibbleOrder;
+use crate::config::{NibbleOrder, SharedMemories};
 use crate::context::{CallResult, Context, swap_nibbles, try_vec};
 use crate::instance::{self, Instance, InstanceRef, next_handle};
 use crate::memory::Source;
@@ -389,6 +389,18 @@ unsafe extern "C" fn matmul_set_io_mem<const S: usize>(
                     return Err(param(format!(
                         "{name}'s memory was allocated in IOMMU domain {} but this context is in domain {}: allocate it on a context of domain {}",
                         m.domain, c.domain, c.domain
+                    )));
+                }
+                if inst.cfg.shared_memories == SharedMemories::Refuse
+                    && m.ctx != 0
+                    && m.ctx != handle(ctx)
+                {
+                    // [open]: whether the runtime binds a memory of another context of the same
+                    // domain; this setting plays a runtime that does not.
+                    return Err(param(format!(
+                        "{name}'s memory was created on context {:#x}, not on this context {:#x}: this runtime refuses a memory of another context (RKNN_EMU_SHARED_MEMORIES=refuse)",
+                        m.ctx,
+                        handle(ctx)
                     )));
                 }
                 m.shared.clone()

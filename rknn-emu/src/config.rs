@@ -123,6 +123,21 @@ pub enum GroupOrder {
     NMajor,
 }
 
+/// Whether `rknn_matmul_set_io_mem` binds a memory created on another context of the same
+/// IOMMU domain (\[open\]: the public sources do not say whether Rockchip's runtime accepts a
+/// memory of one matmul context in another; sharing A and C between the contexts of one core
+/// needs it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SharedMemories {
+    /// Any live memory of the instance in the context's IOMMU domain is bound (default).
+    #[default]
+    Accept,
+    /// A memory created on another context fails with `RKNN_ERR_PARAM_INVALID`; a memory of the
+    /// context itself, or one created without a context (`RKNN_MEM_FLAG_ALLOC_NO_CONTEXT` on
+    /// handle 0), is bound.
+    Refuse,
+}
+
 /// Everything an emulator instance can be told.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmuConfig {
@@ -156,12 +171,16 @@ pub struct EmuConfig {
     pub native_inputs: NativeInputs,
     /// Order of per-group B quantisation parameters (\[open\], default `[K/G][N]`).
     pub group_order: GroupOrder,
+    /// Whether a memory created on one context is bound in another context of the same IOMMU
+    /// domain (\[open\], default accept).
+    pub shared_memories: SharedMemories,
     /// Whether `rknn_query(RKNN_QUERY_SDK_VERSION)` answers on a matmul context (\[open\],
     /// default yes). When not, it fails with `RKNN_ERR_CTX_INVALID`, as for a handle the
     /// model API does not know.
     pub sdk_version_on_matmul: bool,
     /// Print every error on stderr as the real runtime logs its reasons (`E RKNN: ...`), so a C
-    /// program that gets -5 sees why (default on; `RKNN_EMU_LOG=0` turns the drop-in's off).
+    /// program that gets -5 sees why (default on; `RKNN_EMU_LOG=0` turns it off through
+    /// [`EmuConfig::from_env`], in the drop-in and in `rknn-matmul`'s default in-process emulator).
     /// The message is also kept for `rknn_emu_last_error` either way.
     pub log_errors: bool,
     /// The cost model that keeps a modelled device time for every run (default: the platform's
@@ -186,6 +205,7 @@ impl EmuConfig {
             native_b_nibbles: NibbleOrder::LowFirst,
             native_inputs: NativeInputs::AtRun,
             group_order: GroupOrder::KMajor,
+            shared_memories: SharedMemories::Accept,
             sdk_version_on_matmul: true,
             log_errors: true,
             cost: CostPolicy::Calibrated,
@@ -193,7 +213,10 @@ impl EmuConfig {
         }
     }
 
-    /// The configuration of the drop-in library, read from the environment:
+    /// The configuration read from the environment: the drop-in library's (read once, at its
+    /// first call), and that of the in-process emulator `rknn-matmul` opens with its default
+    /// options (read when the options are made; there `RKNN_EMU_PLATFORM` applies only where the
+    /// program names no chip):
     ///
     /// | variable | values | default |
     /// |---|---|---|
@@ -208,6 +231,7 @@ impl EmuConfig {
     /// | `RKNN_EMU_NATIVE_B_NIBBLES` | low-first, high-first | low-first |
     /// | `RKNN_EMU_NATIVE_INPUTS` | run, bind | run |
     /// | `RKNN_EMU_GROUP_ORDER` | k-major, n-major | k-major |
+    /// | `RKNN_EMU_SHARED_MEMORIES` | accept, refuse = a memory of another context is not bound | accept |
     /// | `RKNN_EMU_SDK_VERSION_ON_MATMUL` | 1 = answered, 0 = refused | 1 |
     /// | `RKNN_EMU_LOG` | 0 = no error lines on stderr | 1 |
     ///
@@ -284,6 +308,11 @@ impl EmuConfig {
             None | Some("k-major") => {}
             Some("n-major") => cfg.group_order = GroupOrder::NMajor,
             Some(v) => warn("RKNN_EMU_GROUP_ORDER", v),
+        }
+        match var("RKNN_EMU_SHARED_MEMORIES").as_deref() {
+            None | Some("accept") => {}
+            Some("refuse") => cfg.shared_memories = SharedMemories::Refuse,
+            Some(v) => warn("RKNN_EMU_SHARED_MEMORIES", v),
         }
         match var("RKNN_EMU_SDK_VERSION_ON_MATMUL").as_deref() {
             None | Some("1") => {}

@@ -64,7 +64,7 @@ mod memory;
 pub use abi::{DROPIN_FUNCTIONS, EMULATED_API_VERSION, last_error};
 pub use config::{
     BusyCores, CostPolicy, EmuConfig, GroupOrder, NativeInputs, NibbleOrder, Overflow, Rounding,
-    RulesPolicy,
+    RulesPolicy, SharedMemories,
 };
 pub use context::ContextModelled;
 pub use emulator::{EmuError, EmuStats, Emulator, ModelledTime};

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use rknn_chip::Platform;
-use rknn_emu::{EmuConfig, Emulator, last_error};
+use rknn_emu::{EmuConfig, Emulator, SharedMemories, last_error};
 use rknn_sys::*;
 
 fn ctx_i8(emu: &Emulator, m: i32, k: i32, n: i32) -> (rknn_matmul_ctx, rknn_matmul_io_attr) {
@@ -767,6 +767,71 @@ fn a_memory_of_another_iommu_domain_cannot_be_bound() {
         for c in [c0, c1, c0b] {
             assert_eq!((api.rknn_matmul_destroy)(c), 0);
         }
+    }
+}
+
+/// A memory of another context of the same domain, and one of the context itself, bound to a
+/// context under `policy`; returns the two `set_io_mem` codes and the last error after the first.
+fn bind_foreign_and_own(policy: SharedMemories) -> (i32, String, i32) {
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.shared_memories = policy;
+    cfg.log_errors = false;
+    let emu = Emulator::new(cfg).unwrap();
+    let api = emu.api();
+    let (ctx, mut io) = ctx_i8(&emu, 1, 32, 32);
+    let (other, _) = ctx_i8(&emu, 1, 32, 32);
+    // SAFETY: memories on live contexts, destroyed before them.
+    unsafe {
+        let foreign = (api.rknn_create_mem)(other, io.A.size);
+        let own = (api.rknn_create_mem)(ctx, io.A.size);
+        assert!(!foreign.is_null() && !own.is_null());
+        let foreign_rc = (api.rknn_matmul_set_io_mem)(ctx, foreign, &mut io.A);
+        let why = last_error();
+        let own_rc = (api.rknn_matmul_set_io_mem)(ctx, own, &mut io.A);
+        assert_eq!((api.rknn_destroy_mem)(other, foreign), 0);
+        assert_eq!((api.rknn_destroy_mem)(ctx, own), 0);
+        for c in [ctx, other] {
+            assert_eq!((api.rknn_matmul_destroy)(c), 0);
+        }
+        (foreign_rc, why, own_rc)
+    }
+}
+
+#[test]
+fn a_memory_of_another_context_is_bound_by_default() {
+    assert_eq!(EmuConfig::default().shared_memories, SharedMemories::Accept);
+    let (foreign, _, own) = bind_foreign_and_own(SharedMemories::Accept);
+    assert_eq!((foreign, own), (0, 0));
+}
+
+#[test]
+fn shared_memories_refuse_fails_a_memory_of_another_context_and_says_why() {
+    let (foreign, why, own) = bind_foreign_and_own(SharedMemories::Refuse);
+    assert_eq!(foreign, RKNN_ERR_PARAM_INVALID);
+    assert!(
+        why.contains("created on context")
+            && why.contains("refuses a memory of another context")
+            && why.contains("RKNN_EMU_SHARED_MEMORIES=refuse"),
+        "{why}"
+    );
+    assert_eq!(own, 0, "a memory of the context itself is still bound");
+}
+
+#[test]
+fn shared_memories_refuse_still_binds_a_memory_allocated_without_a_context() {
+    let mut cfg = EmuConfig::new(Platform::Rk3588);
+    cfg.shared_memories = SharedMemories::Refuse;
+    let emu = Emulator::new(cfg).unwrap();
+    let api = emu.api();
+    let (ctx, mut io) = ctx_i8(&emu, 1, 32, 32);
+    let create2 = api.rknn_create_mem2.unwrap();
+    // SAFETY: a memory without a context, bound to and destroyed before a live context.
+    unsafe {
+        let mem = create2(0, io.A.size.into(), RKNN_MEM_FLAG_ALLOC_NO_CONTEXT.into());
+        assert!(!mem.is_null(), "{}", last_error());
+        assert_eq!((api.rknn_matmul_set_io_mem)(ctx, mem, &mut io.A), 0);
+        assert_eq!((api.rknn_destroy_mem)(0, mem), 0);
+        assert_eq!((api.rknn_matmul_destroy)(ctx), 0);
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::{Layouts, Quant, Run, Values, native_b_order};
 use rknn_chip::Platform;
-use rknn_emu::{EmuConfig, Emulator, GroupOrder, NativeInputs, NibbleOrder};
+use rknn_emu::{EmuConfig, Emulator, GroupOrder, NativeInputs, NibbleOrder, SharedMemories};
 use rknn_sys::*;
 
 fn emulator(change: impl FnOnce(&mut EmuConfig)) -> Emulator {
@@ -34,6 +34,7 @@ fn every_variable_is_read_by_from_vars() {
         ("RKNN_EMU_NATIVE_INPUTS", "bind"),
         ("RKNN_EMU_GROUP_ORDER", "n-major"),
         ("RKNN_EMU_SDK_VERSION_ON_MATMUL", "0"),
+        ("RKNN_EMU_SHARED_MEMORIES", "refuse"),
         ("RKNN_INT4_B_CONVERTER_INPUT", "one-per-byte"),
         ("RKNN_EMU_PLATFORM", "rk3576"),
     ];
@@ -47,6 +48,7 @@ fn every_variable_is_read_by_from_vars() {
     assert_eq!(cfg.native_inputs, NativeInputs::AtBind);
     assert_eq!(cfg.group_order, GroupOrder::NMajor);
     assert!(!cfg.sdk_version_on_matmul);
+    assert_eq!(cfg.shared_memories, SharedMemories::Refuse);
     assert_eq!(
         cfg.int4_converter_input,
         rknn_chip::Int4ConverterInput::OnePerByte

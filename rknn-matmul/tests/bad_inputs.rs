@@ -58,7 +58,11 @@ fn run_table(cases: Vec<Case>) {
 }
 
 fn emu(p: Platform) -> Runtime {
-    let mut opts = RuntimeOptions::default();
+    // The emulator's defaults, whatever `RKNN_EMU_*` the test process inherits.
+    let mut opts = RuntimeOptions {
+        emulator: EmuConfig::default(),
+        ..RuntimeOptions::default()
+    };
     opts.emulator.strict_cache = true;
     opts.emulator.log_errors = false;
     Runtime::open(Backend::Emulator(p), opts).expect("the emulator opens")
@@ -306,6 +310,7 @@ fn dimension_cases() -> Vec<Case> {
             Box::new(|| {
                 let opts = RuntimeOptions {
                     strict_shape_rules: true,
+                    emulator: EmuConfig::default(),
                     ..RuntimeOptions::default()
                 };
                 let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).expect("open");
@@ -687,6 +692,7 @@ fn memory_cases() -> Vec<Case> {
             Box::new(|| {
                 let opts = RuntimeOptions {
                     handle_budget: Some(5),
+                    emulator: EmuConfig::default(),
                     ..RuntimeOptions::default()
                 };
                 let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).expect("open");

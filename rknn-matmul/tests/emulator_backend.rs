@@ -1,13 +1,34 @@
 //! What only the built-in emulator backend can show: that nothing reached the runtime, that
 //! every chip's rules apply when it plays that chip, its own handle limit and error reasons,
-//! failed releases reported by the next call, and the `auto` fallback.
+//! failed releases reported by the next call, the `auto` fallback, and the `RKNN_EMU_*`
+//! variables read by the in-process emulator as by the drop-in library.
+//!
+//! `RuntimeOptions::default()` configures the in-process emulator from the environment: every
+//! test here that relies on the emulator's defaults names them ([`emu`], [`fixed`]), so that a
+//! variable inherited by the test process changes nothing.
 #![cfg(feature = "emulator")]
 
+mod common;
+
+use rknn_matmul::rknn_chip::{Dim, RuleViolation};
 use rknn_matmul::*;
+
+/// Options with the emulator's default configuration, whatever the environment says.
+fn fixed() -> RuntimeOptions {
+    RuntimeOptions {
+        emulator: EmuConfig::default(),
+        ..RuntimeOptions::default()
+    }
+}
+
+/// The emulator playing `p` in its default configuration.
+fn emu(p: Platform) -> Runtime {
+    Runtime::open(Backend::Emulator(p), fixed()).unwrap()
+}
 
 #[test]
 fn bad_requests_never_reach_the_runtime() {
-    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let rt = emu(Platform::Rk3588);
     let contexts = || rt.emulator_instance().unwrap().stats().contexts;
     let _ = rt.matmul::<I8xI8ToI32>(1, 64, 100).build().unwrap_err();
     let _ = rt.matmul::<I8xI8ToI32>(1, 0, 64).build().unwrap_err();
@@ -32,7 +53,7 @@ fn bad_requests_never_reach_the_runtime() {
 #[test]
 fn each_chip_is_validated_with_its_own_rules() {
     // RK3576's K limit is the header's 10240 (RK3588 has none).
-    let rt = Runtime::emulator(Platform::Rk3576).unwrap();
+    let rt = emu(Platform::Rk3576);
     let e = rt
         .matmul::<I8xI8ToI32>(1, 10240 + 32, 32)
         .build()
@@ -42,14 +63,13 @@ fn each_chip_is_validated_with_its_own_rules() {
         "{e}"
     );
     assert!(
-        Runtime::emulator(Platform::Rk3588)
-            .unwrap()
+        emu(Platform::Rk3588)
             .matmul::<I8xI8ToI32>(1, 10240 + 32, 32)
             .build()
             .is_ok()
     );
     // RK3566 aligns f16 N to 8.
-    let rt = Runtime::emulator(Platform::Rk3566).unwrap();
+    let rt = emu(Platform::Rk3566);
     let mm = rt.matmul::<F16xF16ToF32>(1, 16, 8).build().unwrap();
     assert_eq!(mm.shape(), (1, 16, 8));
     // Single-core chips have no core selection.
@@ -62,7 +82,7 @@ fn each_chip_is_validated_with_its_own_rules() {
     // Strict rules on request: N <= 4096.
     let opts = RuntimeOptions {
         strict_shape_rules: true,
-        ..RuntimeOptions::default()
+        ..fixed()
     };
     let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
     assert!(rt.matmul::<I8xI8ToI32>(1, 32, 8192).build().is_err());
@@ -72,7 +92,7 @@ fn each_chip_is_validated_with_its_own_rules() {
 fn the_emulators_own_handle_limit_surfaces_as_an_allocation_error_with_its_reason() {
     let mut opts = RuntimeOptions {
         handle_budget: Some(100),
-        ..RuntimeOptions::default()
+        ..fixed()
     };
     opts.emulator.handle_budget = 3;
     let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
@@ -93,13 +113,13 @@ fn the_emulators_own_handle_limit_surfaces_as_an_allocation_error_with_its_reaso
 #[test]
 fn the_default_budget_is_no_larger_than_the_emulated_devices() {
     // The emulator models a board under `ulimit -n 1024`: ~1020 dma-buf handles.
-    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let rt = emu(Platform::Rk3588);
     assert!(rt.handle_budget().budget() <= 1020);
 }
 
 #[test]
 fn memories_are_freed_before_their_context_exactly_once() {
-    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let rt = emu(Platform::Rk3588);
     let emu = rt.emulator_instance().unwrap();
     {
         let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
@@ -124,7 +144,7 @@ fn memories_are_freed_before_their_context_exactly_once() {
 
 #[test]
 fn a_failed_release_is_reported_by_the_next_call() {
-    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let rt = emu(Platform::Rk3588);
     let mm = rt.matmul::<I8xI8ToI32>(1, 32, 32).build().unwrap();
     // Destroy the context behind the safe layer's back, so its own destroy in Drop fails.
     // SAFETY: a live context without memories; the safe layer's later destroy of the same
@@ -166,7 +186,7 @@ fn the_int4_converter_input_setting_reaches_the_emulator() {
     for input in [Int4ConverterInput::Packed, Int4ConverterInput::OnePerByte] {
         let opts = RuntimeOptions {
             int4_converter_input: Some(input),
-            ..RuntimeOptions::default()
+            ..fixed()
         };
         let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
         assert_eq!(rt.int4_converter_input(), input);
@@ -196,7 +216,7 @@ fn the_int4_converter_input_setting_reaches_the_emulator() {
 fn weights_beyond_one_iommu_domain_spread_over_the_next_ones() {
     use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
     const DOMAIN: u64 = 1 << 20;
-    let mut opts = RuntimeOptions::default();
+    let mut opts = fixed();
     opts.emulator.iommu_domain_bytes = DOMAIN;
     let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
     let cfg = EngineConfig {
@@ -265,7 +285,7 @@ fn weights_beyond_one_iommu_domain_spread_over_the_next_ones() {
 #[test]
 fn a_single_core_chip_runs_the_engine_on_one_lane() {
     use rknn_matmul::engine::{Engine, EngineConfig};
-    let rt = Runtime::emulator(Platform::Rk3566).unwrap();
+    let rt = emu(Platform::Rk3566);
     let e = Engine::new(&rt, EngineConfig::default()).unwrap();
     assert_eq!(e.workers(), 1);
     let w: Vec<f32> = (0..5 * 40).map(|i| (i % 7) as f32 - 3.0).collect();
@@ -279,5 +299,173 @@ fn a_single_core_chip_runs_the_engine_on_one_lane() {
             (v - want).abs() < 0.05 * want.abs().max(1.0),
             "{j}: {v} vs {want}"
         );
+    }
+}
+
+/// The in-process emulator configured as the drop-in would be under `RKNN_EMU_STRICT_RULES=1`.
+fn strict_from_vars() -> Runtime {
+    let opts = RuntimeOptions {
+        emulator: EmuConfig::from_vars(|n| (n == "RKNN_EMU_STRICT_RULES").then(|| "1".into())),
+        ..fixed()
+    };
+    Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap()
+}
+
+/// N = 8192 (i8, K = 32) refused with a typed error naming the user guide's 4096, and N = 4096
+/// accepted: what a runtime under the strict rules must do.
+fn assert_strict_n_limit(rt: &Runtime) {
+    let e = rt.matmul::<I8xI8ToI32>(1, 32, 8192).build().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Rule(RuleViolation::TooLarge {
+                dim: Dim::N,
+                value: 8192,
+                max: 4096,
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("4096"), "{e}");
+    let mm = rt.matmul::<I8xI8ToI32>(1, 32, 4096).build().unwrap();
+    assert_eq!(mm.shape(), (1, 32, 4096));
+}
+
+#[test]
+fn the_emulators_strict_rules_are_the_runtimes_shape_rules() {
+    let rt = strict_from_vars();
+    assert_eq!(rt.shape_rules(), ShapeRules::strict(Platform::Rk3588));
+    assert_strict_n_limit(&rt);
+    // Nothing reached the emulator: the safe layer refused first.
+    assert_eq!(rt.emulator_instance().unwrap().stats().contexts, 0);
+    // The default configuration keeps what the runtime accepts.
+    let rt = emu(Platform::Rk3588);
+    assert_eq!(rt.shape_rules(), ShapeRules::accepted(Platform::Rk3588));
+    assert!(rt.matmul::<I8xI8ToI32>(1, 32, 8192).build().is_ok());
+}
+
+#[test]
+fn custom_emulator_rules_tighten_the_runtimes_rules_limit_by_limit() {
+    let mut opts = fixed();
+    opts.emulator.rules = rknn_emu::RulesPolicy::Custom(ShapeRules {
+        max_k: Some(2048),
+        max_n: None,
+        f16_n_align: 16,
+    });
+    opts.strict_shape_rules = true;
+    let rt = Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap();
+    // The smaller K limit of the emulator, the strict N limit and f16 alignment of the options.
+    assert_eq!(
+        rt.shape_rules(),
+        ShapeRules {
+            max_k: Some(2048),
+            max_n: Some(4096),
+            f16_n_align: 32,
+        }
+    );
+}
+
+/// Set in the child process of [`strict_rules_in_the_environment_reach_both_emulators`].
+const STRICT_CHILD: &str = "RKNN_TEST_STRICT_RULES_CHILD";
+
+/// The child's half of [`strict_rules_in_the_environment_reach_both_emulators`]: runs only in a
+/// process started with `RKNN_EMU_STRICT_RULES=1` (passes at once otherwise).
+#[test]
+fn strict_rules_child() {
+    if std::env::var_os(STRICT_CHILD).is_none() {
+        return;
+    }
+    assert_eq!(std::env::var("RKNN_EMU_STRICT_RULES").as_deref(), Ok("1"));
+    // The in-process emulator with default options, as `llm-decode --backend emulator` opens it.
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    assert_eq!(rt.shape_rules(), ShapeRules::strict(Platform::Rk3588));
+    assert_strict_n_limit(&rt);
+    println!("emulator: strict rules checked");
+    // The drop-in under the same environment, on the NPU code path: the safe layer does not
+    // know the library's rules, so the library itself refuses at rknn_matmul_create.
+    if common::skip_reason(common::TestBackend::Dropin).is_some() {
+        return;
+    }
+    let rt = Runtime::open(Backend::Npu, common::dropin_options()).unwrap();
+    assert!(!rt.is_emulator());
+    let e = rt.matmul::<I8xI8ToI32>(1, 32, 8192).build().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Rknn {
+                call: Call::MatmulCreate,
+                code: RknnCode::ParamInvalid,
+                detail: Some(d),
+                ..
+            } if d.contains("4096")
+        ),
+        "{e}"
+    );
+    let mm = rt.matmul::<I8xI8ToI32>(1, 32, 4096).build().unwrap();
+    assert_eq!(mm.shape(), (1, 32, 4096));
+    println!("dropin: strict rules checked");
+}
+
+/// `RKNN_EMU_STRICT_RULES=1` in a program's environment reaches the in-process emulator of
+/// `RuntimeOptions::default()` and the drop-in library alike: the same N = 8192 is refused by
+/// both. The variable is read when the options are made (and by the drop-in when it is loaded,
+/// once per process), so the check runs in a child process with its own environment.
+#[test]
+#[cfg_attr(miri, ignore = "a child process")]
+fn strict_rules_in_the_environment_reach_both_emulators() {
+    if std::env::var_os(STRICT_CHILD).is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    // Under cargo's runner (qemu-user for aarch64) the child goes through the same runner.
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    let mut cmd = match words.next() {
+        None => std::process::Command::new(&exe),
+        Some(program) => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(words).arg(&exe);
+            cmd
+        }
+    };
+    cmd.args(["--exact", "strict_rules_child", "--nocapture"]);
+    // Only the variable under test configures the emulators.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("RKNN_EMU_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RKNN_EMU_STRICT_RULES", "1")
+        .env("RKNN_EMU_LOG", "0")
+        .env(STRICT_CHILD, "1");
+    let out = match cmd.output() {
+        Ok(out) => out,
+        // ENOEXEC: a foreign binary without binfmt.
+        Err(e) if e.raw_os_error() == Some(8) => {
+            eprintln!("skipped: cannot start a child process here ({e})");
+            return;
+        }
+        Err(e) => panic!("spawn the child: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.contains("running 1 test") {
+        eprintln!(
+            "skipped: the child process did not start ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("emulator: strict rules checked"),
+        "{stdout}"
+    );
+    if common::skip_reason(common::TestBackend::Dropin).is_none() {
+        assert!(stdout.contains("dropin: strict rules checked"), "{stdout}");
     }
 }

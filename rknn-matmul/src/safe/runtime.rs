@@ -97,7 +97,9 @@ pub struct RuntimeOptions {
     pub handle_budget: Option<usize>,
     /// Validate shapes with the user guide's stricter limits (K <= 10240, N <= 4096, f16 N
     /// aligned to 32 on RK3588/RK3576) instead of what the runtime demonstrably accepts. Whether
-    /// a runtime enforces them is \[open\].
+    /// a runtime enforces them is \[open\]. On the in-process emulator, the limits it enforces
+    /// itself ([`rknn_emu::EmuConfig::rules`], e.g. from `RKNN_EMU_STRICT_RULES=1`) apply too
+    /// (see [`Runtime::shape_rules`]).
     pub strict_shape_rules: bool,
     /// What `rknn_B_normal_layout_to_native_layout` expects for int4 B (\[open\]: Rockchip's
     /// 2.x demos pack two values per byte, a third-party backend passes one per byte). `None`
@@ -105,8 +107,14 @@ pub struct RuntimeOptions {
     /// unset; an unknown value is an error). On the emulator this also configures the emulator,
     /// so the two always agree.
     pub int4_converter_input: Option<Int4ConverterInput>,
-    /// The emulator's configuration (its `platform` is overridden by [`Backend::Emulator`], and
-    /// its int4 converter input by [`RuntimeOptions::int4_converter_input`]).
+    /// The in-process emulator's configuration (its `platform` is overridden by
+    /// [`Backend::Emulator`], and its int4 converter input by
+    /// [`RuntimeOptions::int4_converter_input`]). The default is
+    /// [`rknn_emu::EmuConfig::from_env`]: the in-process emulator honours every `RKNN_EMU_*`
+    /// variable the drop-in library does (`RKNN_EMU_PLATFORM` only where no chip is named, as
+    /// for [`Backend::Auto`]'s fallback), so a setting given to a program applies whichever
+    /// emulator it runs on. A program that wants a fixed configuration sets this field (for
+    /// example to [`rknn_emu::EmuConfig::default`]).
     #[cfg(feature = "emulator")]
     pub emulator: rknn_emu::EmuConfig,
     /// The runtime library to load instead of `$RKNN_RUNTIME_PATH` / `librknnrt.so`.
@@ -131,7 +139,7 @@ impl Default for RuntimeOptions {
             strict_shape_rules: false,
             int4_converter_input: None,
             #[cfg(feature = "emulator")]
-            emulator: rknn_emu::EmuConfig::default(),
+            emulator: rknn_emu::EmuConfig::from_env(),
             runtime_path: None,
             npu_platform: None,
         }
@@ -232,10 +240,14 @@ struct Opened {
     npu: bool,
     /// The emulator's own handle limit, when it has one.
     backend_budget: Option<usize>,
+    /// The shape limits the in-process emulator enforces itself (its resolved
+    /// [`rknn_emu::EmuConfig::rules`]); `None` for a library, whose limits are not known.
+    backend_rules: Option<ShapeRules>,
 }
 
 impl Runtime {
-    /// Opens the emulator for `platform` with default options.
+    /// Opens the emulator for `platform` with default options (so configured by the
+    /// `RKNN_EMU_*` variables, see [`RuntimeOptions::emulator`]).
     ///
     /// ```
     /// # if !cfg!(feature = "emulator") { return Ok(()); } // the emulator is not compiled in
@@ -254,8 +266,8 @@ impl Runtime {
         Runtime::open(Backend::Npu, RuntimeOptions::default())
     }
 
-    /// The NPU if usable, else the emulator (`RKNN_EMU_PLATFORM`, or the platform of
-    /// [`RuntimeOptions::emulator`], RK3588 by default);
+    /// The NPU if usable, else the emulator playing the platform of
+    /// [`RuntimeOptions::emulator`] (by default `RKNN_EMU_PLATFORM`, else RK3588);
     /// [`Runtime::selection_reason`] says which and why.
     pub fn auto() -> Result<Runtime> {
         Runtime::open(Backend::Auto, RuntimeOptions::default())
@@ -275,10 +287,7 @@ impl Runtime {
                 Ok(o) => o,
                 Err(e @ Error::NpuBusy { .. }) => return Err(e),
                 Err(e) => {
-                    let p = std::env::var("RKNN_EMU_PLATFORM")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or_else(|| fallback_platform(&opts));
+                    let p = fallback_platform(&opts);
                     open_emulator(p, &opts, format!("{e}; using the emulator ({})", p.name()))?
                 }
             },
@@ -308,10 +317,16 @@ impl Runtime {
             }
         }
         let mallopt_applied = opts.mallopt.applies(o.npu) && guard::disable_malloc_mmap();
-        let rules = if opts.strict_shape_rules {
+        let requested = if opts.strict_shape_rules {
             ShapeRules::strict(o.platform)
         } else {
             ShapeRules::accepted(o.platform)
+        };
+        // Validate at least what the backend enforces, so that a request the in-process
+        // emulator would refuse fails here with a typed error, as it does on every other rule.
+        let rules = match o.backend_rules {
+            Some(enforced) => tightest(requested, enforced),
+            None => requested,
         };
         let mut rt = Runtime {
             shared: Arc::new(Shared {
@@ -476,8 +491,10 @@ impl Runtime {
         self.shared.platform
     }
 
-    /// The shape rules requests are validated against (see
-    /// [`RuntimeOptions::strict_shape_rules`]).
+    /// The shape rules requests are validated against: the accepted or the strict rules (see
+    /// [`RuntimeOptions::strict_shape_rules`]), on the in-process emulator tightened by every
+    /// limit the emulator enforces itself ([`rknn_emu::Emulator::rules`]; under
+    /// `RKNN_EMU_STRICT_RULES=1` the strict rules).
     pub fn shape_rules(&self) -> ShapeRules {
         self.shared.rules
     }
@@ -523,12 +540,42 @@ impl Runtime {
     }
 }
 
-/// The chip `auto` falls back to when `RKNN_EMU_PLATFORM` is unset.
+/// The chip `auto` falls back to: the emulator configuration's (`RKNN_EMU_PLATFORM` by
+/// default, see [`RuntimeOptions::emulator`]). Without the emulator it only names the chip in
+/// the error.
 fn fallback_platform(_opts: &RuntimeOptions) -> Platform {
     #[cfg(feature = "emulator")]
     return _opts.emulator.platform;
     #[cfg(not(feature = "emulator"))]
-    Platform::Rk3588
+    std::env::var("RKNN_EMU_PLATFORM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(Platform::Rk3588)
+}
+
+/// The rules that hold where both `a` and `b` hold: the smaller of each limit, and an f16 N
+/// alignment that is a multiple of both.
+fn tightest(a: ShapeRules, b: ShapeRules) -> ShapeRules {
+    let min = |x: Option<usize>, y: Option<usize>| match (x, y) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    };
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    let (x, y) = (a.f16_n_align, b.f16_n_align);
+    ShapeRules {
+        max_k: min(a.max_k, b.max_k),
+        max_n: min(a.max_n, b.max_n),
+        f16_n_align: if x == 0 || y == 0 {
+            x.max(y)
+        } else {
+            x / gcd(x, y) * y
+        },
+    }
 }
 
 #[cfg(feature = "emulator")]
@@ -539,12 +586,15 @@ fn open_emulator(platform: Platform, opts: &RuntimeOptions, reason: String) -> R
         ..opts.emulator.clone()
     };
     let backend_budget = Some(cfg.handle_budget);
+    let emu = rknn_emu::Emulator::new(cfg)?;
+    let backend_rules = Some(emu.rules());
     Ok(Opened {
-        loaded: Loaded::Emulator(rknn_emu::Emulator::new(cfg)?),
+        loaded: Loaded::Emulator(emu),
         platform,
         reason,
         npu: false,
         backend_budget,
+        backend_rules,
     })
 }
 
@@ -583,6 +633,7 @@ fn open_npu(opts: &RuntimeOptions) -> Result<Opened> {
         reason,
         npu: true,
         backend_budget: None,
+        backend_rules: None,
     })
 }
 

@@ -20,8 +20,10 @@
 //! backend's shared runtime, or printing one line saying why it skips and passing. (The body
 //! stays outside the macro so that rustfmt formats it: it leaves a macro's braces alone.)
 //!
-//! * `emulator`: the built-in emulator (RK3588) with non-coherent cache emulation, so a missing
-//!   sync fails the tests. Skips when the crate is built without the `emulator` feature.
+//! * `emulator`: the built-in emulator (RK3588) in its default configuration, whatever
+//!   `RKNN_EMU_*` variables the test process inherits (`RuntimeOptions::default()` would read
+//!   them), with non-coherent cache emulation, so a missing sync fails the tests. Skips when the
+//!   crate is built without the `emulator` feature.
 //! * `dropin`: the real-NPU code path (`Backend::Npu`, `dlopen`) on the emulator's drop-in
 //!   `librknnrt.so`, which cargo builds next to the tests as a dev-dependency (chip from
 //!   `RKNN_EMU_PLATFORM`, default rk3588; strict caches through `RKNN_EMU_STRICT_CACHE`, set
@@ -227,8 +229,13 @@ pub fn options_for(backend: TestBackend) -> (Backend, RuntimeOptions) {
     match backend {
         #[cfg(feature = "emulator")]
         TestBackend::Emulator => {
-            let mut opts = RuntimeOptions::default();
-            opts.emulator.strict_cache = true;
+            let opts = RuntimeOptions {
+                emulator: rknn_matmul::EmuConfig {
+                    strict_cache: true,
+                    ..rknn_matmul::EmuConfig::default()
+                },
+                ..RuntimeOptions::default()
+            };
             (Backend::Emulator(Platform::Rk3588), opts)
         }
         #[cfg(not(feature = "emulator"))]

@@ -76,9 +76,9 @@ fn kernels_text() -> String {
 }
 
 fn open(args: &Args) -> Result<(Runtime, std::path::PathBuf), rknn_matmul::Error> {
+    // The in-process emulator reads every `RKNN_EMU_*` variable, its log `RKNN_EMU_LOG` (see
+    // `main`), as the drop-in does.
     let mut opts = RuntimeOptions::default();
-    // The in-process emulator's log follows the variable too (see `main`).
-    opts.emulator.log_errors = std::env::var("RKNN_EMU_LOG").as_deref() != Ok("0");
     let backend = match (args.backend, args.platform) {
         (BackendArg::Auto, p) => {
             if let Some(p) = p {

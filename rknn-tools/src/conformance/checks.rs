@@ -331,7 +331,10 @@ pub static CHECKS: &[Check] = &[
         fact: "a memory allocated on one context can be bound to another of the same IOMMU domain",
         label: Label::Open,
         hazard: None,
-        settings: &[],
+        settings: &[Setting {
+            env: "RKNN_EMU_SHARED_MEMORIES",
+            values: Values::Fixed(&["refuse"]),
+        }],
         observe: shared_between_contexts,
     },
     Check {
