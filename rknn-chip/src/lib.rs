@@ -36,7 +36,7 @@ mod rules;
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
 pub use int4::{INT4_CONVERTER_INPUT_ENV, Int4ConverterInput, UnknownInt4ConverterInput};
 pub use kernel::KernelChoice;
-pub use platform::{Platform, ShapeRules, Tiles, UnknownPlatform};
+pub use platform::{Platform, ShapeRules, Tiles, USER_GUIDE_MAX_N, UnknownPlatform};
 pub use rules::{
     Dim, MAX_DIM, MatmulConfig, RuleViolation, check_dims, check_kn, check_layouts, check_type,
     parse_info,

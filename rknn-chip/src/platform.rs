@@ -105,6 +105,17 @@ impl Platform {
         }
     }
 
+    /// The largest N of one matmul context ever measured on this chip: i8 N = 8192 ran on
+    /// RK3588 (\[hw\]); nothing above the user guide's [`USER_GUIDE_MAX_N`] is known to run
+    /// on the other chips (`None`). Whether a runtime release accepts it is \[open\]
+    /// (conformance: `rules.n_limit`).
+    pub const fn measured_max_n(self) -> Option<usize> {
+        match self {
+            Platform::Rk3588 => Some(8192),
+            _ => None,
+        }
+    }
+
     /// Whether `rknn_matmul_set_core_mask` exists on this chip (RK3588 and RK3576 only; the
     /// single-core chips return -1).
     pub const fn has_core_mask(self) -> bool {
@@ -182,6 +193,10 @@ impl FromStr for Platform {
     }
 }
 
+/// The user guide's largest N of one matmul context, on every chip (\[doc\]; stricter than
+/// what RK3588 ran, [`Platform::measured_max_n`]).
+pub const USER_GUIDE_MAX_N: usize = 4096;
+
 /// Shape rules beyond the per-chip tables, where public sources disagree (\[open\]).
 ///
 /// The defaults follow what the runtime demonstrably accepts; [`ShapeRules::strict`] adds the
@@ -224,7 +239,7 @@ impl ShapeRules {
         };
         ShapeRules {
             max_k: Some(10240),
-            max_n: Some(4096),
+            max_n: Some(USER_GUIDE_MAX_N),
             f16_n_align,
         }
     }

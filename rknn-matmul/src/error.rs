@@ -315,9 +315,30 @@ pub enum Error {
     },
     /// Allocating another memory would exceed the handle budget.
     #[error(
-        "memory handle budget exhausted: {live} NPU memories are live and the budget is {budget} (each holds a dma-buf file descriptor; the runtime crashes when the process runs out, near 1020 under ulimit -n 1024)"
+        "memory handle budget exhausted: {live} NPU memories are live and the budget is {budget} (each holds a dma-buf file descriptor; the runtime crashes when the process runs out, near 1020 under ulimit -n 1024): raise the file-descriptor limit with `ulimit -n` (on the emulator, also RKNN_EMU_HANDLE_BUDGET)"
     )]
     HandleBudget {
+        /// Live memories.
+        live: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// An engine linear needs more memory handles than the budget has left.
+    #[error(
+        "a linear of N={n}, K={k} needs {needed} more NPU memories ({contexts} contexts, {}), but {live} of the budget of {budget} are live: raise the file-descriptor limit with `ulimit -n` (the budget follows its soft limit; on the emulator, also RKNN_EMU_HANDLE_BUDGET), or load less",
+        if *shared { "one B each and the cores' shared A and C" } else { "a B, an A and a C each: this runtime does not share A and C between contexts" }
+    )]
+    HandlesForLinear {
+        /// Output features.
+        n: usize,
+        /// Input features.
+        k: usize,
+        /// Memories it would allocate.
+        needed: usize,
+        /// Its contexts (cores × N blocks × K segments).
+        contexts: usize,
+        /// Whether its contexts share A and C.
+        shared: bool,
         /// Live memories.
         live: usize,
         /// The budget.

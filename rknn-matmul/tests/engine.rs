@@ -397,6 +397,253 @@ fn without_sharing_every_segment_has_its_own_a_and_c(rt: &Runtime) {
     assert_eq!(got, common::reference_w8a8(&x, &w, 3, k, n));
 }
 
+backend_test!(contexts_split_to_the_n_limit_give_the_bits_of_wide_ones);
+fn contexts_split_to_the_n_limit_give_the_bits_of_wide_ones(rt: &Runtime) {
+    let mut rng = fastrand::Rng::with_seed(57);
+    let engine_with = |limit: Option<usize>| {
+        Engine::new(
+            rt,
+            EngineConfig {
+                cores: Some(rt.npu_cores().min(3)),
+                max_n_per_context: limit,
+                pinning: rknn_matmul::engine::topology::Pinning::None,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let wide = engine_with(None);
+    let lanes = wide.workers();
+    // (M, K, N): one segment and two (K > 8192), N not a multiple of anything.
+    for (m, k, n) in [(3, 96, 1000), (2, 8192 + 64, 330), (130, 200, 777)] {
+        let w = random(&mut rng, n * k);
+        let x = random(&mut rng, m * k);
+        let segments = if k > 8192 { 2 } else { 1 };
+        let bits = |e: &Engine, f| -> (usize, Vec<u32>) {
+            let lin = e.linear(&w, n, k, f).unwrap();
+            let out = lin.forward_vec(&x, m).unwrap();
+            (lin.contexts(), out.iter().map(|v| v.to_bits()).collect())
+        };
+        for f in [WeightFormat::W8A8, WeightFormat::F16] {
+            let (wide_contexts, want) = bits(&wide, f);
+            assert_eq!(
+                wide_contexts,
+                lanes * segments,
+                "{f:?} N={n}: one block per lane"
+            );
+            // 100 rounds down to 96 (W8A8's alignment is 32, F16's 16 or 32).
+            for limit in [32, 64, 100, 256] {
+                let e = engine_with(Some(limit));
+                assert_eq!(e.max_n_per_context(), limit);
+                let (contexts, got) = bits(&e, f);
+                assert_eq!(got, want, "{f:?} M={m} K={k} N={n} limit {limit}");
+                // Each lane's whole aligned blocks, in contexts of at most `limit` columns.
+                let kind = match f {
+                    WeightFormat::F16 => rknn_matmul::rknn_chip::ElemKind::F16,
+                    _ => rknn_matmul::rknn_chip::ElemKind::I8,
+                };
+                let align = rt.platform().alignment(kind).unwrap().1;
+                let (blocks, per) = (n.div_ceil(align), limit - limit % align);
+                let want_contexts: usize = (0..lanes)
+                    .map(|i| (blocks / lanes + usize::from(i < blocks % lanes)) * align)
+                    .map(|width| width.div_ceil(per))
+                    .sum();
+                assert_eq!(
+                    contexts,
+                    want_contexts * segments,
+                    "{f:?} N={n} limit {limit}"
+                );
+            }
+        }
+        let want = common::reference_w8a8(&x, &w, m, k, n);
+        let got = engine_with(Some(64))
+            .linear(&w, n, k, WeightFormat::W8A8)
+            .unwrap()
+            .forward_vec(&x, m)
+            .unwrap();
+        assert_eq!(got, want, "W8A8 against the reference, M={m} K={k} N={n}");
+    }
+}
+
+backend_test!(the_default_n_limit_is_the_chips_largest_measured_or_the_user_guides);
+fn the_default_n_limit_is_the_chips_largest_measured_or_the_user_guides(rt: &Runtime) {
+    let e = engine(rt, 1);
+    // The drop-in's rules are its environment's: what the probe found is either answer.
+    let want = rt
+        .platform()
+        .measured_max_n()
+        .unwrap_or(rknn_matmul::rknn_chip::USER_GUIDE_MAX_N);
+    assert!(
+        e.max_n_per_context() == want || e.max_n_per_context() == 4096,
+        "{}",
+        e.max_n_per_context()
+    );
+    // The strict shape rules are the user guide's: 4096, and a linear wider than that is
+    // split into contexts the rules accept.
+    let strict = common::runtime_with(rt, |o| o.strict_shape_rules = true);
+    let e = engine(&strict, 1);
+    assert_eq!(e.max_n_per_context(), 4096);
+    let (k, n) = (64, 4096 * 2 + 96);
+    let mut rng = fastrand::Rng::with_seed(3);
+    let w = random(&mut rng, n * k);
+    let x = random(&mut rng, k);
+    let lin = e.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    assert_eq!(lin.contexts(), 3);
+    assert_eq!(
+        lin.forward_vec(&x, 1).unwrap(),
+        common::reference_w8a8(&x, &w, 1, k, n)
+    );
+}
+
+backend_test!(bad_n_limits_are_typed_errors_naming_both_numbers);
+fn bad_n_limits_are_typed_errors_naming_both_numbers(rt: &Runtime) {
+    let with = |rt: &Runtime, limit| {
+        Engine::new(
+            rt,
+            EngineConfig {
+                cores: Some(1),
+                max_n_per_context: Some(limit),
+                ..EngineConfig::default()
+            },
+        )
+    };
+    let p = rt.platform();
+    let (_, f16_align) = p.alignment(rknn_matmul::rknn_chip::ElemKind::F16).unwrap();
+    let (_, i8_align) = p.alignment(rknn_matmul::rknn_chip::ElemKind::I8).unwrap();
+    for limit in [0, f16_align.min(i8_align) - 1] {
+        let err = with(rt, limit).unwrap_err();
+        assert!(
+            matches!(err, Error::EngineConfig { field: "max_n_per_context", value, .. } if value == limit),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("max_n_per_context={limit} "))
+                && msg.contains(&format!("alignment of {}", f16_align.min(i8_align))),
+            "{msg}"
+        );
+    }
+    if i8_align > f16_align {
+        // Enough for F16 contexts, below W8A8's alignment: refused when a W8A8 linear is made.
+        let e = with(rt, f16_align).unwrap();
+        let err = e.linear(&[1.0; 64], 1, 64, WeightFormat::W8A8).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("max_n_per_context={f16_align} "))
+                && msg.contains(&format!("alignment of {i8_align} for w8a8")),
+            "{msg}"
+        );
+        assert!(e.linear(&[1.0; 64], 1, 64, WeightFormat::F16).is_ok());
+    }
+    let strict = common::runtime_with(rt, |o| o.strict_shape_rules = true);
+    let err = with(&strict, 8192).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("max_n_per_context=8192 exceeds the shape rules' N limit of 4096"),
+        "{err}"
+    );
+}
+
+backend_test!(a_linear_beyond_the_handle_budget_is_a_typed_error_naming_ulimit);
+fn a_linear_beyond_the_handle_budget_is_a_typed_error_naming_ulimit(rt: &Runtime) {
+    let rt = common::runtime_with(rt, |o| o.handle_budget = Some(24));
+    let engine_with = |limit| {
+        Engine::new(
+            &rt,
+            EngineConfig {
+                cores: Some(rt.npu_cores().min(2)),
+                max_n_per_context: limit,
+                pinning: rknn_matmul::engine::topology::Pinning::None,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let (k, n) = (64, 1024);
+    let w = vec![0.5; n * k];
+    // 32 contexts of 32 columns, one B each, and each lane's shared A and C: over 24.
+    let narrow = engine_with(Some(32));
+    let err = narrow.linear(&w, n, k, WeightFormat::W8A8).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::HandlesForLinear {
+                contexts: 32,
+                budget: 24,
+                live: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ulimit -n"), "{err}");
+    assert_eq!(rt.handle_budget().live(), 0, "nothing allocated for it");
+    // The same linear in the default, wider contexts fits, on the same runtime.
+    let wide = engine_with(None);
+    let lin = wide.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    assert!(rt.handle_budget().live() <= 24);
+    let x = vec![1.0; k];
+    assert_eq!(
+        lin.forward_vec(&x, 1).unwrap(),
+        common::reference_w8a8(&x, &w, 1, k, n)
+    );
+}
+
+/// A runtime that refuses a memory of another context (`memory.shared_between_contexts`
+/// answered the pessimistic way): the engine finds out when it starts, gives every context its
+/// own A and C, and computes the same bits.
+#[cfg(feature = "emulator")]
+#[test]
+fn a_runtime_refusing_shared_memories_gets_per_context_ones_and_the_same_bits() {
+    use rknn_matmul::rknn_emu::SharedMemories;
+    use rknn_matmul::{Backend, EmuConfig, Platform, RuntimeOptions};
+    let open = |shared_memories| {
+        let opts = RuntimeOptions {
+            emulator: EmuConfig {
+                shared_memories,
+                ..EmuConfig::default()
+            },
+            ..RuntimeOptions::default()
+        };
+        Runtime::open(Backend::Emulator(Platform::Rk3588), opts).unwrap()
+    };
+    let mut rng = fastrand::Rng::with_seed(77);
+    let (m, k, n) = (3, 8192 + 96, 300);
+    let w = random(&mut rng, n * k);
+    let x = random(&mut rng, m * k);
+    let mut outs = Vec::new();
+    for policy in [SharedMemories::Accept, SharedMemories::Refuse] {
+        let rt = open(policy);
+        let e = engine(&rt, 2);
+        assert_eq!(e.shares_io_memories(), policy == SharedMemories::Accept);
+        let lin = e.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+        // Two K segments per lane: one B each, and with per-context memories an A and a C too.
+        let contexts = lin.contexts();
+        assert_eq!(contexts, 2 * e.workers());
+        let per = if e.shares_io_memories() { 1 } else { 3 };
+        let pairs = if e.shares_io_memories() {
+            2 * e.workers()
+        } else {
+            0
+        };
+        assert_eq!(
+            rt.handle_budget().live(),
+            per * contexts + pairs,
+            "{policy:?}"
+        );
+        outs.push(lin.forward_vec(&x, m).unwrap());
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], common::reference_w8a8(&x, &w, m, k, n));
+    // Asked not to share, the engine does not, whatever the runtime accepts.
+    let rt = open(SharedMemories::Accept);
+    let cfg = EngineConfig {
+        share_io_memories: false,
+        ..EngineConfig::default()
+    };
+    assert!(!Engine::new(&rt, cfg).unwrap().shares_io_memories());
+}
+
 backend_test!(bad_sizes_and_configs_are_typed_errors);
 fn bad_sizes_and_configs_are_typed_errors(rt: &Runtime) {
     let e = engine(rt, 1);

@@ -38,10 +38,26 @@ pub struct EngineConfig {
     pub caller_runs_core0: bool,
     /// Whether all contexts of one core share one A and one C memory per IOMMU domain
     /// (default: yes). Every NPU memory holds a dma-buf file descriptor, and a process runs out
-    /// near 1020 under `ulimit -n 1024`: sharing needs 2 handles per linear and core (context
-    /// and B) instead of 4. Binding one context's memory in another is \[open\] on Rockchip's
-    /// runtime; turn this off if a board refuses it.
+    /// near 1020 under `ulimit -n 1024`: sharing needs one handle per context (its B) instead
+    /// of three (B, A and C). Binding one context's memory in another is \[open\] on
+    /// Rockchip's runtime (conformance: `memory.shared_between_contexts`), so when this is on
+    /// the engine tries it once when it starts (two tiny contexts) and, if the runtime refuses
+    /// it or computes a wrong result, gives every context its own A and C, with one line on
+    /// stderr; [`Engine::shares_io_memories`](super::Engine::shares_io_memories) says which.
     pub share_io_memories: bool,
+    /// The largest N of one context: each core's share of a linear is split into contexts of
+    /// at most this many columns (rounded down to the chip's N alignment), as K is split into
+    /// segments. `None` (default): the largest N measured on the chip
+    /// ([`Platform::measured_max_n`](rknn_chip::Platform::measured_max_n): 8192 on RK3588),
+    /// or the user guide's [`USER_GUIDE_MAX_N`](rknn_chip::USER_GUIDE_MAX_N) (4096) on the
+    /// other chips and under the strict shape rules. Whether a runtime accepts more than 4096
+    /// is \[open\] (conformance: `rules.n_limit`), so the default is tried once when the
+    /// engine starts (one tiny context) and, if the runtime refuses it, the engine uses 4096,
+    /// with one line on stderr. A value set here is used as it is. Narrower contexts cost
+    /// handles (one more B, and A and C unless shared, per context) and one more run per
+    /// context and K segment; [`Engine::max_n_per_context`](super::Engine::max_n_per_context)
+    /// gives the value in use.
+    pub max_n_per_context: Option<usize>,
     /// Bytes one IOMMU domain holds (default 4 GiB, \[doc\] driver >= 0.9.8). Weights beyond it
     /// are placed in the next domain, automatically.
     pub iommu_domain_bytes: u64,
@@ -64,6 +80,7 @@ impl Default for EngineConfig {
             spin: Duration::from_micros(50),
             caller_runs_core0: true,
             share_io_memories: true,
+            max_n_per_context: None,
             iommu_domain_bytes: 4 << 30,
             warm_bytes: None,
         }

@@ -14,6 +14,7 @@ use super::config::{EngineConfig, LinearOptions};
 use super::format::{EngineKind, InElem, Prepared, WeightFormat, with_format};
 use super::out_cols::OutCols;
 use super::plan::{DomainPlan, LinearPlan};
+use super::probe::Resolved;
 use super::rotation::Rotation;
 use super::scheduler::{MAX_WORKERS, Pool, Round};
 use super::stats::{Counters, Phase};
@@ -34,6 +35,8 @@ pub(crate) struct Inner {
     pub(crate) stats: Arc<Counters>,
     pub(crate) next_id: AtomicU64,
     pub(crate) domains: Mutex<DomainPlan>,
+    /// The widest context and the A/C sharing the engine runs with, after its probes.
+    pub(crate) resolved: Resolved,
 }
 
 /// The caller side of a round: the prepared inputs the lanes share, recycled from round to
@@ -154,13 +157,33 @@ impl Linear {
         opts: LinearOptions,
     ) -> Result<Linear> {
         let rt = &inner.rt;
-        let needs = plan.lane_needs(&inner.cfg, K::FORMAT);
-        let share_io = inner.cfg.share_io_memories;
-        let (domain, b_bytes) = inner
+        let share_io = inner.resolved.share_io;
+        let needs = plan.lane_needs(&inner.cfg, K::FORMAT, share_io);
+        let mut domains = inner
             .domains
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .place(inner.cfg.iommu_domain_bytes, K::FORMAT, share_io, &needs)?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let placed = domains.place(inner.cfg.iommu_domain_bytes, K::FORMAT, share_io, &needs)?;
+        let (domain, b_bytes) = (placed.domain, placed.b_bytes);
+        // Every context holds its B (and its own A and C unless shared), each memory a dma-buf
+        // file descriptor: a model that needs more than the budget fails here, saying what to
+        // raise, not in the middle of the lanes' builds.
+        let contexts: usize = needs.iter().map(|n| n.contexts).sum();
+        let needed = contexts * if share_io { 1 } else { 3 } + 2 * placed.new_pairs;
+        let budget = rt.handle_budget();
+        if budget.live().saturating_add(needed) > budget.budget() {
+            domains.release(domain, b_bytes);
+            return Err(Error::HandlesForLinear {
+                n: plan.n,
+                k: plan.k,
+                needed,
+                contexts,
+                shared: share_io,
+                live: budget.live(),
+                budget: budget.budget(),
+            });
+        }
+        drop(domains);
         let id = inner
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -193,7 +216,7 @@ impl Linear {
                             "a shard's weights",
                         )?,
                         ch_scales: scales[p.n0..p.n0 + p.width].to_vec(),
-                        plan: p,
+                        blocks: plan.blocks(&p),
                         k_pad,
                         segments: plan.segments.clone(),
                         buckets: buckets.clone(),
@@ -229,6 +252,13 @@ impl Linear {
     /// The precision.
     pub fn format(&self) -> WeightFormat {
         self.format
+    }
+
+    /// Its NPU contexts: every core's blocks of at most
+    /// [`Engine::max_n_per_context`](super::Engine::max_n_per_context) columns, times its K
+    /// segments.
+    pub fn contexts(&self) -> usize {
+        self.plan.contexts()
     }
 
     /// The IOMMU domain its weights live in.

@@ -13,7 +13,10 @@
 //!
 //! Where things live:
 //! * `config.rs`: [`EngineConfig`], [`LinearOptions`], the M buckets;
-//! * `plan.rs`: a linear's padded shape, K segments, shards and IOMMU domain;
+//! * `plan.rs`: a linear's padded shape, K segments, shards (each split into contexts no
+//!   wider than the chip's N limit) and IOMMU domain;
+//! * `probe.rs`: the two \[open\] facts the defaults rest on, tried once when the engine
+//!   starts (the widest context, A and C shared between contexts);
 //! * `format.rs`: **the weight formats**: everything in which W8A8 and F16 differ. A new
 //!   format is added there, and only there;
 //! * `linear.rs`: the caller's side (making a linear resident, its forward);
@@ -30,7 +33,7 @@
 //! speculative verify passes), 64, and the multiples of 128 up to
 //! [`EngineConfig::max_m`] (rounding 300 up to 384, not to 512: the field measured +19 %
 //! prefill from that alone); larger M is processed in chunks of `max_m`. One context per
-//! (core, segment) serves every bucket, so the weights are resident once.
+//! (core, N block, segment) serves every bucket, so the weights are resident once.
 
 mod config;
 mod emulator_cache;
@@ -39,6 +42,7 @@ pub mod glue;
 mod linear;
 mod out_cols;
 mod plan;
+mod probe;
 mod rotation;
 mod scheduler;
 mod stats;
@@ -86,6 +90,7 @@ impl Engine {
     /// Starts the lanes on `rt`.
     pub fn new(rt: &Runtime, cfg: EngineConfig) -> Result<Engine> {
         cfg.validate()?;
+        let resolved = probe::resolve(rt, &cfg)?;
         let cores = cfg.cores.unwrap_or_else(|| default_cores(rt));
         if cores == 0 || cores > rt.npu_cores() {
             return Err(Error::EngineConfig {
@@ -134,6 +139,7 @@ impl Engine {
                 stats,
                 next_id: AtomicU64::new(1),
                 domains: Mutex::new(DomainPlan::default()),
+                resolved,
             }),
         })
     }
@@ -146,6 +152,18 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.cfg
+    }
+
+    /// The largest N of one context in use: [`EngineConfig::max_n_per_context`], or the
+    /// default the engine's probe settled on when it started.
+    pub fn max_n_per_context(&self) -> usize {
+        self.inner.resolved.n_limit
+    }
+
+    /// Whether the contexts of one core share one A and one C: asked for by
+    /// [`EngineConfig::share_io_memories`] and accepted by the runtime when the engine started.
+    pub fn shares_io_memories(&self) -> bool {
+        self.inner.resolved.share_io
     }
 
     /// Number of lanes (NPU cores used).
@@ -211,7 +229,14 @@ impl Engine {
         format: WeightFormat,
         opts: LinearOptions,
     ) -> Result<Linear> {
-        let plan = LinearPlan::new(&self.inner.rt, self.inner.pool.len(), n, k, format)?;
+        let plan = LinearPlan::new(
+            &self.inner.rt,
+            self.inner.pool.len(),
+            n,
+            k,
+            format,
+            self.inner.resolved.n_limit,
+        )?;
         if w.len() != n * k {
             return Err(Error::Length {
                 what: "weights (n × k)",
@@ -241,7 +266,14 @@ impl Engine {
     where
         E: From<Error>,
     {
-        let plan = LinearPlan::new(&self.inner.rt, self.inner.pool.len(), n, k, format)?;
+        let plan = LinearPlan::new(
+            &self.inner.rt,
+            self.inner.pool.len(),
+            n,
+            k,
+            format,
+            self.inner.resolved.n_limit,
+        )?;
         with_format!(format, K => Linear::register::<K, E>(&self.inner, plan, opts, &mut rows))
     }
 
@@ -271,6 +303,7 @@ impl Engine {
             n,
             k,
             WeightFormat::W8A8,
+            self.inner.resolved.n_limit,
         )?;
         if q.len() != n * k {
             return Err(Error::Length {

@@ -76,6 +76,33 @@ impl OutCols {
         self.rows
     }
 
+    /// Runs `f` on columns `c0..c0 + width` of this view (a lane's block of its columns).
+    ///
+    /// # Panics
+    /// If the columns are not inside the view.
+    pub(crate) fn with_columns<R>(
+        &mut self,
+        c0: usize,
+        width: usize,
+        f: impl FnOnce(&mut OutCols) -> R,
+    ) -> R {
+        assert!(
+            c0.checked_add(width).is_some_and(|end| end <= self.width),
+            "columns {c0}..+{width} of a view of {}",
+            self.width
+        );
+        let mut sub = OutCols {
+            // Inside the view's row 0 (checked above); rows as the view's.
+            ptr: self.ptr.wrapping_add(c0),
+            rows: self.rows,
+            ld: self.ld,
+            width,
+        };
+        // `sub` covers a part of this view's elements and lives only during `f`, while this
+        // view is borrowed mutably: the two are never used at once.
+        f(&mut sub)
+    }
+
     /// The columns of row `r`.
     ///
     /// # Panics

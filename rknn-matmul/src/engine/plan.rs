@@ -23,19 +23,26 @@ pub(crate) struct LinearPlan {
     pub(crate) segments: Arc<[(usize, usize)]>,
     /// Each lane's columns, if it holds any.
     pub(crate) shards: Vec<Option<ShardPlan>>,
+    /// The widest context: each shard is split into blocks of at most this many columns
+    /// (a multiple of `n_align`).
+    pub(crate) n_block: usize,
+    /// The chip's N alignment for the format.
+    pub(crate) n_align: usize,
 }
 
 impl LinearPlan {
     /// The plan of W [n, k] in `format` on `lanes` lanes of `rt`'s chip: the shape checked
     /// against the chip's rules and padded to its alignment, K split where the chip says
     /// (8192 on RK3588: one context above it ran 14x slower), else below its K limit (a chip
-    /// with neither takes K in one context), N split over the lanes in whole aligned blocks.
+    /// with neither takes K in one context), N split over the lanes in whole aligned blocks,
+    /// and each lane's columns into contexts of at most `n_limit` columns.
     pub(crate) fn new(
         rt: &Runtime,
         lanes: usize,
         n: usize,
         k: usize,
         format: WeightFormat,
+        n_limit: usize,
     ) -> Result<LinearPlan> {
         rknn_chip::check_dims(1, k, n)?;
         if format == WeightFormat::W8A8 && k > MAX_EXACT_K_W8A8 {
@@ -45,6 +52,18 @@ impl LinearPlan {
             });
         }
         let (ka, na) = alignment(rt, format)?;
+        let n_block = n_limit - n_limit % na;
+        if n_block == 0 {
+            return Err(Error::EngineConfig {
+                field: "max_n_per_context",
+                value: n_limit,
+                rule: format!(
+                    "is below {}'s N alignment of {na} for {}: a context holds whole aligned columns",
+                    rt.platform(),
+                    format.name()
+                ),
+            });
+        }
         let round = |v: usize, a: usize| v.div_ceil(a) * a;
         let (k_pad, n_pad) = (round(k, ka), round(n, na));
         if k_pad.checked_mul(n_pad).is_none() {
@@ -72,30 +91,61 @@ impl LinearPlan {
             n_pad,
             segments,
             shards: plan_shards(n, n_pad, na, lanes),
+            n_block,
+            n_align: na,
         })
     }
 
+    /// The blocks of a lane's shard, each one context (per K segment) wide: columns relative
+    /// to the shard, as equal as the alignment allows.
+    pub(crate) fn blocks(&self, shard: &ShardPlan) -> Vec<ShardPlan> {
+        let count = shard.width.div_ceil(self.n_block);
+        plan_shards(shard.valid, shard.width, self.n_align, count)
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// The contexts of the linear (every lane's blocks times the K segments).
+    pub(crate) fn contexts(&self) -> usize {
+        self.shards
+            .iter()
+            .flatten()
+            .map(|p| self.blocks(p).len() * self.segments.len())
+            .sum()
+    }
+
     /// Each lane's NPU memory for this linear: its B, and the A and C its contexts run with
-    /// (one pair per lane and domain when the lanes share them, else one per K segment).
-    pub(crate) fn lane_needs(&self, cfg: &EngineConfig, format: WeightFormat) -> Vec<LaneNeed> {
+    /// (one pair per lane and domain when the contexts share them, else one per context).
+    pub(crate) fn lane_needs(
+        &self,
+        cfg: &EngineConfig,
+        format: WeightFormat,
+        share: bool,
+    ) -> Vec<LaneNeed> {
         let (eb, ec) = format.bytes();
         let ks_max = self.segments.iter().map(|s| s.1).max().unwrap_or(0) as u64;
-        let max_m = cfg.max_m as u64;
-        let pairs = if cfg.share_io_memories {
-            1
-        } else {
-            self.segments.len() as u64
-        };
+        let (max_m, segs) = (cfg.max_m as u64, self.segments.len() as u64);
         self.shards
             .iter()
             .enumerate()
             .filter_map(|(lane, p)| {
-                let w = p.as_ref()?.width as u64;
+                let p = p.as_ref()?;
+                let blocks = self.blocks(p);
+                let widest = blocks.iter().map(|b| b.width).max().unwrap_or(0) as u64;
+                let w = p.width as u64;
+                let contexts = blocks.len() * self.segments.len();
+                let (a, c) = if share {
+                    (max_m * ks_max * eb, max_m * widest * ec)
+                } else {
+                    (max_m * ks_max * eb * contexts as u64, max_m * w * ec * segs)
+                };
                 Some(LaneNeed {
                     lane,
                     b: w * self.k_pad as u64 * eb,
-                    a: max_m * ks_max * eb * pairs,
-                    c: max_m * w * ec * pairs,
+                    a,
+                    c,
+                    contexts,
                 })
             })
             .collect()
@@ -103,7 +153,7 @@ impl LinearPlan {
 }
 
 /// The chip's (K, N) alignment for `format`, from the chip rules and the runtime's shape rules.
-fn alignment(rt: &Runtime, format: WeightFormat) -> Result<(usize, usize)> {
+pub(crate) fn alignment(rt: &Runtime, format: WeightFormat) -> Result<(usize, usize)> {
     let kind = format.align_kind();
     let t = format.matmul_type();
     rknn_chip::check_type(rt.platform(), t)?;
@@ -135,6 +185,18 @@ pub(crate) struct LaneNeed {
     b: u64,
     a: u64,
     c: u64,
+    /// Its contexts (blocks × K segments), each with its own B.
+    pub(crate) contexts: usize,
+}
+
+/// Where a linear went.
+pub(crate) struct Placement {
+    pub(crate) domain: i32,
+    /// Its B bytes, given back when it is dropped.
+    pub(crate) b_bytes: u64,
+    /// Lanes whose shared A and C (of that domain and format) are allocated or grown for it:
+    /// two more memories each while it is built.
+    pub(crate) new_pairs: usize,
 }
 
 impl DomainPlan {
@@ -168,7 +230,7 @@ impl DomainPlan {
         format: WeightFormat,
         share: bool,
         needs: &[LaneNeed],
-    ) -> Result<(i32, u64)> {
+    ) -> Result<Placement> {
         for d in 0.. {
             let di = usize::try_from(d).unwrap_or(usize::MAX);
             if di == self.used.len() {
@@ -177,13 +239,19 @@ impl DomainPlan {
             let delta = self.delta(d, format, share, needs);
             if self.used[di].saturating_add(delta) <= cap {
                 self.used[di] += delta;
+                let mut new_pairs = 0;
                 if share {
                     for n in needs {
                         let e = self.io.entry((n.lane, d, format)).or_default();
+                        new_pairs += usize::from(n.a > e.0 || n.c > e.1);
                         *e = (e.0.max(n.a), e.1.max(n.c));
                     }
                 }
-                return Ok((d, needs.iter().map(|n| n.b).sum()));
+                return Ok(Placement {
+                    domain: d,
+                    b_bytes: needs.iter().map(|n| n.b).sum(),
+                    new_pairs,
+                });
             }
             if self.used[di] == 0 {
                 // Even an empty domain cannot hold it.

@@ -160,7 +160,7 @@ impl<K: MatmulKind> IoMems<K> {
     }
 }
 
-/// One K segment of a shard: its context and its B, written once and kept; A and C are the
+/// One K segment of a block: its context and its B, written once and kept; A and C are the
 /// lane's shared pair, or the segment's own when sharing is off.
 struct Segment<K: MatmulKind> {
     mm: Matmul<K>,
@@ -171,15 +171,22 @@ struct Segment<K: MatmulKind> {
     ks: usize,
 }
 
-/// One lane's part of one linear, with the tiles the runtime reported.
-pub(crate) struct Shard<K: MatmulKind> {
+/// A block of a shard's columns, no wider than the chip's N limit: one context per K segment.
+struct Block<K: MatmulKind> {
     segments: Vec<Segment<K>>,
-    /// The IOMMU domain of its memories.
-    domain: i32,
-    /// Columns of the shard (aligned), of which the first `valid` exist in the output.
+    /// Its first column in the shard, its columns (aligned), and those that exist in the
+    /// output.
+    c0: usize,
     width: usize,
     valid: usize,
-    /// Per-output-channel scales (quantised formats; empty otherwise).
+}
+
+/// One lane's part of one linear, with the tiles the runtime reported.
+pub(crate) struct Shard<K: MatmulKind> {
+    blocks: Vec<Block<K>>,
+    /// The IOMMU domain of its memories.
+    domain: i32,
+    /// Per-output-channel scales of the shard's columns (quantised formats; empty otherwise).
     ch_scales: Vec<f32>,
     /// Native tile sizes: A's sK and C's sN.
     sk: usize,
@@ -191,7 +198,8 @@ pub(crate) struct ShardSpec<K: MatmulKind> {
     /// The shard's weights: rows = output channels, each `k_pad` long.
     pub(crate) b: Vec<K::B>,
     pub(crate) ch_scales: Vec<f32>,
-    pub(crate) plan: ShardPlan,
+    /// The shard's blocks, columns relative to the shard ([`super::plan::LinearPlan::blocks`]).
+    pub(crate) blocks: Vec<ShardPlan>,
     pub(crate) k_pad: usize,
     /// (first K row, rows) per segment.
     pub(crate) segments: Arc<[(usize, usize)]>,
@@ -203,69 +211,77 @@ pub(crate) struct ShardSpec<K: MatmulKind> {
 }
 
 impl<K: EngineKind> ShardSpec<K> {
-    /// Builds the shard's contexts (native A/B/C, dynamic M over the buckets, on its core) and
-    /// writes its weights into their B memories.
+    /// Builds the shard's contexts (native A/B/C, dynamic M over the buckets, on its core),
+    /// one per block and K segment, and writes its weights into their B memories.
     pub(crate) fn build(self, rt: &Runtime, io: &mut LaneIo) -> Result<Box<dyn LaneShard>> {
-        let width = self.plan.width;
-        let mut segments = Vec::with_capacity(self.segments.len());
+        let mut blocks = Vec::with_capacity(self.blocks.len());
         let mut tiles = None;
         let mut seg_w = Vec::new();
-        for &(k0, ks) in self.segments.iter() {
-            let mm = rt
-                .matmul::<K>(self.buckets[0], ks, width)
-                .dynamic_m(&self.buckets)
-                .ac_layout(Layout::Native)
-                .b_layout(Layout::Native)
-                .core(self.core)
-                .iommu_domain(self.domain)
-                .build()?;
-            let (sk, _) = mm.native_tile(Matrix::A)?;
-            let (sn, _) = mm.native_tile(Matrix::C)?;
-            let (bn, bk) = mm.native_tile(Matrix::B)?;
-            tiles = Some((sk, sn));
-            let mut b = mm.alloc_b()?;
-            seg_w.clear();
-            seg_w
-                .try_reserve_exact(ks * width)
-                .map_err(|_| Error::HostAlloc {
-                    what: "a K segment's weights",
-                    bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
-                })?;
-            for row in self.b.chunks_exact(self.k_pad) {
-                seg_w.extend_from_slice(&row[k0..k0 + ks]);
-            }
-            let geo =
-                rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
-                    Error::BadTensorDims {
+        for block in &self.blocks {
+            let (c0, width) = (block.n0, block.width);
+            let mut segments = Vec::with_capacity(self.segments.len());
+            for &(k0, ks) in self.segments.iter() {
+                let mm = rt
+                    .matmul::<K>(self.buckets[0], ks, width)
+                    .dynamic_m(&self.buckets)
+                    .ac_layout(Layout::Native)
+                    .b_layout(Layout::Native)
+                    .core(self.core)
+                    .iommu_domain(self.domain)
+                    .build()?;
+                let (sk, _) = mm.native_tile(Matrix::A)?;
+                let (sn, _) = mm.native_tile(Matrix::C)?;
+                let (bn, bk) = mm.native_tile(Matrix::B)?;
+                tiles = Some((sk, sn));
+                let mut b = mm.alloc_b()?;
+                seg_w.clear();
+                seg_w
+                    .try_reserve_exact(ks * width)
+                    .map_err(|_| Error::HostAlloc {
+                        what: "a K segment's weights",
+                        bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
+                    })?;
+                let rows = &self.b[c0 * self.k_pad..(c0 + width) * self.k_pad];
+                for row in rows.chunks_exact(self.k_pad) {
+                    seg_w.extend_from_slice(&row[k0..k0 + ks]);
+                }
+                let geo =
+                    rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
+                        Error::BadTensorDims {
+                            matrix: Matrix::B,
+                            layout: Layout::Native,
+                            dims: mm.io_attr().B.dims.to_vec(),
+                        }
+                    })?;
+                let dst = b.as_mut_slice();
+                if dst.len() < geo.len() {
+                    return Err(Error::MemoryTooSmall {
                         matrix: Matrix::B,
-                        layout: Layout::Native,
-                        dims: mm.io_attr().B.dims.to_vec(),
-                    }
-                })?;
-            let dst = b.as_mut_slice();
-            if dst.len() < geo.len() {
-                return Err(Error::MemoryTooSmall {
-                    matrix: Matrix::B,
-                    bytes: std::mem::size_of_val(dst) as u64,
-                    needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
-                });
+                        bytes: std::mem::size_of_val(dst) as u64,
+                        needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
+                    });
+                }
+                geo.pack_from_nk(&seg_w, dst);
+                let own = if self.share_io {
+                    IoMems::ensure_shared(io.shared::<K>(self.domain), &mm)?;
+                    None
+                } else {
+                    Some(IoMems::own(&mm)?)
+                };
+                segments.push(Segment { b, own, mm, k0, ks });
             }
-            geo.pack_from_nk(&seg_w, dst);
-            let own = if self.share_io {
-                IoMems::ensure_shared(io.shared::<K>(self.domain), &mm)?;
-                None
-            } else {
-                Some(IoMems::own(&mm)?)
-            };
-            segments.push(Segment { b, own, mm, k0, ks });
+            blocks.push(Block {
+                segments,
+                c0,
+                width,
+                valid: block.valid,
+            });
         }
-        // Every linear has at least one segment (K >= 1).
-        let (sk, sn) = tiles.expect("a linear has at least one K segment");
+        // Every linear has at least one block and one segment (N, K >= 1).
+        let (sk, sn) = tiles.expect("a linear has at least one context");
         Ok(Box::new(Shard::<K> {
-            segments,
+            blocks,
             domain: self.domain,
-            width,
-            valid: self.plan.valid,
             ch_scales: self.ch_scales,
             sk,
             sn,
@@ -280,61 +296,70 @@ impl<K: EngineKind> LaneShard for Shard<K> {
         f: Forward,
         (stats, lane_index): (&Counters, usize),
     ) -> Result<()> {
-        let (width, sk, sn) = (self.width, self.sk, self.sn);
+        let (sk, sn) = (self.sk, self.sn);
         let x = K::In::of(&f.input);
-        // The first segment sets every accumulator, so the buffer only grows (zeroing it again
-        // whenever a wider linear followed a narrower one was a memset per call).
-        let need = f.bucket * width;
-        let acc = K::Acc::of(&mut lane.acc);
-        if acc.len() < need {
-            acc.resize(need, K::Acc::default());
-        }
-        let acc = &mut acc[..need];
-        let mut shared = lane.io.shared::<K>(self.domain).as_mut();
-        // One clock read per phase boundary, one update of this lane's counters per call.
-        let mut lap = Lap::start();
-        for (i, seg) in self.segments.iter_mut().enumerate() {
-            let io = match (&mut seg.own, shared.as_deref_mut()) {
-                (Some(own), _) => own,
-                (None, Some(shared)) => shared,
-                // Built with sharing: the lane's pair of this domain exists from the build.
-                (None, None) => unreachable!("a shard's lane has the shared A/C of its domain"),
-            };
-            if let Err(e) = seg.mm.set_m(f.bucket) {
-                stats.add_lap(lane_index, &lap);
-                return Err(e);
-            }
-            K::pack_a(x, f.bucket, f.ld, seg.k0, seg.ks, sk, io.a.as_mut_slice());
-            lap.mark(Phase::Pack);
-            let ran = seg.mm.run(&io.a, &seg.b, &mut io.c);
-            lap.mark(Phase::Run);
-            if let Err(e) = ran {
-                stats.add_lap(lane_index, &lap);
-                return Err(e);
-            }
-            K::accumulate(io.c.as_slice(), f.bucket, width, sn, acc, i == 0);
-            lap.mark(Phase::Collect);
-        }
         let mut out = f.out;
         debug_assert_eq!(out.rows(), f.m, "the lane's view has the chunk's rows");
-        K::finish(
-            acc,
-            f.m,
-            f.per,
-            width,
-            self.valid,
-            &f.input.scales,
-            &self.ch_scales,
-            &mut out,
-        );
-        lap.mark(Phase::Collect);
+        // One clock read per phase boundary, one update of this lane's counters per call.
+        let mut lap = Lap::start();
+        for block in &mut self.blocks {
+            let width = block.width;
+            // The first segment sets every accumulator, so the buffer only grows (zeroing it
+            // again whenever a wider linear followed a narrower one was a memset per call).
+            let need = f.bucket * width;
+            let acc = K::Acc::of(&mut lane.acc);
+            if acc.len() < need {
+                acc.resize(need, K::Acc::default());
+            }
+            let acc = &mut acc[..need];
+            let mut shared = lane.io.shared::<K>(self.domain).as_mut();
+            for (i, seg) in block.segments.iter_mut().enumerate() {
+                let io = match (&mut seg.own, shared.as_deref_mut()) {
+                    (Some(own), _) => own,
+                    (None, Some(shared)) => shared,
+                    // Built with sharing: the lane's pair of this domain exists from the build.
+                    (None, None) => unreachable!("a shard's lane has the shared A/C of its domain"),
+                };
+                if let Err(e) = seg.mm.set_m(f.bucket) {
+                    stats.add_lap(lane_index, &lap);
+                    return Err(e);
+                }
+                K::pack_a(x, f.bucket, f.ld, seg.k0, seg.ks, sk, io.a.as_mut_slice());
+                lap.mark(Phase::Pack);
+                let ran = seg.mm.run(&io.a, &seg.b, &mut io.c);
+                lap.mark(Phase::Run);
+                if let Err(e) = ran {
+                    stats.add_lap(lane_index, &lap);
+                    return Err(e);
+                }
+                K::accumulate(io.c.as_slice(), f.bucket, width, sn, acc, i == 0);
+                lap.mark(Phase::Collect);
+            }
+            if block.valid > 0 {
+                let scales = &self.ch_scales[block.c0.min(self.ch_scales.len())..];
+                out.with_columns(block.c0, block.valid, |out| {
+                    K::finish(
+                        acc,
+                        f.m,
+                        f.per,
+                        width,
+                        block.valid,
+                        &f.input.scales,
+                        scales,
+                        out,
+                    )
+                });
+            }
+            lap.mark(Phase::Collect);
+        }
         stats.add_lap(lane_index, &lap);
         Ok(())
     }
 
     fn weights(&self) -> Vec<&[u8]> {
-        self.segments
+        self.blocks
             .iter()
+            .flat_map(|b| &b.segments)
             .map(|s| as_bytes(s.b.as_slice()))
             .collect()
     }
