@@ -111,6 +111,95 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
     }
 }
 
+/// Every [open] fact the engine relies on answered the pessimistic way (docs/hardware-facts.md):
+/// N <= 4096 per context, no memory shared between contexts, native inputs copied at bind,
+/// non-coherent caches. The engine finds the first two out when it starts, through the drop-in
+/// (whose settings the safe layer cannot see) and the in-process emulator alike, and the tokens
+/// are those of the default run. With per-context memories the demo model needs more handles
+/// than the default budget of 1020: a one-line error naming `ulimit -n`, not a crash.
+#[test]
+fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let lib = common::dropin();
+    let prompt = "The capital of France is";
+    let want = generate(&model, prompt, &["--backend", "emulator"], &[]);
+    assert_eq!(want["stats"]["engine"]["max_n_per_context"], 8192);
+    assert_eq!(want["stats"]["engine"]["shares_io_memories"], true);
+    let one = Path::new("1");
+    let strict: &[(&str, &Path)] = &[("RKNN_EMU_STRICT_RULES", one)];
+    let pessimistic: &[(&str, &Path)] = &[
+        ("RKNN_RUNTIME_PATH", &lib),
+        ("RKNN_EMU_STRICT_RULES", one),
+        ("RKNN_EMU_SHARED_MEMORIES", Path::new("refuse")),
+        ("RKNN_EMU_NATIVE_INPUTS", Path::new("bind")),
+        ("RKNN_EMU_STRICT_CACHE", one),
+        ("RKNN_EMU_HANDLE_BUDGET", Path::new("4096")),
+        ("RKNN_EMU_LOG", Path::new("0")),
+    ];
+    let npu = ["--backend", "npu", "--platform", "rk3588"];
+    for (what, backend, envs, shared) in [
+        (
+            "strict rules, in-process",
+            &["--backend", "emulator"][..],
+            strict,
+            true,
+        ),
+        (
+            "strict rules, drop-in",
+            &npu[..],
+            &[("RKNN_RUNTIME_PATH", &*lib), strict[0]][..],
+            true,
+        ),
+        ("pessimistic drop-in", &npu[..], pessimistic, false),
+    ] {
+        let got = generate(&model, prompt, backend, envs);
+        let engine = &got["stats"]["engine"];
+        assert_eq!(engine["max_n_per_context"], 4096, "{what}");
+        assert_eq!(engine["shares_io_memories"], shared, "{what}");
+        assert_eq!(got["generated_ids"], want["generated_ids"], "{what}");
+    }
+    // A budget the model fits in with shared memories (about 2 handles per linear and core)
+    // but not with per-context ones (6: its 4 linears per layer give 756 handles on 2 cores,
+    // 1116 on 3, beyond the 1020 of `ulimit -n 1024`).
+    // In-process, the engine knows the budget and refuses the first linear that does not fit
+    // before allocating it; through the drop-in the emulator's allocation fails, as the board's
+    // would.
+    for (backend, needle) in [
+        (&["--backend", "emulator"][..], "needs"),
+        (&npu[..], "rknn_create_mem"),
+    ] {
+        let mut cmd = common::llm_decode();
+        cmd.args(["-m", model.to_str().unwrap(), "-p", "Hi", "-n", "1"])
+            .args(backend)
+            .envs(pessimistic[..pessimistic.len() - 2].iter().copied())
+            .env("RKNN_EMU_HANDLE_BUDGET", "600")
+            .env("RKNN_EMU_LOG", "0");
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("llm-decode: error:")
+                && last.contains(needle)
+                && last.contains("ulimit -n"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let shared = generate(
+        &model,
+        prompt,
+        &npu,
+        &[
+            ("RKNN_RUNTIME_PATH", &lib),
+            ("RKNN_EMU_HANDLE_BUDGET", Path::new("600")),
+        ],
+    );
+    assert_eq!(shared["generated_ids"], want["generated_ids"]);
+}
+
 #[test]
 fn npu_logits_are_bit_identical_for_any_batch_split() {
     let file = GgufFile::open(common::fixtures().join("llm/tiny-qwen2.gguf")).unwrap();

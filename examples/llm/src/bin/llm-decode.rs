@@ -143,6 +143,15 @@ struct Args {
     /// instead of reading the device tree.
     #[arg(long)]
     platform: Option<Platform>,
+    /// The largest N of one NPU context (default: the chip's largest measured, 8192 on
+    /// RK3588, or 4096 where the runtime refuses it; the engine tries once at start).
+    #[arg(long, value_name = "N")]
+    npu_max_n: Option<usize>,
+    /// Give every NPU context its own A and C memories instead of one pair per core (three
+    /// handles per context instead of one; the engine does this by itself on a runtime that
+    /// refuses a memory of another context).
+    #[arg(long)]
+    npu_no_shared_io: bool,
     /// Tokens per forward call while evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
@@ -444,11 +453,17 @@ fn engine_line(e: &Engine) -> String {
     let s = e.stats();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "engine: {} on {} ({}), {} cores, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms, waiting for workers {:.0} ms in {} rounds",
+        "engine: {} on {} ({}), {} cores, contexts of N <= {}, A/C {}, {} forwards | quantize {:.0} ms, pack {:.0} ms, run {:.0} ms, collect {:.0} ms, waiting for workers {:.0} ms in {} rounds",
         e.runtime().backend_name(),
         e.runtime().platform(),
         e.runtime().selection_reason(),
         e.workers(),
+        e.max_n_per_context(),
+        if e.shares_io_memories() {
+            "shared per core"
+        } else {
+            "per context"
+        },
         s.forwards,
         ms(s.quantize.time),
         ms(s.pack.time),
@@ -469,6 +484,8 @@ fn engine_json(e: &Engine) -> serde_json::Value {
         "platform": e.runtime().platform().name(),
         "selection_reason": e.runtime().selection_reason(),
         "cores": e.workers(),
+        "max_n_per_context": e.max_n_per_context(),
+        "shares_io_memories": e.shares_io_memories(),
         "forwards": s.forwards,
         "quantize": phase(&s.quantize),
         "pack": phase(&s.pack),
@@ -498,7 +515,12 @@ fn open_engine(args: &Args) -> Result<Option<Engine>, Error> {
         }
     };
     let rt = Runtime::open(backend, opts)?;
-    Ok(Some(Engine::new(&rt, EngineConfig::default())?))
+    let cfg = EngineConfig {
+        max_n_per_context: args.npu_max_n,
+        share_io_memories: !args.npu_no_shared_io,
+        ..EngineConfig::default()
+    };
+    Ok(Some(Engine::new(&rt, cfg)?))
 }
 
 fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Result<Model, Error> {
