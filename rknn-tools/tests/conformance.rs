@@ -400,3 +400,57 @@ fn the_conformance_doc_lists_every_check_and_setting() {
         }
     }
 }
+
+/// Quick mode runs the four checks the engine's defaults rest on, and the report says what
+/// the runtime answered and which engine setting follows, in the JSON and in the text.
+#[test]
+fn the_report_names_the_engine_settings_that_follow() {
+    let Some(out) = conformance(&[], &["--quick", "--json"]) else {
+        eprintln!("skipped: cannot start rknn-conformance here");
+        return;
+    };
+    let report = json(&out);
+    let settings = report["engine_settings"].as_array().unwrap();
+    let answer = |id: &str| -> (String, String) {
+        let s = settings
+            .iter()
+            .find(|s| s["check"] == id)
+            .unwrap_or_else(|| panic!("{id} missing: {settings:?}"));
+        (
+            s["answer"].as_str().unwrap().to_string(),
+            s["setting"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(settings.len(), 4, "{settings:?}");
+    let (a, s) = answer("rules.n_limit");
+    assert_eq!(a, "N=8192 accepted");
+    assert!(s.starts_with("EngineConfig::max_n_per_context 8192"), "{s}");
+    let (a, s) = answer("memory.shared_between_contexts");
+    assert!(a.starts_with("accepted"), "{a}");
+    assert!(s.starts_with("EngineConfig::share_io_memories on"), "{s}");
+    assert!(answer("memory.cross_domain").0.starts_with("refused"));
+    assert!(
+        answer("sync.native_read_at_run")
+            .0
+            .starts_with("read at every run")
+    );
+
+    // The user guide's N limit: refused, and the engine's 4096; the other checks not run.
+    let Some(out) = conformance(
+        &[("RKNN_EMU_STRICT_RULES", "1")],
+        &["--quick", "--check", "rules.n_limit"],
+    ) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\nengine settings "), "{text}");
+    assert!(
+        text.contains("  rules.n_limit: N=8192 refused (")
+            && text.contains("-> EngineConfig::max_n_per_context 4096 ("),
+        "{text}"
+    );
+    assert!(
+        text.contains("  memory.cross_domain: not run (not selected) -> nothing follows"),
+        "{text}"
+    );
+}

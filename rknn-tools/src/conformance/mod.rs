@@ -28,6 +28,7 @@ mod checks;
 pub mod observe;
 pub mod raw;
 mod report;
+pub mod settings;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;

@@ -6,6 +6,7 @@ use rknn_matmul::Runtime;
 use serde_json::{Value as Json, json};
 
 use super::check::{CheckResult, Mode, Status};
+use super::settings::{self, EngineSetting};
 
 /// What the subject runtime is.
 #[derive(Clone, Debug)]
@@ -75,6 +76,13 @@ impl Report {
         self.results.iter().filter(|r| r.status == status).count()
     }
 
+    /// What the runtime answered to each \[open\] fact the engine depends on, and the engine
+    /// setting that follows (one per check of [`settings::ENGINE_CHECKS`], "not run" when it
+    /// was not selected).
+    pub fn engine_settings(&self) -> Vec<EngineSetting> {
+        settings::engine_settings(self.subject.platform, &self.results)
+    }
+
     /// The report as one JSON object (the form to attach to a bug report).
     pub fn to_json(&self) -> Json {
         let s = &self.subject;
@@ -98,6 +106,7 @@ impl Report {
                 "unsupported": self.count(Status::Unsupported),
             },
             "checks": self.results.iter().map(result_json).collect::<Vec<_>>(),
+            "engine_settings": self.engine_settings().iter().map(EngineSetting::to_json).collect::<Vec<_>>(),
             "timings": self.timings.iter().map(|t| json!({
                 "what": t.what,
                 "seconds": t.seconds,
@@ -177,6 +186,13 @@ impl Report {
                     ),
                 };
             }
+        }
+        let _ = writeln!(
+            out,
+            "\nengine settings (what this runtime answered -> what rknn-matmul's engine uses):"
+        );
+        for e in self.engine_settings() {
+            let _ = writeln!(out, "  {}", e.line());
         }
         if !self.timings.is_empty() {
             let _ = writeln!(out, "\ntimings (median of the runs):");
