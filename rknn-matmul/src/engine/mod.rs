@@ -212,6 +212,19 @@ impl Engine {
             .map(drop)
     }
 
+    /// The plan of W [n, k] in `format` on this engine's lanes and widest context.
+    fn plan(&self, n: usize, k: usize, format: WeightFormat) -> Result<LinearPlan> {
+        let inner = &self.inner;
+        LinearPlan::new(
+            &inner.rt,
+            inner.pool.len(),
+            n,
+            k,
+            format,
+            inner.resolved.n_limit,
+        )
+    }
+
     /// Makes W [n, k] (row-major, row = output channel) resident in `format`.
     pub fn linear(&self, w: &[f32], n: usize, k: usize, format: WeightFormat) -> Result<Linear> {
         self.linear_with(w, n, k, format, LinearOptions::default())
@@ -229,14 +242,7 @@ impl Engine {
         format: WeightFormat,
         opts: LinearOptions,
     ) -> Result<Linear> {
-        let plan = LinearPlan::new(
-            &self.inner.rt,
-            self.inner.pool.len(),
-            n,
-            k,
-            format,
-            self.inner.resolved.n_limit,
-        )?;
+        let plan = self.plan(n, k, format)?;
         if w.len() != n * k {
             return Err(Error::Length {
                 what: "weights (n × k)",
@@ -266,14 +272,7 @@ impl Engine {
     where
         E: From<Error>,
     {
-        let plan = LinearPlan::new(
-            &self.inner.rt,
-            self.inner.pool.len(),
-            n,
-            k,
-            format,
-            self.inner.resolved.n_limit,
-        )?;
+        let plan = self.plan(n, k, format)?;
         with_format!(format, K => Linear::register::<K, E>(&self.inner, plan, opts, &mut rows))
     }
 
@@ -297,14 +296,7 @@ impl Engine {
         opts: LinearOptions,
     ) -> Result<Linear> {
         opts.check(k)?;
-        let plan = LinearPlan::new(
-            &self.inner.rt,
-            self.inner.pool.len(),
-            n,
-            k,
-            WeightFormat::W8A8,
-            self.inner.resolved.n_limit,
-        )?;
+        let plan = self.plan(n, k, WeightFormat::W8A8)?;
         if q.len() != n * k {
             return Err(Error::Length {
                 what: "quantised weights (n × k)",

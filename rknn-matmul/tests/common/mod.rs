@@ -341,3 +341,27 @@ pub fn reference_w8a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec
     }
     out
 }
+
+/// Runs `cmd`, a child of this test binary running one test (`--exact NAME`), and returns its
+/// output; `None`, with the reason printed, when the child cannot run here (ENOEXEC: an aarch64
+/// test binary under qemu-user without binfmt, or a child that never reached the test harness,
+/// such as qemu-user starting an emulated binary without its sysroot).
+pub fn run_child_test(cmd: &mut std::process::Command) -> Option<std::process::Output> {
+    const ENOEXEC: i32 = 8;
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) if e.raw_os_error() == Some(ENOEXEC) => {
+            eprintln!("skipped: cannot start a child process here ({e})");
+            return None;
+        }
+        Err(e) => panic!("spawn the child: {e}"),
+    };
+    if !String::from_utf8_lossy(&out.stdout).contains("running 1 test") {
+        eprintln!(
+            "skipped: the child process did not start ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(out)
+}
