@@ -69,6 +69,9 @@ fn generate(model: &Path, prompt: &str, backend: &[&str], envs: &[(&str, &Path)]
 /// produce exactly the tokens of `--backend emulator`: the same engine, the same integers.
 #[test]
 fn the_emulator_and_the_npu_path_give_identical_tokens() {
+    let _npu = common::NPU
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut models = vec![common::fixtures().join("llm/tiny-qwen2.gguf")];
     models.extend(common::demo_model_forward());
     let lib = common::dropin();
@@ -122,6 +125,9 @@ fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
     let Some(model) = common::demo_model_forward() else {
         return;
     };
+    let _npu = common::NPU
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let lib = common::dropin();
     let prompt = "The capital of France is";
     let want = generate(&model, prompt, &["--backend", "emulator"], &[]);

@@ -8,13 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-/// The NPU is single-tenant (a second process gets "NPU busy"): runs of the NPU path in this
-/// test binary take turns.
-static NPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn decode(model: &Path, prompt: &Path, extra: &[&str], envs: &[(&str, &Path)]) -> Json {
     let _turn = extra.contains(&"npu").then(|| {
-        NPU.lock()
+        common::NPU
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     });
     let mut cmd = common::llm_decode();

@@ -151,3 +151,8 @@ impl Run {
         self.seq = self.model.sequence(ty);
     }
 }
+
+/// The NPU is single-tenant (a second process gets "NPU busy": the NPU path takes the lock
+/// file `/tmp/rknn-npu.lock`): runs of `llm-decode --backend npu` in one test binary hold this
+/// to take turns.
+pub static NPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
