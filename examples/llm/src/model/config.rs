@@ -1,26 +1,9 @@
-//! A model's hyper-parameters, read from the GGUF metadata.
+//! A model's hyper-parameters, read from the GGUF metadata: the keys every family shares here,
+//! each family's own in its file under [`super::family`].
 
 use super::error::ModelError;
+use super::family::{self, Family};
 use crate::gguf::{GgufFile, Value};
-
-/// The architectures [`Model`](super::Model) runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    /// `llama`: GGUF files rotate adjacent pairs in RoPE.
-    Llama,
-    /// `qwen2`: Q/K/V biases, RoPE on the two halves of each head (NeoX style).
-    Qwen2,
-}
-
-impl Architecture {
-    /// The name in `general.architecture`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Qwen2 => "qwen2",
-        }
-    }
-}
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +14,25 @@ pub enum RopeStyle {
     Halves,
 }
 
+/// Sliding-window attention on some layers (Gemma 3's local layers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a query sees, itself included: the key at position `p0` is visible from the
+    /// query at `p1` when `p1 - p0 < window`.
+    pub window: usize,
+    /// Per layer: whether it is local (windowed); the others attend to every position.
+    pub layers: Vec<bool>,
+    /// The local layers' RoPE base.
+    pub rope_base: f32,
+    /// The local layers' RoPE position scale.
+    pub rope_freq_scale: f32,
+}
+
 /// Model hyper-parameters, read from the GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The architecture.
-    pub arch: Architecture,
+    /// The architecture's rules.
+    pub family: &'static Family,
     /// Vocabulary size (rows of the embedding).
     pub n_vocab: usize,
     /// Width of the residual stream.
@@ -62,9 +59,19 @@ pub struct Config {
     pub n_rot: usize,
     /// The RoPE pairing.
     pub rope_style: RopeStyle,
+    /// The attention scale (`1/√head_dim` unless the family sets another), applied to the
+    /// scores inside the softmax, or to the queries when the family says so
+    /// ([`Family::scale_queries`]).
+    pub attn_scale: f32,
+    /// The factor the embedding rows are multiplied by (Gemma: √n_embd).
+    pub embd_scale: Option<f32>,
+    /// The sliding window of the local layers, if any.
+    pub sliding_window: Option<SlidingWindow>,
+    /// `cap · tanh(logit / cap)` on the output logits, if set.
+    pub final_logit_softcap: Option<f32>,
 }
 
-fn key_usize(file: &GgufFile, key: &str) -> Result<Option<usize>, ModelError> {
+pub(super) fn key_usize(file: &GgufFile, key: &str) -> Result<Option<usize>, ModelError> {
     match file.metadata().get(key) {
         None => Ok(None),
         Some(v) => v
@@ -78,7 +85,7 @@ fn key_usize(file: &GgufFile, key: &str) -> Result<Option<usize>, ModelError> {
     }
 }
 
-fn key_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, ModelError> {
+pub(super) fn key_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, ModelError> {
     match file.metadata().get(key) {
         None => Ok(None),
         Some(v) => v
@@ -108,14 +115,11 @@ impl Config {
             .ok_or_else(|| ModelError::MissingKey {
                 key: "general.architecture".into(),
             })?;
-        let arch = match arch_name {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            other => {
-                return Err(ModelError::UnsupportedArchitecture { arch: other.into() });
-            }
-        };
-        let p = arch.name();
+        let fam = family::family(arch_name).ok_or_else(|| ModelError::UnsupportedArchitecture {
+            arch: arch_name.into(),
+            supported: family::supported(),
+        })?;
+        let p = fam.name;
         let req = |k: &str| -> Result<usize, ModelError> {
             let key = format!("{p}.{k}");
             key_usize(file, &key)?.ok_or(ModelError::MissingKey { key })
@@ -213,8 +217,8 @@ impl Config {
                 usize::try_from(emb.dims().get(1).copied().unwrap_or(0)).unwrap_or(0)
             }
         };
-        Ok(Config {
-            arch,
+        let mut c = Config {
+            family: fam,
             n_vocab,
             n_embd,
             n_layer,
@@ -227,11 +231,22 @@ impl Config {
             rope_base,
             rope_freq_scale,
             n_rot,
-            rope_style: match arch {
-                Architecture::Llama => RopeStyle::Adjacent,
-                Architecture::Qwen2 => RopeStyle::Halves,
-            },
-        })
+            rope_style: fam.rope_style,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embd_scale: None,
+            sliding_window: None,
+            final_logit_softcap: None,
+        };
+        (fam.hparams)(file, &mut c)?;
+        Ok(c)
+    }
+
+    /// The sliding window of layer `l`, if it is local.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.sliding_window
+            .as_ref()
+            .filter(|s| s.layers.get(l).copied().unwrap_or(false))
+            .map(|s| s.window)
     }
 
     /// Width of the queries of all heads (`n_head × head_dim`).

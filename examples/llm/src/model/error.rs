@@ -11,10 +11,12 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// `general.architecture` names an architecture this crate does not run.
-    #[error("unsupported architecture {arch:?} (supported: llama, qwen2)")]
+    #[error("unsupported architecture {arch:?} (supported: {supported})")]
     UnsupportedArchitecture {
         /// The architecture named by the file.
         arch: String,
+        /// The architectures this crate runs, comma-separated.
+        supported: String,
     },
     /// A required metadata key is absent.
     #[error("metadata key {key:?} is missing")]
@@ -82,6 +84,25 @@ pub enum ModelError {
         pos: usize,
         /// Positions cached.
         cached: usize,
+    },
+    /// A step back further than the sliding-window layers keep their keys.
+    #[error(
+        "cannot go back to position {pos} of {cached}: the sliding-window layers keep the keys of \
+         the last passes only (reset the sequence and evaluate from 0)"
+    )]
+    RewindPastWindow {
+        /// The position asked for.
+        pos: usize,
+        /// Positions cached.
+        cached: usize,
+    },
+    /// A context size the model cannot take.
+    #[error("context size {asked} exceeds the model's trained context of {trained}")]
+    ContextTooLarge {
+        /// The size asked for.
+        asked: usize,
+        /// The model's `context_length`.
+        trained: usize,
     },
     /// A token id outside the vocabulary.
     #[error("token id {token} is outside the vocabulary of {n_vocab}")]

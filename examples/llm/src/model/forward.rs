@@ -1,10 +1,14 @@
 //! The forward pass: token ids at positions of one sequence to logits, read in one sitting.
 //!
-//! A token's path: embedding row → per layer { RMSNorm → Q, K, V projections (+ biases for
-//! qwen2) → RoPE on Q and K → append K, V to the sequence's cache → causal grouped-query
-//! attention → output projection → residual; RMSNorm → SwiGLU feed-forward → residual } →
-//! final RMSNorm → output projection (tied to the embedding when the file has no
-//! `output.weight`). Every weight matmul goes through the seam ([`LinearOp`]).
+//! A token's path: embedding row (× √n_embd for gemma) → per layer { RMSNorm → Q, K, V
+//! projections (+ biases for qwen2) → per-head Q/K RMSNorms (qwen3, gemma3) → RoPE on Q and K
+//! (the local layers' own base on a sliding-window model) → append K, V to the sequence's
+//! cache → causal grouped-query attention (over the last `window` positions on a local layer)
+//! → output projection → RMSNorm (gemma3's post-norm) → residual; RMSNorm → gated
+//! feed-forward (SiLU or GELU) → RMSNorm (post-norm) → residual } → final RMSNorm → output
+//! projection (tied to the embedding when the file has no `output.weight`) → soft-cap if set.
+//! Which of these a model has is its [`Family`](super::family::Family)'s data. Every weight
+//! matmul goes through the seam ([`LinearOp`]).
 //!
 //! Batch invariance: the logits of a position are bit-identical whether it is computed alone
 //! or inside a batch of any size, with any thread count. Every float reduction (matmul dot
@@ -16,11 +20,12 @@ use std::time::{Duration, Instant};
 #[cfg(doc)]
 use super::backend::LinearOp;
 use super::error::ModelError;
+use super::family::Activation;
 use super::kv_cache::{CacheType, KvCache};
 use super::load::Model;
 use super::ops::{
-    ATTENTION_PARALLEL_WORK, RopeTable, add_bias, add_into, attention, rms_norm, split_columns,
-    swiglu,
+    ATTENTION_PARALLEL_WORK, RopeTable, add_bias, add_into, attention, geglu, rms_norm,
+    rms_norm_in_place, scale, softcap, split_columns, swiglu,
 };
 
 /// Which rows of logits [`Model::forward`] computes.
@@ -54,11 +59,18 @@ pub struct Stats {
 #[derive(Debug)]
 pub struct Sequence {
     cache: KvCache,
+    /// Positions it may hold.
+    n_ctx: usize,
     logits: Vec<f32>,
     stats: Stats,
 }
 
 impl Sequence {
+    /// Positions the sequence may hold (its context size).
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
     /// Positions held in the cache.
     pub fn len(&self) -> usize {
         self.cache.len()
@@ -89,18 +101,24 @@ impl Sequence {
         self.cache.truncate(0);
     }
 
-    /// Keeps the first `len` cached positions (no change if it holds fewer).
+    /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
+    /// sliding-window layers, a cut further back than they keep (more than
+    /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read
+    /// [`Sequence::len`] after it.
     pub fn truncate(&mut self, len: usize) {
         self.cache.truncate(len);
     }
 }
 
 impl Model {
-    /// An empty sequence whose cache stores keys and values as `ty`.
+    /// An empty sequence whose cache stores keys and values as `ty`, of the model's context
+    /// size ([`Model::n_ctx`]).
     pub fn sequence(&self, ty: CacheType) -> Sequence {
         let c = &self.config;
+        let windows = (0..c.n_layer).map(|l| c.window(l)).collect();
         Sequence {
-            cache: KvCache::new(c.n_layer * c.n_head_kv, c.head_dim, ty),
+            cache: KvCache::new(windows, c.n_head_kv, c.head_dim, ty),
+            n_ctx: self.n_ctx,
             logits: Vec::new(),
             stats: Stats::default(),
         }
@@ -137,11 +155,17 @@ impl Model {
                 cached: seq.cache.len(),
             });
         }
-        if pos.checked_add(m).is_none_or(|end| end > c.n_ctx) {
+        if pos.checked_add(m).is_none_or(|end| end > seq.n_ctx) {
             return Err(ModelError::ContextOverflow {
                 pos,
                 n_tokens: m,
-                n_ctx: c.n_ctx,
+                n_ctx: seq.n_ctx,
+            });
+        }
+        if !seq.cache.can_rewind_to(pos) {
+            return Err(ModelError::RewindPastWindow {
+                pos,
+                cached: seq.cache.len(),
             });
         }
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
@@ -164,8 +188,19 @@ impl Model {
         for (row, &t) in x.chunks_exact_mut(e).zip(tokens) {
             let s = t as usize * self.embd_row_bytes;
             crate::gguf::dequantize(self.embd_ty, &self.embd[s..s + self.embd_row_bytes], row)?;
+            if let Some(f) = c.embd_scale {
+                scale(row, f);
+            }
         }
-        let rope = RopeTable::new(c, self.rope_freqs.as_deref(), pos, m);
+        let fam = c.family;
+        let freqs = self.rope_freqs.as_deref();
+        let rope = RopeTable::new(c, (c.rope_base, c.rope_freq_scale), freqs, pos, m);
+        let rope_local = c
+            .sliding_window
+            .as_ref()
+            .map(|s| RopeTable::new(c, (s.rope_base, s.rope_freq_scale), freqs, pos, m));
+        // Where the family scales the queries, the softmax's scale is 1 (exact).
+        let score_scale = if fam.scale_queries { 1.0 } else { c.attn_scale };
         let mut h = vec![0.0f32; m * e];
         let mut qkv = vec![0.0f32; m * (qd + 2 * kvd)];
         let mut q = vec![0.0f32; m * qd];
@@ -188,22 +223,37 @@ impl Model {
             add_bias(q, layer.bq.as_deref());
             add_bias(k, layer.bk.as_deref());
             add_bias(v, layer.bv.as_deref());
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                rms_norm_in_place(q, qn, c.rms_eps);
+                rms_norm_in_place(k, kn, c.rms_eps);
+            }
+            let window = c.window(l);
+            let rope = match (window, &rope_local) {
+                (Some(_), Some(local)) => local,
+                _ => &rope,
+            };
             rope.apply(q, c.n_head);
             rope.apply(k, c.n_head_kv);
-            let heads = l * c.n_head_kv..(l + 1) * c.n_head_kv;
-            seq.cache.append(heads.clone(), k, v);
+            if fam.scale_queries {
+                scale(q, c.attn_scale);
+            }
+            seq.cache.append(l, k, v);
 
             let t = Instant::now();
-            let work = m * c.n_head * (pos + m) * c.head_dim;
-            let (keys, values) = seq.cache.heads(heads);
+            let seen = window.map_or(pos + m, |w| w.min(pos + m));
+            let work = m * c.n_head * seen * c.head_dim;
+            let kv = seq.cache.layer(l);
             let pool = (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool);
-            attention(c, pool, q, keys, values, pos, &mut att);
+            attention(c, pool, q, &kv, window, score_scale, pos, &mut att);
             t_attn += t.elapsed();
 
             let t = Instant::now();
             let p = &layer.wo;
             p.op.forward(&att, m, &mut h).map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
+            if let Some(w) = &layer.attn_post_norm {
+                rms_norm_in_place(&mut h, w, c.rms_eps);
+            }
             add_into(&mut x, &h);
 
             // Feed-forward block.
@@ -213,14 +263,20 @@ impl Model {
             p.op.forward(&h, m, &mut gate_up).map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
             let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
-            swiglu(c.n_ff, gate, up);
+            match fam.activation {
+                Activation::Silu => swiglu(c.n_ff, gate, up),
+                Activation::GeluTanh => geglu(c.n_ff, gate, up),
+            }
             let t = Instant::now();
             let p = &layer.w_down;
             p.op.forward(gate, m, &mut h).map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
+            if let Some(w) = &layer.ffn_post_norm {
+                rms_norm_in_place(&mut h, w, c.rms_eps);
+            }
             add_into(&mut x, &h);
         }
-        seq.cache.set_len(pos + m);
+        seq.cache.set_len(pos, pos + m);
 
         let rows = match which {
             Logits::None => 0..0,
@@ -238,6 +294,9 @@ impl Model {
             p.op.forward(&normed, n, &mut seq.logits)
                 .map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
+            if let Some(cap) = c.final_logit_softcap {
+                softcap(&mut seq.logits, cap);
+            }
         }
         let total = t_start.elapsed();
         let s = &mut seq.stats;

@@ -11,6 +11,13 @@
 //! invariant. Attention's row kernels read f16 rows converting them exactly as they load
 //! ([`super::kernels::Kernel::dot_rows_f16`]), so its result equals the f32 cache's on the
 //! rounded values, bit for bit.
+//!
+//! A local (sliding-window) layer keeps only what its window needs: after each pass, positions
+//! no later query can see are dropped from the front of its buffers once they add up to more
+//! than the window again (a copy amortised over that many positions), except the last
+//! [`REWIND`] positions' windows, so a caller may still step back that far (a rejected draft,
+//! a regenerated reply). Such a layer holds at most about `2 × (window + REWIND)` positions
+//! plus the last pass's tokens, whatever the context.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -59,6 +66,14 @@ impl KvRows {
         }
     }
 
+    /// Drops the first `n` values.
+    fn drain_front(&mut self, n: usize) {
+        match self {
+            KvRows::F32(v) => drop(v.drain(..n)),
+            KvRows::F16(v) => drop(v.drain(..n)),
+        }
+    }
+
     /// Appends `values` (rounded to f16 for an f16 cache).
     pub(crate) fn extend(&mut self, values: &[f32]) {
         match self {
@@ -72,6 +87,18 @@ impl KvRows {
     }
 }
 
+/// Positions a caller may step back from the start of the last pass and still find every key
+/// a local layer's window needs (see the module documentation).
+pub const REWIND: usize = 64;
+
+/// One layer's view of the cache: its KV heads' buffers, which hold positions `start..`.
+pub(crate) struct LayerKv<'a> {
+    pub(crate) keys: &'a [KvRows],
+    pub(crate) values: &'a [KvRows],
+    /// The first position the buffers hold (0 unless the layer is local).
+    pub(crate) start: usize,
+}
+
 /// Keys and values of every past position (see the module documentation).
 #[derive(Debug, Default)]
 pub struct KvCache {
@@ -80,26 +107,40 @@ pub struct KvCache {
     len: usize,
     /// Values per position of one buffer (a head's dimensions).
     head_dim: usize,
+    /// Buffers (KV heads) per layer.
+    heads: usize,
+    /// Per layer: its sliding window, if local, and the first position its buffers hold.
+    windows: Vec<Option<usize>>,
+    starts: Vec<usize>,
     ty: CacheType,
 }
 
 impl KvCache {
-    /// An empty cache of `buffers` (layers × KV heads) buffers of `head_dim` values per
-    /// position.
-    pub(crate) fn new(buffers: usize, head_dim: usize, ty: CacheType) -> KvCache {
+    /// An empty cache of one buffer per (layer, KV head), `head_dim` values per position; layer
+    /// `l` is local with window `w` when `windows[l]` is `Some(w)`.
+    pub(crate) fn new(
+        windows: Vec<Option<usize>>,
+        heads: usize,
+        head_dim: usize,
+        ty: CacheType,
+    ) -> KvCache {
+        let buffers = windows.len() * heads;
         KvCache {
             k: vec![KvRows::new(ty); buffers],
             v: vec![KvRows::new(ty); buffers],
             len: 0,
             head_dim,
+            heads,
+            starts: vec![0; windows.len()],
+            windows,
             ty,
         }
     }
 
-    /// Appends rows of keys `k` and values `v` (`[rows][heads.len() * head_dim]`) to the
-    /// buffers `heads`.
-    pub(crate) fn append(&mut self, heads: std::ops::Range<usize>, k: &[f32], v: &[f32]) {
-        let width = heads.len() * self.head_dim;
+    /// Appends rows of keys `k` and values `v` (`[rows][heads * head_dim]`) to layer `layer`.
+    pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let heads = layer * self.heads..(layer + 1) * self.heads;
+        let width = self.heads * self.head_dim;
         for (cache, new) in [(&mut self.k, k), (&mut self.v, v)] {
             for row in new.chunks_exact(width) {
                 for (buf, head) in cache[heads.clone()]
@@ -112,14 +153,46 @@ impl KvCache {
         }
     }
 
-    /// The key and value buffers `heads`.
-    pub(crate) fn heads(&self, heads: std::ops::Range<usize>) -> (&[KvRows], &[KvRows]) {
-        (&self.k[heads.clone()], &self.v[heads])
+    /// Layer `layer`'s buffers.
+    pub(crate) fn layer(&self, layer: usize) -> LayerKv<'_> {
+        let heads = layer * self.heads..(layer + 1) * self.heads;
+        LayerKv {
+            keys: &self.k[heads.clone()],
+            values: &self.v[heads],
+            start: self.starts[layer],
+        }
     }
 
-    /// Records that `len` positions are held (after [`KvCache::append`] of the new ones).
-    pub(crate) fn set_len(&mut self, len: usize) {
+    /// Records that `len` positions are held after a pass that appended positions `pos..len`,
+    /// and drops what the local layers no longer need (see the module documentation).
+    pub(crate) fn set_len(&mut self, pos: usize, len: usize) {
         self.len = len;
+        let hd = self.head_dim;
+        for (l, window) in self.windows.iter().enumerate() {
+            let Some(w) = *window else { continue };
+            // The first key a query at `pos - REWIND` or later can see.
+            let keep_from = pos.saturating_sub(REWIND).saturating_sub(w - 1);
+            let drop = keep_from.saturating_sub(self.starts[l]);
+            if drop < w + REWIND {
+                continue;
+            }
+            for buf in self.k[l * self.heads..(l + 1) * self.heads]
+                .iter_mut()
+                .chain(&mut self.v[l * self.heads..(l + 1) * self.heads])
+            {
+                buf.drain_front(drop * hd);
+            }
+            self.starts[l] += drop;
+        }
+    }
+
+    /// Whether the cache can be cut back to `pos` positions and go on from there: every local
+    /// layer still holds the keys a query at `pos` sees (always, back to 0).
+    pub fn can_rewind_to(&self, pos: usize) -> bool {
+        pos == 0
+            || self.windows.iter().zip(&self.starts).all(|(w, &start)| {
+                start == 0 || w.is_some_and(|w| (pos + 1).saturating_sub(w) >= start)
+            })
     }
 
     /// Positions held.
@@ -154,10 +227,24 @@ impl KvCache {
             * elem
     }
 
-    /// Keeps the first `pos` positions.
+    /// Keeps the first `pos` positions; when a local layer no longer holds what a query at
+    /// `pos` sees ([`KvCache::can_rewind_to`]), keeps none.
     pub(crate) fn truncate(&mut self, pos: usize) {
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.truncate(pos * self.head_dim);
+        let pos = if self.can_rewind_to(pos) { pos } else { 0 };
+        for (l, &start) in self.starts.iter().enumerate() {
+            for buf in self.k[l * self.heads..(l + 1) * self.heads]
+                .iter_mut()
+                .chain(&mut self.v[l * self.heads..(l + 1) * self.heads])
+            {
+                if pos == 0 {
+                    buf.truncate(0);
+                } else {
+                    buf.truncate(pos.saturating_sub(start) * self.head_dim);
+                }
+            }
+        }
+        if pos == 0 {
+            self.starts.iter_mut().for_each(|s| *s = 0);
         }
         self.len = pos.min(self.len);
     }
@@ -186,8 +273,50 @@ mod tests {
     }
 
     #[test]
+    fn a_local_layer_keeps_its_window_and_the_rewind_margin_only() {
+        // Layer 0 global, layer 1 local with a window of 8; one head of 2 values.
+        let w = 8;
+        let mut c = KvCache::new(vec![None, Some(w)], 1, 2, CacheType::F32);
+        let mut len = 0;
+        for step in 0..400 {
+            // Passes of 1..=5 positions, the value of a position its index.
+            let m = 1 + step % 5;
+            let rows: Vec<f32> = (len..len + m).flat_map(|p| [p as f32; 2]).collect();
+            for l in 0..2 {
+                c.append(l, &rows, &rows);
+            }
+            c.set_len(len, len + m);
+            let pos = len;
+            len += m;
+            let local = c.layer(1);
+            let KvRows::F32(keys) = &local.keys[0] else {
+                unreachable!()
+            };
+            // What it holds is positions start..len, in order.
+            assert_eq!(keys.len(), (len - local.start) * 2);
+            assert_eq!(keys[0], local.start as f32);
+            // Bounded, and enough for any query from REWIND before the pass on.
+            assert!(
+                len - local.start <= 2 * (w + REWIND) + m,
+                "holds {}",
+                len - local.start
+            );
+            assert!(c.can_rewind_to(pos.saturating_sub(REWIND)));
+        }
+        let start = c.layer(1).start;
+        assert!(start > 0);
+        assert!(
+            !c.can_rewind_to(start),
+            "a query at {start} needs positions before it"
+        );
+        // A cut the local layer cannot serve keeps nothing.
+        c.truncate(start);
+        assert_eq!((c.len(), c.layer(1).start, c.bytes()), (0, 0, 0));
+    }
+
+    #[test]
     fn truncation_and_sizes() {
-        let mut c = KvCache::new(2, 2, CacheType::F16);
+        let mut c = KvCache::new(vec![None, None], 1, 2, CacheType::F16);
         for r in c.k.iter_mut().chain(c.v.iter_mut()) {
             r.extend(&[1.0; 8]);
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rknn_matmul::engine::Engine;
 
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
-use super::config::{Architecture, Config};
+use super::config::Config;
 use super::error::ModelError;
 use crate::gguf::{GgmlType, GgufFile, TensorView};
 
@@ -29,6 +29,14 @@ impl Projection {
 /// One transformer block's weights.
 pub(super) struct Layer {
     pub(super) attn_norm: Vec<f32>,
+    /// Per-head RMSNorm weights of the queries and keys (`head_dim` each), if the family has
+    /// them.
+    pub(super) q_norm: Option<Vec<f32>>,
+    pub(super) k_norm: Option<Vec<f32>>,
+    /// RMSNorm weights of the attention's and the feed-forward's outputs, if the family has
+    /// them.
+    pub(super) attn_post_norm: Option<Vec<f32>>,
+    pub(super) ffn_post_norm: Option<Vec<f32>>,
     /// q, k and v fused: they read the same input, so a backend that transforms its input
     /// (quantises, rotates) does it once, and runs one matmul instead of three.
     pub(super) wqkv: Projection,
@@ -56,6 +64,8 @@ pub struct Model {
     pub(super) output: Projection,
     pub(super) rope_freqs: Option<Vec<f32>>,
     pub(super) pool: Arc<rayon::ThreadPool>,
+    /// The context size of its sequences.
+    pub(super) n_ctx: usize,
     backend_kind: &'static str,
     engine: Option<Engine>,
 }
@@ -138,30 +148,45 @@ impl Model {
         // The block count comes from the file: every layer has tensors in it, so no more
         // layers than tensors are reserved up front (2^40 layers aborted the process).
         let mut layers = Vec::with_capacity(c.n_layer.min(file.tensor_infos().len()));
+        let fam = c.family;
+        let hd = c.head_dim as u64;
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             let bias =
                 |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
-                    match c.arch {
-                        Architecture::Qwen2 => vector(&n(s), len, done).map(Some),
-                        Architecture::Llama if file.tensor(&n(s)).is_some() => {
-                            Err(ModelError::Unsupported {
-                                what: format!("tensor {:?} in a llama model", n(s)),
-                            })
-                        }
-                        Architecture::Llama => Ok(None),
+                    if fam.qkv_bias {
+                        vector(&n(s), len, done).map(Some)
+                    } else if file.tensor(&n(s)).is_some() {
+                        Err(ModelError::Unsupported {
+                            what: format!("tensor {:?} in a {} model", n(s), fam.name),
+                        })
+                    } else {
+                        Ok(None)
                     }
                 };
+            let optional = |on: bool, s: &str, len: u64, done: &mut u64| match on {
+                true => vector(&n(s), len, done).map(Some),
+                false => Ok(None),
+            };
+            // Q, K and V in one tensor where the file fuses them (phi3), else three.
+            let fused_qkv = n("attn_qkv.weight");
             let (wq, wk, wv) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));
+            let qkv_parts: Vec<(&str, u64)> = if file.tensor(&fused_qkv).is_some() {
+                vec![(&fused_qkv, q + 2 * kv)]
+            } else {
+                vec![(&wq, q), (&wk, kv), (&wv, kv)]
+            };
             let (wg, wu) = (n("ffn_gate.weight"), n("ffn_up.weight"));
+            let gate_up_parts: Vec<(&str, u64)> = if fam.fused_gate_up {
+                vec![(&wu, 2 * ff)]
+            } else {
+                vec![(&wg, ff), (&wu, ff)]
+            };
             let layer = Layer {
                 attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
-                wqkv: linear(
-                    LinearRole::Qkv,
-                    &[(&wq, q), (&wk, kv), (&wv, kv)],
-                    e,
-                    &mut done,
-                )?,
+                q_norm: optional(fam.qk_norm, "attn_q_norm.weight", hd, &mut done)?,
+                k_norm: optional(fam.qk_norm, "attn_k_norm.weight", hd, &mut done)?,
+                wqkv: linear(LinearRole::Qkv, &qkv_parts, e, &mut done)?,
                 bq: bias("attn_q.bias", q, &mut done)?,
                 bk: bias("attn_k.bias", kv, &mut done)?,
                 bv: bias("attn_v.bias", kv, &mut done)?,
@@ -171,14 +196,21 @@ impl Model {
                     q,
                     &mut done,
                 )?,
+                attn_post_norm: optional(
+                    fam.post_norms,
+                    "post_attention_norm.weight",
+                    e,
+                    &mut done,
+                )?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                w_gate_up: linear(LinearRole::GateUp, &[(&wg, ff), (&wu, ff)], e, &mut done)?,
+                w_gate_up: linear(LinearRole::GateUp, &gate_up_parts, e, &mut done)?,
                 w_down: linear(
                     LinearRole::Down,
                     &[(&n("ffn_down.weight"), e)],
                     ff,
                     &mut done,
                 )?,
+                ffn_post_norm: optional(fam.post_norms, "post_ffw_norm.weight", e, &mut done)?,
             };
             layers.push(layer);
             progress(done, total);
@@ -216,9 +248,30 @@ impl Model {
             output,
             rope_freqs,
             pool,
+            n_ctx: c.n_ctx,
             backend_kind,
             config: c,
         })
+    }
+
+    /// Sets the context size of the sequences made from now on: `n_ctx` positions, or the
+    /// trained context for 0 (llama.cpp's `-c`); more than the trained context is refused.
+    pub fn set_context(&mut self, n_ctx: usize) -> Result<(), ModelError> {
+        let trained = self.config.n_ctx;
+        if n_ctx > trained {
+            return Err(ModelError::ContextTooLarge {
+                asked: n_ctx,
+                trained,
+            });
+        }
+        self.n_ctx = if n_ctx == 0 { trained } else { n_ctx };
+        Ok(())
+    }
+
+    /// The context size of its sequences ([`Model::set_context`]; the trained context by
+    /// default).
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
     }
 
     /// The configuration.

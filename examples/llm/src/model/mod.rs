@@ -1,6 +1,8 @@
-//! The model: the llama family's forward pass (`llama`, `qwen2`) over weights loaded from a
-//! GGUF file, every weight matmul through one seam.
+//! The model: the decoder-only transformer's forward pass over weights loaded from a GGUF
+//! file, for the families of [`FAMILIES`] (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`), every
+//! weight matmul through one seam.
 //!
+//! * `family/`: one [`Family`] per architecture, as data plus one small file each;
 //! * `config.rs`: [`Config`], the hyper-parameters read from the metadata;
 //! * `load.rs`: [`Model`], the weights (immutable once loaded, shared by any number of
 //!   sequences) built through a [`LinearFactory`];
@@ -14,6 +16,7 @@ mod backend;
 mod config;
 mod error;
 mod exp;
+mod family;
 mod forward;
 mod host;
 mod host_pool;
@@ -24,11 +27,12 @@ mod npu;
 mod ops;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
-pub use config::{Architecture, Config, RopeStyle};
+pub use config::{Config, RopeStyle, SlidingWindow};
 pub use error::ModelError;
+pub use family::{Activation, FAMILIES, Family};
 pub use forward::{Logits, Sequence, Stats};
 pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::host_pool;
-pub use kv_cache::{CacheType, KvCache};
+pub use kv_cache::{CacheType, KvCache, REWIND};
 pub use load::{Model, Progress};
 pub use npu::{EngineFactory, EngineOptions, Residual};

@@ -1,0 +1,17 @@
+//! `llama` (Llama 1–3, SmolLM2, TinyLlama, Mistral): GGUF files permute Q and K to rotate
+//! adjacent pairs; no biases, SiLU-gated feed-forward.
+
+use super::{Activation, Family, no_hparams};
+use crate::model::config::RopeStyle;
+
+pub(super) const FAMILY: Family = Family {
+    name: "llama",
+    rope_style: RopeStyle::Adjacent,
+    qkv_bias: false,
+    qk_norm: false,
+    post_norms: false,
+    activation: Activation::Silu,
+    fused_gate_up: false,
+    scale_queries: false,
+    hparams: no_hparams,
+};

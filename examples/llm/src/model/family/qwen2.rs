@@ -1,0 +1,16 @@
+//! `qwen2` (Qwen2, Qwen2.5): Q/K/V biases, RoPE on the two halves of each head (NeoX).
+
+use super::{Activation, Family, no_hparams};
+use crate::model::config::RopeStyle;
+
+pub(super) const FAMILY: Family = Family {
+    name: "qwen2",
+    rope_style: RopeStyle::Halves,
+    qkv_bias: true,
+    qk_norm: false,
+    post_norms: false,
+    activation: Activation::Silu,
+    fused_gate_up: false,
+    scale_queries: false,
+    hparams: no_hparams,
+};

@@ -1,0 +1,33 @@
+//! `qwen3` (Qwen3 dense): per-head RMSNorm of Q and K before RoPE, no biases, NeoX RoPE; the
+//! head size comes from `qwen3.attention.key_length` (128 for every size, whatever
+//! `n_embd / n_head` is).
+
+use super::{Activation, Family};
+use crate::gguf::GgufFile;
+use crate::model::config::{Config, RopeStyle};
+use crate::model::error::ModelError;
+
+pub(super) const FAMILY: Family = Family {
+    name: "qwen3",
+    rope_style: RopeStyle::Halves,
+    qkv_bias: false,
+    qk_norm: true,
+    post_norms: false,
+    activation: Activation::Silu,
+    fused_gate_up: false,
+    scale_queries: false,
+    hparams,
+};
+
+/// llama.cpp rotates the whole head (it asserts `n_rot == head size`).
+fn hparams(_: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
+    if c.n_rot != c.head_dim {
+        return Err(ModelError::Unsupported {
+            what: format!(
+                "qwen3 with RoPE on {} of {} dimensions per head",
+                c.n_rot, c.head_dim
+            ),
+        });
+    }
+    Ok(())
+}
