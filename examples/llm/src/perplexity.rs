@@ -34,7 +34,7 @@ pub fn perplexity(
             got: ids.len(),
         });
     }
-    let n_ctx = model.config().n_ctx;
+    let n_ctx = seq.n_ctx();
     let n_vocab = model.config().n_vocab;
     let batch = batch.max(1);
     let (mut nll, mut scored, mut windows) = (0.0f64, 0usize, 0usize);

@@ -646,7 +646,7 @@ impl Iterator for Generate<'_> {
         }
         // Feed the last emitted token (and drafts) and decide the next.
         let pos = self.s.seq.len();
-        let n_ctx = self.s.model.config().n_ctx;
+        let n_ctx = self.s.seq.n_ctx();
         if pos >= n_ctx {
             self.end(Stop::Context);
             return self.next();

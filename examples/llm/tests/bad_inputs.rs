@@ -110,16 +110,29 @@ impl B {
 
 /// A llama configuration (no tensors yet) with these sizes.
 fn llama(n_tensors: u64, embd: u64, layers: u64, heads: u64, head_dim: Option<u64>) -> B {
-    let mut b = B::new(n_tensors, 7 + u64::from(head_dim.is_some()));
-    b.kv_str("general.architecture", "llama")
-        .kv_u64("llama.embedding_length", embd)
-        .kv_u64("llama.block_count", layers)
-        .kv_u64("llama.feed_forward_length", 8)
-        .kv_u64("llama.attention.head_count", heads)
-        .kv_u64("llama.context_length", 16)
-        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    config_of("llama", n_tensors, 0, embd, layers, heads, head_dim)
+}
+
+/// A configuration of architecture `arch` with these sizes, and room for `extra_kv` more keys.
+fn config_of(
+    arch: &str,
+    n_tensors: u64,
+    extra_kv: u64,
+    embd: u64,
+    layers: u64,
+    heads: u64,
+    head_dim: Option<u64>,
+) -> B {
+    let mut b = B::new(n_tensors, 7 + u64::from(head_dim.is_some()) + extra_kv);
+    b.kv_str("general.architecture", arch)
+        .kv_u64(&format!("{arch}.embedding_length"), embd)
+        .kv_u64(&format!("{arch}.block_count"), layers)
+        .kv_u64(&format!("{arch}.feed_forward_length"), 8)
+        .kv_u64(&format!("{arch}.attention.head_count"), heads)
+        .kv_u64(&format!("{arch}.context_length"), 16)
+        .kv_f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
     if let Some(d) = head_dim {
-        b.kv_u64("llama.attention.key_length", d);
+        b.kv_u64(&format!("{arch}.attention.key_length"), d);
     }
     b
 }
@@ -406,7 +419,77 @@ fn model_cases() -> Vec<Case> {
                 let mut b = B::new(0, 1);
                 b.kv_str("general.architecture", "gpt2");
                 let f = b.parse().map_err(|e| e.to_string())?;
-                expect_err!(load(&f), ModelError::UnsupportedArchitecture { ref arch } if arch == "gpt2")
+                expect_err!(
+                    load(&f),
+                    ModelError::UnsupportedArchitecture { ref arch, ref supported }
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3"
+                )
+            }),
+        ),
+        (
+            "a gemma3 file without its Q norm",
+            Box::new(|| {
+                let mut b = config_of("gemma3", 2, 0, 8, 1, 2, Some(4));
+                b.tensor("token_embd.weight", &[8, 1], 0, 0)
+                    .tensor("blk.0.attn_norm.weight", &[8], 0, 32)
+                    .data(64);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_q_norm.weight")
+            }),
+        ),
+        (
+            "a phi3 file with long-context RoPE factors",
+            Box::new(|| {
+                let mut b = config_of("phi3", 1, 1, 8, 1, 2, None);
+                b.kv_u64("phi3.vocab_size", 4)
+                    .tensor("rope_factors_long.weight", &[2], 0, 0)
+                    .data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("longrope") && what.contains("rope_factors_long.weight")
+                )
+            }),
+        ),
+        (
+            "a qwen3 file rotating part of each head",
+            Box::new(|| {
+                let mut b = config_of("qwen3", 0, 2, 8, 1, 2, Some(4));
+                b.kv_u64("qwen3.rope.dimension_count", 2)
+                    .kv_u64("qwen3.vocab_size", 4);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::Unsupported { ref what } if what.contains("2 of 4 dimensions"))
+            }),
+        ),
+        (
+            "a gemma3 sliding-window pattern of the wrong length",
+            Box::new(|| {
+                let mut b = config_of("gemma3", 0, 3, 8, 3, 2, Some(4));
+                b.kv_u64("gemma3.attention.sliding_window", 4)
+                    .kv_u64("gemma3.vocab_size", 4);
+                b.str("gemma3.attention.sliding_window_pattern")
+                    .u32(9)
+                    .u32(7)
+                    .u64(2)
+                    .0
+                    .extend([1u8, 0]);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadKey { ref key, ref reason }
+                        if key == "gemma3.attention.sliding_window_pattern" && reason == "2 entries for 3 layers"
+                )
+            }),
+        ),
+        (
+            "a context size beyond the trained one",
+            Box::new(move || {
+                let mut m = load(&tiny()).map_err(|e| e.to_string())?;
+                let trained = m.config().n_ctx;
+                expect_err!(
+                    m.set_context(trained + 1),
+                    ModelError::ContextTooLarge { asked, trained: t } if asked == trained + 1 && t == trained
+                )
             }),
         ),
         (

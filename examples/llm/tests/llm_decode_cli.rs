@@ -134,6 +134,42 @@ fn n_zero_only_evaluates_the_prompt() {
     );
 }
 
+/// `-c` bounds the sequence: generation that fills it stops with `stop: context` after exactly
+/// `c - prompt + 1` tokens (the last one decided from position `c - 1`'s logits, never fed); 0
+/// is the trained context; beyond it is refused with both numbers.
+#[test]
+fn ctx_size_bounds_the_context() {
+    let o = llm_decode(&[
+        "-m",
+        &tiny(),
+        "-p",
+        "hello world",
+        "-n",
+        "100",
+        "--temp",
+        "0",
+        "-c",
+        "12",
+        "--json",
+    ]);
+    let doc = json_out(&o);
+    let prompt = ids(&doc["prompt_ids"]).len();
+    assert_eq!(doc["stats"]["stop"], "context");
+    assert_eq!(doc["stats"]["n_ctx"], 12);
+    assert_eq!(ids(&doc["generated_ids"]).len(), 12 - prompt + 1);
+    let trained = doc["stats"]["n_ctx_train"].as_u64().unwrap();
+    let o = llm_decode(&["-m", &tiny(), "-p", "hi", "-n", "0", "-c", "0", "--json"]);
+    assert_eq!(json_out(&o)["stats"]["n_ctx"], trained);
+    // The default: 4096, or the trained context if shorter (512 here).
+    let o = llm_decode(&["-m", &tiny(), "-p", "hi", "-n", "0", "--json"]);
+    assert_eq!(json_out(&o)["stats"]["n_ctx"], trained.min(4096));
+    let over = (trained + 1).to_string();
+    one_line_error(
+        &llm_decode(&["-m", &tiny(), "-p", "hi", "-c", &over]),
+        &format!("context size {over} exceeds the model's trained context of {trained}"),
+    );
+}
+
 #[test]
 fn streamed_text_is_prompt_then_generation() {
     let (text, _, _) = fixture_prompt(0);

@@ -152,6 +152,10 @@ struct Args {
     /// refuses a memory of another context).
     #[arg(long)]
     npu_no_shared_io: bool,
+    /// Context size: the most positions the KV cache holds (default 4096, or the trained
+    /// context if shorter; 0 is the trained context; more than it is refused).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    ctx_size: Option<usize>,
     /// Tokens per forward call while evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
@@ -196,6 +200,10 @@ struct Args {
     #[arg(long)]
     tokenize: bool,
 }
+
+/// `-c`'s default: bounded, so that a model trained for 32k or 128k positions does not take a
+/// board's memory by default (llama.cpp's default is 4096 too).
+const DEFAULT_CTX_SIZE: usize = 4096;
 
 fn main() {
     let args = Args::parse();
@@ -244,7 +252,12 @@ fn run(args: Args) -> Result<(), Error> {
     };
     // This thread drives the model: as the pool's member 0 it runs each pass itself.
     let pool = host_pool(threads)?;
-    let model = Arc::new(load_model(&file, pool, &args)?);
+    let mut model = load_model(&file, pool, &args)?;
+    model.set_context(
+        args.ctx_size
+            .unwrap_or(DEFAULT_CTX_SIZE.min(model.config().n_ctx)),
+    )?;
+    let model = Arc::new(model);
     let seed = args.seed.unwrap_or_else(random_seed);
     let sampling = SamplerConfig {
         temperature: args.temp,
@@ -385,7 +398,8 @@ fn run(args: Args) -> Result<(), Error> {
                 "threads": threads,
                 "kernel": rknn_llm::model::kernels::selected().name(),
                 "seed": seed,
-                "n_ctx": model.config().n_ctx,
+                "n_ctx": model.n_ctx(),
+                "n_ctx_train": model.config().n_ctx,
                 "cache_type": session.sequence().cache().cache_type().name(),
                 "matmul_s": stats.matmul.as_secs_f64(),
                 "attention_s": stats.attention.as_secs_f64(),
@@ -588,7 +602,7 @@ fn chat(
         "chat ({}): one message per line, end with Ctrl-D",
         format.name()
     );
-    let n_ctx = session.model().config().n_ctx;
+    let n_ctx = session.sequence().n_ctx();
     let mut lines = std::io::stdin().lock().lines();
     let mut pending = first.map(str::to_string);
     let mut stdout = std::io::stdout();
@@ -718,7 +732,7 @@ fn run_perplexity(
         p.ppl,
         p.scored,
         ids.len(),
-        model.config().n_ctx,
+        model.n_ctx(),
         rate(ids.len(), t.elapsed())
     );
     let engine = model.engine();
