@@ -13,6 +13,13 @@ use rknn_llm::model::Logits;
 use serde_json::Value as Json;
 
 const TOLERANCE: f32 = 1e-3;
+/// The bar for Gemma's GELU feed-forward: ggml rounds each GELU input to f16, and an input
+/// within float noise of an f16 rounding midpoint (about 0.6 % of them in tiny-gemma3, where
+/// numpy fed the same weights disagrees with llama.cpp as often) lands on the neighbouring
+/// f16, an 11-bit step. Without the rounding the difference is 4e-2; with it, the step's
+/// occasional flips leave about 1e-3 (`scripts/fixtures/check_tiny_families.py --gates`: numpy
+/// given llama.cpp's own GELU inputs agrees to 5e-5).
+const TOLERANCE_GELU_F16: f32 = 2e-3;
 /// Prefill chunk for the teacher-forced pass: several chunks per prompt, ragged last one.
 const CHUNK: usize = 24;
 
@@ -87,6 +94,10 @@ fn argmax(row: &[f32]) -> u32 {
 }
 
 fn check(name: &str, model_path: &Path) {
+    check_within(name, model_path, TOLERANCE);
+}
+
+fn check_within(name: &str, model_path: &Path, tolerance: f32) {
     let (subset_ids, prompts) = load_fixture(name);
     let mut model = load_model(model_path, 2);
     let n_vocab = model.config().n_vocab;
@@ -108,7 +119,7 @@ fn check(name: &str, model_path: &Path) {
                 let d = (got[id] - w).abs();
                 worst = worst.max(d);
                 assert!(
-                    d <= TOLERANCE,
+                    d <= tolerance,
                     "{name} prompt {pi} position {r} id {id}: {} vs llama.cpp {w}",
                     got[id]
                 );
@@ -160,4 +171,34 @@ fn smollm2_matches_llama_cpp() {
         return;
     };
     check("smollm2", &path);
+}
+
+#[test]
+fn tiny_qwen3_matches_llama_cpp() {
+    check(
+        "tiny-qwen3",
+        &common::fixtures().join("llm/tiny-qwen3.gguf"),
+    );
+}
+
+#[test]
+fn tiny_gemma3_matches_llama_cpp() {
+    check_within(
+        "tiny-gemma3",
+        &common::fixtures().join("llm/tiny-gemma3.gguf"),
+        TOLERANCE_GELU_F16,
+    );
+}
+
+#[test]
+fn tiny_phi3_matches_llama_cpp() {
+    check("tiny-phi3", &common::fixtures().join("llm/tiny-phi3.gguf"));
+}
+
+#[test]
+fn gemma3_270m_matches_llama_cpp() {
+    let Some(path) = common::gemma3_model_forward() else {
+        return;
+    };
+    check("gemma3-270m", &path);
 }

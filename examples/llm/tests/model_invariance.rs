@@ -1,12 +1,22 @@
 //! Batch and thread invariance of the f32 forward pass, and its input checks, on the tiny
-//! committed models.
+//! committed models (every family; tiny-gemma3 has a sliding window of 12 positions on six of
+//! its seven layers, so its runs of 200 positions cross the point where the local layers drop
+//! keys, see `KvCache`).
 
 mod common;
 
 use std::sync::Arc;
 
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError};
+use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
+
+const TINY: [&str; 5] = [
+    "tiny-qwen2.gguf",
+    "tiny-llama.gguf",
+    "tiny-qwen3.gguf",
+    "tiny-gemma3.gguf",
+    "tiny-phi3.gguf",
+];
 
 fn model(name: &str, threads: usize) -> common::Run {
     common::load_f32(&common::fixtures().join("llm").join(name), threads)
@@ -25,13 +35,13 @@ fn logits_in_chunks(m: &mut common::Run, tokens: &[u32], chunk: usize) -> Vec<u3
 #[test]
 fn logits_are_bit_identical_for_any_batch_split_and_thread_count() {
     let mut rng = fastrand::Rng::with_seed(12);
-    for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
+    for name in TINY {
         let mut one = model(name, 1);
         let mut two = model(name, 2);
         let n_vocab = one.config().n_vocab as u32;
-        let tokens: Vec<u32> = (0..53).map(|_| rng.u32(..n_vocab)).collect();
+        let tokens: Vec<u32> = (0..200).map(|_| rng.u32(..n_vocab)).collect();
         let reference = logits_in_chunks(&mut one, &tokens, 1);
-        for chunk in [2, 5, 16, 53] {
+        for chunk in [2, 5, 16, 200] {
             assert_eq!(
                 logits_in_chunks(&mut one, &tokens, chunk),
                 reference,
@@ -59,7 +69,7 @@ fn logits_are_bit_identical_for_any_batch_split_and_thread_count() {
 #[test]
 fn an_f16_cache_keeps_batch_invariance_and_stays_close_to_the_f32_cache() {
     let mut rng = fastrand::Rng::with_seed(13);
-    for name in ["tiny-qwen2.gguf", "tiny-llama.gguf"] {
+    for name in TINY {
         let mut exact = model(name, 2);
         let mut half = model(name, 2);
         half.set_cache_type(CacheType::F16);
@@ -103,6 +113,108 @@ fn rewinding_the_cache_recomputes_the_same_logits() {
 }
 
 #[test]
+fn local_layers_keep_their_window_and_a_rewind_margin_and_refuse_more() {
+    let mut m = model("tiny-gemma3.gguf", 2);
+    let sw = m
+        .config()
+        .sliding_window
+        .clone()
+        .expect("tiny-gemma3 is windowed");
+    let (w, n_local) = (sw.window, sw.layers.iter().filter(|&&l| l).count());
+    assert!(
+        n_local > 0 && n_local < m.config().n_layer,
+        "local and global layers"
+    );
+    let n_vocab = m.config().n_vocab as u32;
+    let mut rng = fastrand::Rng::with_seed(14);
+    let tokens: Vec<u32> = (0..400).map(|_| rng.u32(..n_vocab)).collect();
+    let mut last = Vec::new();
+    for (pos, &t) in tokens.iter().enumerate() {
+        last = m.forward(&[t], pos, Logits::Last).unwrap().to_vec();
+    }
+    // Memory: the global layers hold 400 positions, the local ones at most about
+    // 2 × (window + REWIND).
+    let c = m.config();
+    let per_position = 2 * c.n_head_kv * c.head_dim * 4;
+    let global = (c.n_layer - n_local) * 400 * per_position;
+    let local_cap = n_local * (2 * (w + REWIND) + 1) * per_position;
+    let bytes = m.cache().bytes();
+    assert!(bytes < global + local_cap, "{bytes} bytes");
+    assert!(
+        bytes < c.n_layer * 400 * per_position,
+        "the local layers dropped keys"
+    );
+    // Stepping back REWIND positions recomputes the same logits...
+    let back = 400 - REWIND;
+    m.forward(&tokens[back..399], back, Logits::None).unwrap();
+    assert_eq!(
+        m.forward(&[tokens[399]], 399, Logits::Last).unwrap(),
+        &last[..]
+    );
+    // ...stepping back to where the window's keys are gone is a typed error...
+    let e = m.forward(&[tokens[10]], 10, Logits::Last).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::RewindPastWindow {
+                pos: 10,
+                cached: 400
+            }
+        ),
+        "{e}"
+    );
+    // ...and a truncation there keeps nothing, from where position 0 starts again.
+    m.seq.truncate(10);
+    assert_eq!(m.cache().len(), 0);
+    let first = m.forward(&tokens[..1], 0, Logits::Last).unwrap().to_vec();
+    m.reset();
+    assert_eq!(
+        m.forward(&tokens[..1], 0, Logits::Last).unwrap(),
+        &first[..]
+    );
+}
+
+#[test]
+fn a_context_size_bounds_the_sequence() {
+    let file = GgufFile::open(common::fixtures().join("llm/tiny-llama.gguf")).unwrap();
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap(),
+    );
+    let mut factory = HostF32Factory::new(pool.clone());
+    let mut model = Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap();
+    let trained = model.config().n_ctx;
+    assert_eq!(model.n_ctx(), trained);
+    let e = model.set_context(trained + 1).unwrap_err();
+    assert!(
+        matches!(e, ModelError::ContextTooLarge { asked, trained: t } if asked == trained + 1 && t == trained),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&trained.to_string()), "{e}");
+    model.set_context(16).unwrap();
+    let mut seq = model.sequence(CacheType::F32);
+    assert_eq!(seq.n_ctx(), 16);
+    model.forward(&mut seq, &[1; 16], 0, Logits::None).unwrap();
+    let e = model.forward(&mut seq, &[1], 16, Logits::Last).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::ContextOverflow {
+                pos: 16,
+                n_tokens: 1,
+                n_ctx: 16
+            }
+        ),
+        "{e}"
+    );
+    // 0 is the trained context, as llama.cpp's -c 0.
+    model.set_context(0).unwrap();
+    assert_eq!(model.sequence(CacheType::F32).n_ctx(), trained);
+}
+
+#[test]
 fn bad_inputs_are_errors() {
     let mut m = model("tiny-llama.gguf", 1);
     let n_vocab = m.config().n_vocab;
@@ -139,6 +251,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3)"
     );
 }

@@ -72,7 +72,12 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
     let _npu = common::NPU
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut models = vec![common::fixtures().join("llm/tiny-qwen2.gguf")];
+    // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, qwen3's
+    // head size), then the demo model.
+    let mut models: Vec<_> = ["qwen2", "qwen3", "gemma3", "phi3"]
+        .iter()
+        .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
+        .collect();
     models.extend(common::demo_model_forward());
     let lib = common::dropin();
     for model in &models {
@@ -208,7 +213,13 @@ fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
 
 #[test]
 fn npu_logits_are_bit_identical_for_any_batch_split() {
-    let file = GgufFile::open(common::fixtures().join("llm/tiny-qwen2.gguf")).unwrap();
+    for name in ["tiny-qwen2", "tiny-gemma3"] {
+        npu_batch_invariance(name);
+    }
+}
+
+fn npu_batch_invariance(name: &str) {
+    let file = GgufFile::open(common::fixtures().join(format!("llm/{name}.gguf"))).unwrap();
     let mut m = npu_model(&file, EngineOptions::default());
     let n_vocab = m.config().n_vocab as u32;
     let mut rng = fastrand::Rng::with_seed(4);
@@ -224,7 +235,7 @@ fn npu_logits_are_bit_identical_for_any_batch_split() {
     };
     let alone = run(1);
     for chunk in [2, 3, 8, 37] {
-        assert_eq!(run(chunk), alone, "chunk {chunk}");
+        assert_eq!(run(chunk), alone, "{name} chunk {chunk}");
     }
 }
 
@@ -256,11 +267,26 @@ fn w8a8_stays_within_the_accuracy_bar_on_english_text() {
     let Some(path) = common::demo_model_forward() else {
         return;
     };
-    let file = GgufFile::open(&path).unwrap();
+    w8a8_accuracy(&path, usize::MAX);
+}
+
+/// The same bar on Gemma-3-270M (262 144-token head, sliding-window layers), over the text's
+/// first 1024 tokens (twice its window of 512).
+#[test]
+fn w8a8_stays_within_the_accuracy_bar_on_gemma3() {
+    let Some(path) = common::gemma3_model_forward() else {
+        return;
+    };
+    w8a8_accuracy(&path, 1024);
+}
+
+fn w8a8_accuracy(path: &Path, max_tokens: usize) {
+    let file = GgufFile::open(path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let text = std::fs::read_to_string(common::fixtures().join("text/eval_english.txt")).unwrap();
-    let ids = tok.encode(&text, true, false).unwrap();
-    assert!(ids.len() >= 1500, "{} tokens", ids.len());
+    let mut ids = tok.encode(&text, true, false).unwrap();
+    assert!(ids.len() >= 1024, "{} tokens", ids.len());
+    ids.truncate(max_tokens);
     let mut reference = f32_model(&file);
     let mut w8a8 = npu_model(&file, EngineOptions::default());
     let n_vocab = reference.config().n_vocab;
@@ -291,7 +317,8 @@ fn w8a8_stays_within_the_accuracy_bar_on_english_text() {
     );
     let rel = ppl_q / ppl_ref - 1.0;
     eprintln!(
-        "{scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
+        "{}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
+        path.display(),
         100.0 * top1,
         100.0 * rel
     );

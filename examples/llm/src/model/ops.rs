@@ -83,7 +83,11 @@ pub(super) fn geglu(width: usize, gate: &mut [f32], up: &[f32]) {
     });
 }
 
-/// GELU (tanh approximation, in f32) of every f16, rounded to f16: ggml's table.
+/// GELU (tanh approximation, in f32) of every f16, rounded to f16: ggml's table, entry for entry.
+/// ggml's C `0.5f*x*(1.0f + tanhf(√(2/π)*x*(1.0f + 0.044715f*x*x)))` is compiled with the inner
+/// `1 + a·x·x` contracted to a fused multiply-add, and glibc's `tanhf` is correctly rounded: so
+/// here `mul_add` and the f64 `tanh` rounded to f32 (the libm `tanhf` of other platforms
+/// differs in the last bit now and then).
 fn gelu_table() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
@@ -92,7 +96,9 @@ fn gelu_table() -> &'static [f32] {
         (0..=u16::MAX)
             .map(|bits| {
                 let x = half::f16::from_bits(bits).to_f32();
-                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                let inner = SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0);
+                let tanh = f64::from(inner).tanh() as f32;
+                let y = 0.5 * x * (1.0 + tanh);
                 half::f16::from_f32(y).to_f32()
             })
             .collect()
