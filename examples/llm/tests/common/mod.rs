@@ -18,6 +18,11 @@ pub fn demo_model() -> PathBuf {
     workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// Gemma-3-270M (Q4_K_M), fetched by `scripts/fetch-model.sh gemma3-270m`.
+pub fn gemma3_model() -> PathBuf {
+    workspace_root().join("models/gemma-3-270m-q4_k_m.gguf")
+}
+
 /// `Some(path)` if `path` exists; otherwise prints the skip message and returns `None`, or
 /// panics when `RKNPU_REQUIRE_DATA=1` (CI) demands the data.
 pub fn require(path: PathBuf, script: &str) -> Option<PathBuf> {
@@ -42,6 +47,15 @@ pub fn demo_model_forward() -> Option<PathBuf> {
         return None;
     }
     require(demo_model(), "scripts/fetch-model.sh")
+}
+
+/// Gemma-3-270M for a test that runs it forward, under the rules of [`demo_model_forward`].
+pub fn gemma3_model_forward() -> Option<PathBuf> {
+    if std::env::var("RKNPU_TEST_SMALL_MODELS_ONLY").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: RKNPU_TEST_SMALL_MODELS_ONLY=1 (Gemma-3-270M is not run forward)");
+        return None;
+    }
+    require(gemma3_model(), "scripts/fetch-model.sh gemma3-270m")
 }
 
 /// A `Command` for this crate's `llm-decode` binary. When the tests themselves run under an
