@@ -3,9 +3,10 @@
 //! interleaved sliding-window layers (five local, one global by default) with their own RoPE
 //! base; the queries scaled by `1/√head_size` before the scores (`1/√(n_embd/n_head)` on the
 //! 62-layer 27B, as llama.cpp and gemma_pytorch set it); optional final-logit soft-capping.
-//! The GGUF norm weights already include Gemma's `1 +`.
+//! The GGUF norm weights already include Gemma's `1 +`. On the NPU path every linear quantises
+//! its activations twice by default.
 
-use super::{Activation, Family, sliding_window};
+use super::{Activation, Family, Residual, sliding_window};
 use crate::gguf::GgufFile;
 use crate::model::config::{Config, RopeStyle, key_f32};
 use crate::model::error::ModelError;
@@ -19,6 +20,9 @@ pub(super) const FAMILY: Family = Family {
     activation: Activation::GeluTanh,
     fused_gate_up: false,
     scale_queries: true,
+    // Gemma-3-270M: top-1 agreement 95.6 % with the output head and down projections, 96.4 %
+    // with every linear (the first 1024 tokens of the English text).
+    w8a8_residual: Residual::All,
     hparams,
 };
 

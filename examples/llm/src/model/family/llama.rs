@@ -1,7 +1,7 @@
 //! `llama` (Llama 1–3, SmolLM2, TinyLlama, Mistral): GGUF files permute Q and K to rotate
 //! adjacent pairs; no biases, SiLU-gated feed-forward.
 
-use super::{Activation, Family, no_hparams};
+use super::{Activation, Family, Residual, no_hparams};
 use crate::model::config::RopeStyle;
 
 pub(super) const FAMILY: Family = Family {
@@ -13,5 +13,6 @@ pub(super) const FAMILY: Family = Family {
     activation: Activation::Silu,
     fused_gate_up: false,
     scale_queries: false,
+    w8a8_residual: Residual::OutputAndDown,
     hparams: no_hparams,
 };

@@ -16,6 +16,7 @@ mod qwen3;
 
 use super::config::{Config, RopeStyle, SlidingWindow, key_f32, key_usize};
 use super::error::ModelError;
+use super::npu::Residual;
 use crate::gguf::{GgufFile, Value};
 
 /// Every family this crate runs, by `general.architecture`.
@@ -73,6 +74,10 @@ pub struct Family {
     /// The queries are multiplied by the attention scale before the scores, as llama.cpp's
     /// graph does for this family, instead of the scores inside the softmax.
     pub scale_queries: bool,
+    /// Which linears the NPU path's W8A8 quantises each activation row of twice by default
+    /// ([`EngineOptions::for_family`](super::EngineOptions::for_family)): what it takes this
+    /// family to stay within the accuracy bar (docs/llm.md).
+    pub w8a8_residual: Residual,
     /// Reads the family's own metadata into `config` (after the shared keys), or refuses what
     /// the code does not implement.
     pub hparams: fn(&GgufFile, &mut Config) -> Result<(), ModelError>,

@@ -6,7 +6,7 @@
 //! crate computes what llama.cpp computes. Long-context RoPE (`longrope`, the
 //! `rope_factors_long/short` tensors of the 128k models) is refused by name.
 
-use super::{Activation, Family};
+use super::{Activation, Family, Residual};
 use crate::gguf::GgufFile;
 use crate::model::config::{Config, RopeStyle};
 use crate::model::error::ModelError;
@@ -20,6 +20,7 @@ pub(super) const FAMILY: Family = Family {
     activation: Activation::Silu,
     fused_gate_up: true,
     scale_queries: true,
+    w8a8_residual: Residual::OutputAndDown,
     hparams,
 };
 

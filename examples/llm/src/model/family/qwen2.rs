@@ -1,6 +1,6 @@
 //! `qwen2` (Qwen2, Qwen2.5): Q/K/V biases, RoPE on the two halves of each head (NeoX).
 
-use super::{Activation, Family, no_hparams};
+use super::{Activation, Family, Residual, no_hparams};
 use crate::model::config::RopeStyle;
 
 pub(super) const FAMILY: Family = Family {
@@ -12,5 +12,6 @@ pub(super) const FAMILY: Family = Family {
     activation: Activation::Silu,
     fused_gate_up: false,
     scale_queries: false,
+    w8a8_residual: Residual::OutputAndDown,
     hparams: no_hparams,
 };

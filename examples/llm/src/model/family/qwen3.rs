@@ -2,7 +2,7 @@
 //! head size comes from `qwen3.attention.key_length` (128 for every size, whatever
 //! `n_embd / n_head` is).
 
-use super::{Activation, Family};
+use super::{Activation, Family, Residual};
 use crate::gguf::GgufFile;
 use crate::model::config::{Config, RopeStyle};
 use crate::model::error::ModelError;
@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     activation: Activation::Silu,
     fused_gate_up: false,
     scale_queries: false,
+    w8a8_residual: Residual::OutputAndDown,
     hparams,
 };
 
