@@ -20,6 +20,10 @@ const TOLERANCE: f32 = 1e-3;
 /// occasional flips leave about 1e-3 (`scripts/fixtures/check_tiny_families.py --gates`: numpy
 /// given llama.cpp's own GELU inputs agrees to 5e-5).
 const TOLERANCE_GELU_F16: f32 = 2e-3;
+/// The same flips in Gemma-3-270M, whose logits reach 30 and whose 18 layers of 2048 GELU inputs
+/// meet a midpoint far more often: 3.0e-2 at most over its 1384 positions (this side's bits are
+/// the same on every machine and kernel, so the figure is stable), greedy identical.
+const TOLERANCE_GEMMA3_270M: f32 = 4e-2;
 /// Prefill chunk for the teacher-forced pass: several chunks per prompt, ragged last one.
 const CHUNK: usize = 24;
 
@@ -200,5 +204,5 @@ fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;
     };
-    check("gemma3-270m", &path);
+    check_within("gemma3-270m", &path, TOLERANCE_GEMMA3_270M);
 }

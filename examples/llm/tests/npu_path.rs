@@ -307,7 +307,7 @@ fn w8a8_accuracy(path: &Path, window: usize) {
     let mut reference = f32_model(&file);
     // The family's residual policy, as llm-decode takes it by default.
     let family = Config::from_gguf(&file).unwrap().family;
-    let mut w8a8 = npu_model(&file, EngineOptions::for_family(family));
+    let mut w8a8 = npu_model(&file, family.engine_options());
     let n_vocab = reference.config().n_vocab;
     let (mut agree, mut scored) = (0usize, 0usize);
     let (mut nll_ref, mut nll_q) = (0f64, 0f64);

@@ -1,8 +1,9 @@
-//! A model's hyper-parameters, read from the GGUF metadata: the keys every family shares here,
-//! each family's own in its file under [`super::family`].
+//! A model's hyper-parameters and its family's rules, as types, with the readers of metadata
+//! keys the families share; [`Config::from_gguf`] (in `family/mod.rs`, beside the table of
+//! families) reads them from a file.
 
 use super::error::ModelError;
-use super::family::{self, Family};
+use super::npu::{EngineOptions, Residual};
 use crate::gguf::{GgufFile, Value};
 
 /// How RoPE pairs the dimensions of a head.
@@ -107,140 +108,6 @@ fn describe(v: &Value) -> String {
 }
 
 impl Config {
-    /// Reads the configuration of the file's architecture.
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
-        let arch_name = file
-            .metadata()
-            .get_str("general.architecture")
-            .ok_or_else(|| ModelError::MissingKey {
-                key: "general.architecture".into(),
-            })?;
-        let fam = family::family(arch_name).ok_or_else(|| ModelError::UnsupportedArchitecture {
-            arch: arch_name.into(),
-            supported: family::supported(),
-        })?;
-        let p = fam.name;
-        let req = |k: &str| -> Result<usize, ModelError> {
-            let key = format!("{p}.{k}");
-            key_usize(file, &key)?.ok_or(ModelError::MissingKey { key })
-        };
-        let n_embd = req("embedding_length")?;
-        let n_layer = req("block_count")?;
-        let n_ff = req("feed_forward_length")?;
-        let n_head = req("attention.head_count")?;
-        let n_ctx = req("context_length")?;
-        let n_head_kv = key_usize(file, &format!("{p}.attention.head_count_kv"))?.unwrap_or(n_head);
-        let bad = |k: &str, reason: String| ModelError::BadKey {
-            key: format!("{p}.{k}"),
-            reason,
-        };
-        if n_head == 0 || n_embd == 0 || n_layer == 0 || n_ff == 0 {
-            return Err(bad(
-                "*",
-                format!(
-                    "zero size: embedding {n_embd}, layers {n_layer}, heads {n_head}, feed-forward {n_ff}"
-                ),
-            ));
-        }
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(bad(
-                "attention.head_count_kv",
-                format!("{n_head_kv} does not divide the {n_head} query heads"),
-            ));
-        }
-        let head_dim = match key_usize(file, &format!("{p}.attention.key_length"))? {
-            Some(d) => d,
-            None if n_embd % n_head == 0 => n_embd / n_head,
-            None => {
-                return Err(bad(
-                    "attention.head_count",
-                    format!("{n_head} heads do not divide the embedding width {n_embd}"),
-                ));
-            }
-        };
-        // The widths of Q and of K/V are computed from these everywhere: they must exist.
-        for (what, heads) in [("head_count", n_head), ("head_count_kv", n_head_kv)] {
-            if heads.checked_mul(head_dim).is_none() {
-                return Err(bad(
-                    &format!("attention.{what}"),
-                    format!("{heads} heads of {head_dim} dimensions overflow"),
-                ));
-            }
-        }
-        if let Some(v) = key_usize(file, &format!("{p}.attention.value_length"))? {
-            if v != head_dim {
-                return Err(ModelError::Unsupported {
-                    what: format!("value head size {v} differs from key head size {head_dim}"),
-                });
-            }
-        }
-        let n_rot = key_usize(file, &format!("{p}.rope.dimension_count"))?.unwrap_or(head_dim);
-        if n_rot > head_dim || n_rot % 2 != 0 || head_dim == 0 {
-            return Err(bad(
-                "rope.dimension_count",
-                format!("{n_rot} rotated dimensions in heads of {head_dim}"),
-            ));
-        }
-        let rms_eps =
-            key_f32(file, &format!("{p}.attention.layer_norm_rms_epsilon"))?.ok_or_else(|| {
-                ModelError::MissingKey {
-                    key: format!("{p}.attention.layer_norm_rms_epsilon"),
-                }
-            })?;
-        let rope_base = key_f32(file, &format!("{p}.rope.freq_base"))?.unwrap_or(10000.0);
-        let mut rope_freq_scale = 1.0f32;
-        if let Some(kind) = file.metadata().get_str(&format!("{p}.rope.scaling.type")) {
-            match kind {
-                "none" => {}
-                "linear" => {
-                    let f = key_f32(file, &format!("{p}.rope.scaling.factor"))?.unwrap_or(1.0);
-                    if f.is_nan() || f <= 0.0 {
-                        return Err(bad("rope.scaling.factor", format!("{f} is not positive")));
-                    }
-                    rope_freq_scale = 1.0 / f;
-                }
-                other => {
-                    return Err(ModelError::Unsupported {
-                        what: format!("RoPE scaling {other:?}"),
-                    });
-                }
-            }
-        }
-        let n_vocab = match key_usize(file, &format!("{p}.vocab_size"))? {
-            Some(v) => v,
-            None => {
-                let emb = file
-                    .tensor("token_embd.weight")
-                    .ok_or(ModelError::MissingTensor {
-                        name: "token_embd.weight".into(),
-                    })?;
-                usize::try_from(emb.dims().get(1).copied().unwrap_or(0)).unwrap_or(0)
-            }
-        };
-        let mut c = Config {
-            family: fam,
-            n_vocab,
-            n_embd,
-            n_layer,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ff,
-            n_ctx,
-            rms_eps,
-            rope_base,
-            rope_freq_scale,
-            n_rot,
-            rope_style: fam.rope_style,
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
-            embd_scale: None,
-            sliding_window: None,
-            final_logit_softcap: None,
-        };
-        (fam.hparams)(file, &mut c)?;
-        Ok(c)
-    }
-
     /// The sliding window of layer `l`, if it is local.
     pub fn window(&self, l: usize) -> Option<usize> {
         self.sliding_window
@@ -258,4 +125,111 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// The activation of the gated feed-forward network, `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU, `g / (1 + e^-g)` (llama, qwen, phi3).
+    Silu,
+    /// GELU with the tanh approximation, as ggml computes it in f32: the input rounded to f16,
+    /// `0.5 x (1 + tanh(√(2/π) x (1 + 0.044715 x²)))` rounded to f16 (gemma).
+    GeluTanh,
+}
+
+/// One architecture's rules (see the module documentation).
+#[derive(Debug)]
+pub struct Family {
+    /// The name in `general.architecture` (also the metadata keys' prefix).
+    pub name: &'static str,
+    /// How RoPE pairs the dimensions of a head.
+    pub rope_style: RopeStyle,
+    /// Q, K and V biases: required (qwen2) or refused.
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of the queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention's and the feed-forward's outputs before their residual adds
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// The feed-forward's activation.
+    pub activation: Activation,
+    /// `ffn_up` holds gate and up side by side (`2 × n_ff` outputs, gate first) and there is no
+    /// `ffn_gate` (phi3).
+    pub fused_gate_up: bool,
+    /// The queries are multiplied by the attention scale before the scores, as llama.cpp's
+    /// graph does for this family, instead of the scores inside the softmax.
+    pub scale_queries: bool,
+    /// Which linears the NPU path's W8A8 quantises each activation row of twice by default
+    /// ([`Family::engine_options`]): what it takes this family to stay within the accuracy bar
+    /// (docs/llm.md).
+    pub w8a8_residual: Residual,
+    /// Reads the family's own metadata into `config` (after the shared keys), or refuses what
+    /// the code does not implement.
+    pub hparams: fn(&GgufFile, &mut Config) -> Result<(), ModelError>,
+}
+
+impl Family {
+    /// The NPU backend's default options with this family's residual policy.
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            residual: self.w8a8_residual,
+            ..EngineOptions::default()
+        }
+    }
+}
+
+impl PartialEq for Family {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// A family with nothing of its own to read.
+pub(super) fn no_hparams(_: &GgufFile, _: &mut Config) -> Result<(), ModelError> {
+    Ok(())
+}
+
+/// The sliding window of `{arch}.attention.sliding_window`, if set and not 0, on the layers of
+/// `{arch}.attention.sliding_window_pattern` (an array of booleans, one per layer, or `n`:
+/// every layer but each `n`-th is local; `default_pattern` when absent), with RoPE base
+/// `{arch}.rope.freq_base_swa` (10 000 when absent) and no RoPE scaling, as llama.cpp reads them.
+pub(super) fn sliding_window(
+    file: &GgufFile,
+    c: &Config,
+    default_pattern: usize,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let p = c.family.name;
+    let window = match key_usize(file, &format!("{p}.attention.sliding_window"))? {
+        None | Some(0) => return Ok(None),
+        Some(w) => w,
+    };
+    let pattern_key = format!("{p}.attention.sliding_window_pattern");
+    let layers = match file.metadata().get(&pattern_key) {
+        Some(Value::Array(a)) => {
+            let flags = a.as_bools().ok_or_else(|| ModelError::BadKey {
+                key: pattern_key.clone(),
+                reason: format!("expected booleans, found {}", a.element_type().name()),
+            })?;
+            if flags.len() != c.n_layer {
+                return Err(ModelError::BadKey {
+                    key: pattern_key,
+                    reason: format!("{} entries for {} layers", flags.len(), c.n_layer),
+                });
+            }
+            flags.to_vec()
+        }
+        _ => {
+            let n = key_usize(file, &pattern_key)?.unwrap_or(default_pattern);
+            // llama.cpp: with a pattern of n, layer il is local unless il % n == n - 1; 0 makes
+            // every layer local.
+            (0..c.n_layer).map(|l| n == 0 || l % n < n - 1).collect()
+        }
+    };
+    let rope_base = key_f32(file, &format!("{p}.rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    Ok(Some(SlidingWindow {
+        window,
+        layers,
+        rope_base,
+        rope_freq_scale: 1.0,
+    }))
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 #[cfg(doc)]
 use super::backend::LinearOp;
 use super::error::ModelError;
-use super::family::Activation;
+use super::config::Activation;
 use super::kv_cache::{CacheType, KvCache};
 use super::load::Model;
 use super::ops::{

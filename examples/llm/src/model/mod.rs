@@ -27,9 +27,9 @@ mod npu;
 mod ops;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
-pub use config::{Config, RopeStyle, SlidingWindow};
+pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
 pub use error::ModelError;
-pub use family::{Activation, FAMILIES, Family};
+pub use family::FAMILIES;
 pub use forward::{Logits, Sequence, Stats};
 pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::host_pool;

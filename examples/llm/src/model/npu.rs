@@ -23,7 +23,6 @@
 
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat};
 
-use super::Family;
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
 use crate::gguf::TensorView;
 
@@ -45,16 +44,6 @@ pub struct EngineOptions {
     pub residual: Residual,
     /// Seed of the rotations.
     pub seed: u64,
-}
-
-impl EngineOptions {
-    /// The defaults with the residual policy of `family` ([`Family::w8a8_residual`]).
-    pub fn for_family(family: &Family) -> Self {
-        EngineOptions {
-            residual: family.w8a8_residual,
-            ..EngineOptions::default()
-        }
-    }
 }
 
 impl Default for EngineOptions {

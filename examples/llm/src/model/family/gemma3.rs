@@ -6,9 +6,9 @@
 //! The GGUF norm weights already include Gemma's `1 +`. On the NPU path every linear quantises
 //! its activations twice by default.
 
-use super::{Activation, Family, Residual, sliding_window};
 use crate::gguf::GgufFile;
-use crate::model::config::{Config, RopeStyle, key_f32};
+use crate::model::config::{Activation, Config, Family, RopeStyle, key_f32, sliding_window};
+use crate::model::npu::Residual;
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {

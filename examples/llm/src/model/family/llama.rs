@@ -1,8 +1,8 @@
 //! `llama` (Llama 1–3, SmolLM2, TinyLlama, Mistral): GGUF files permute Q and K to rotate
 //! adjacent pairs; no biases, SiLU-gated feed-forward.
 
-use super::{Activation, Family, Residual, no_hparams};
-use crate::model::config::RopeStyle;
+use crate::model::config::{Activation, Family, RopeStyle, no_hparams};
+use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "llama",

@@ -6,9 +6,9 @@
 //! crate computes what llama.cpp computes. Long-context RoPE (`longrope`, the
 //! `rope_factors_long/short` tensors of the 128k models) is refused by name.
 
-use super::{Activation, Family, Residual};
 use crate::gguf::GgufFile;
-use crate::model::config::{Config, RopeStyle};
+use crate::model::config::{Activation, Config, Family, RopeStyle};
+use crate::model::npu::Residual;
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {

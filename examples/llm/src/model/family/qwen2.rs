@@ -1,7 +1,7 @@
 //! `qwen2` (Qwen2, Qwen2.5): Q/K/V biases, RoPE on the two halves of each head (NeoX).
 
-use super::{Activation, Family, Residual, no_hparams};
-use crate::model::config::RopeStyle;
+use crate::model::config::{Activation, Family, RopeStyle, no_hparams};
+use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen2",

@@ -2,9 +2,9 @@
 //! head size comes from `qwen3.attention.key_length` (128 for every size, whatever
 //! `n_embd / n_head` is).
 
-use super::{Activation, Family, Residual};
 use crate::gguf::GgufFile;
-use crate::model::config::{Config, RopeStyle};
+use crate::model::config::{Activation, Config, Family, RopeStyle};
+use crate::model::npu::Residual;
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
