@@ -14,6 +14,7 @@ round to round). Needs the model (scripts/fetch-model.sh) and llama.cpp (scripts
 converts the model to Q8_0 into the cache once.
 
 Usage: python3 scripts/bench/llm_vs_llama_cpp.py [--threads 2] [--rounds 2] [--json OUT.json]
+       [--model demo|gemma3-270m]   (the demo SmolLM2 by default; scripts/fetch-model.sh's names)
 """
 import argparse
 import json
@@ -65,13 +66,16 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--model", default="demo", choices=["demo", "gemma3-270m"])
     a = ap.parse_args()
     ensure_python_deps()
     t = str(a.threads)
-    model = sh([os.path.join(ROOT, "scripts/fetch-model.sh")]).strip()
+    fetch = [os.path.join(ROOT, "scripts/fetch-model.sh")] + ([] if a.model == "demo" else [a.model])
+    model = sh(fetch).strip()
     sh([os.path.join(ROOT, "scripts/llama-cpp.sh")])  # builds llama.cpp once, into the cache
     lbin = sh([os.path.join(ROOT, "scripts/llama-cpp.sh"), "--print-bin"]).strip()
-    q8 = os.path.join(CACHE, "models/SmolLM2-135M-Instruct.Q8_0.gguf")
+    stem = os.path.basename(model).split(".")[0].replace("-q4_k_m", "")
+    q8 = os.path.join(CACHE, f"models/{stem}.Q8_0.gguf")
     if not os.path.exists(q8):
         os.makedirs(os.path.dirname(q8), exist_ok=True)
         sh([sys.executable, os.path.join(ROOT, "scripts/bench/convert_q8_0.py"), model, q8])

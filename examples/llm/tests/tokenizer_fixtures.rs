@@ -2,8 +2,9 @@
 //! whitespace runs, code, special tokens, odd input), with special-token parsing off and on and
 //! BOS as the vocabulary asks. The fixtures are llama.cpp's `llama-tokenize` output, written by
 //! `scripts/fixtures/gen_tokenizer_fixtures.py`; the vocabularies are SmolLM2's (the demo model,
-//! `scripts/fetch-model.sh`) and a few of llama.cpp's vocab-only test files
-//! (`scripts/llama-cpp.sh --vocab-only`).
+//! `scripts/fetch-model.sh`), Gemma 3's (`scripts/fetch-model.sh gemma3-270m`: SentencePiece
+//! with 262 144 pieces, byte fallback and 165 user-defined tokens) and a few of llama.cpp's
+//! vocab-only test files (`scripts/llama-cpp.sh --vocab-only`).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,9 @@ struct Case {
     add_special: bool,
     parse_special: bool,
     ids: Vec<u32>,
+    /// llama.cpp's `llama_detokenize` of `ids`, where the fixture records it: (special tokens
+    /// rendered, nothing removed), (BOS/EOS removed, control tokens not rendered).
+    decoded: Option<(String, String)>,
 }
 
 fn read_cases(name: &str) -> Vec<Case> {
@@ -40,6 +44,10 @@ fn read_cases(name: &str) -> Vec<Case> {
                 .iter()
                 .map(|v| u32::try_from(v.as_u64().expect("id")).expect("id fits u32"))
                 .collect(),
+            decoded: c.get("decoded").map(|full| {
+                let text = |v: &Value| v.as_str().expect("decoded text").to_owned();
+                (text(full), text(&c["decoded_plain"]))
+            }),
         })
         .collect()
 }
@@ -182,6 +190,85 @@ fn smollm2_round_trip_and_stream() {
         streamed += &stream.finish();
         assert_eq!(streamed, c.text);
     }
+}
+
+#[test]
+fn gemma3_ids_equal_llama_cpp() {
+    let Some(model) = common::require(common::gemma3_model(), "scripts/fetch-model.sh gemma3-270m")
+    else {
+        return;
+    };
+    let tok = load(&model);
+    assert_eq!(tok.kind(), VocabKind::Spm);
+    let n = check(&tok, "gemma3.json");
+    assert!(
+        n >= 1200,
+        "the fixture should hold at least 300 strings in four modes"
+    );
+}
+
+#[test]
+fn gemma3_metadata() {
+    let Some(model) = common::require(common::gemma3_model(), "scripts/fetch-model.sh gemma3-270m")
+    else {
+        return;
+    };
+    let tok = load(&model);
+    assert_eq!(tok.n_vocab(), 262_144);
+    assert_eq!(
+        (tok.bos(), tok.eos(), tok.eot()),
+        (Some(2), Some(1), Some(106))
+    );
+    assert!(tok.add_bos() && !tok.add_eos() && !tok.add_space_prefix());
+    assert_eq!(tok.token_text(105), Some("<start_of_turn>"));
+    assert!(tok.is_control(105) && tok.is_eog(106) && !tok.is_eog(105));
+    // `</s>` is user-defined in the file; llama.cpp makes it control (an end-of-generation
+    // name), so it is no longer cut out of text with special parsing off.
+    assert!(tok.is_control(212) && tok.is_eog(212));
+    assert_eq!(tok.token_to_piece(108), b"\n\n");
+    assert_eq!(tok.token_to_piece(248), b"\n");
+    assert_eq!(tok.token_to_piece(9259), b"Hello");
+}
+
+/// Decoding equals llama.cpp's `llama_detokenize` on every case: special tokens rendered and
+/// nothing removed, BOS removed and control tokens dropped, and streamed token by token.
+#[test]
+fn gemma3_decode_equal_llama_cpp() {
+    let Some(model) = common::require(common::gemma3_model(), "scripts/fetch-model.sh gemma3-270m")
+    else {
+        return;
+    };
+    let tok = load(&model);
+    let cases = read_cases("gemma3.json");
+    let mut failures = Vec::new();
+    for c in &cases {
+        let (full, plain) = c
+            .decoded
+            .as_ref()
+            .expect("gemma3.json records the decoded text");
+        let got_full = tok.detokenize(&c.ids, false, true).expect("ids in range");
+        let got_plain = tok.detokenize(&c.ids, true, false).expect("ids in range");
+        let mut stream = StreamDecoder::new(&tok).render_special(true);
+        let mut streamed = String::new();
+        for &id in &c.ids {
+            streamed += &stream.push(id).expect("id in range");
+        }
+        streamed += &stream.finish();
+        if got_full != full.as_bytes() || got_plain != plain.as_bytes() || streamed != *full {
+            failures.push(format!(
+                "  {:?}\n    want {full:?} / {plain:?}\n    got  {:?} / {:?} / streamed {streamed:?}",
+                c.ids,
+                String::from_utf8_lossy(&got_full),
+                String::from_utf8_lossy(&got_plain)
+            ));
+        }
+    }
+    eprintln!(
+        "gemma3.json: {}/{} decodes equal to llama.cpp",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    assert!(failures.is_empty(), "gemma3.json:\n{}", failures.join("\n"));
 }
 
 /// GPT-2's byte-to-character map (printable Latin-1 to itself, the rest from U+0100 on).

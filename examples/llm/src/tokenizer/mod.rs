@@ -3,8 +3,8 @@
 //! Two families are supported:
 //!
 //! * SentencePiece-style vocabularies (`tokenizer.ggml.model = "llama"`: Llama 1/2, TinyLlama,
-//!   Phi-3, ...): spaces become U+2581, characters merge by token score, and characters outside
-//!   the vocabulary fall back to `<0xXX>` byte tokens.
+//!   Phi-3, Gemma 3, ...): spaces become U+2581, characters merge by token score, and characters
+//!   outside the vocabulary fall back to `<0xXX>` byte tokens.
 //! * Byte-level BPE (`tokenizer.ggml.model = "gpt2"`: SmolLM, Llama 3, Qwen 2, GPT-2, ...):
 //!   the model's pre-tokenizer ([`PreTokenizerKind`]) cuts the text into words, each word's
 //!   bytes map to GPT-2's printable characters and merge by rank. Gemma 4's SentencePiece-style
@@ -24,6 +24,7 @@ mod pretok;
 mod spec;
 mod spm;
 mod stream;
+mod trie;
 mod vocab;
 
 pub use error::TokenizerError;

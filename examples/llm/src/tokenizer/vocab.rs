@@ -10,6 +10,7 @@ use foldhash::{HashMap, HashMapExt};
 use super::error::TokenizerError;
 use super::pretok::{self, PreTokenizer, PreTokenizerKind};
 use super::spec::{SpecialIds, TokenAttr, VocabKind, VocabSpec};
+use super::trie::TokenTrie;
 use super::{bpe, gguf_keys, spm};
 
 /// A piece of text during special-token partitioning.
@@ -48,6 +49,8 @@ pub struct Tokenizer {
     bpe: Option<BpeTables>,
     /// Tokens cut out of text before tokenizing, longest first.
     special_cache: Vec<u32>,
+    /// The texts of `special_cache`, to find which occur in a text in one pass.
+    special_trie: TokenTrie,
     special: SpecialIds,
     eog: Vec<u32>,
     pieces: Vec<Box<[u8]>>,
@@ -376,6 +379,7 @@ impl Tokenizer {
             })
             .collect();
         special_cache.sort_by_key(|&id| std::cmp::Reverse(texts[id as usize].len()));
+        let special_trie = TokenTrie::new(special_cache.iter().map(|&id| &*texts[id as usize]));
 
         let mut tok = Self {
             kind,
@@ -385,6 +389,7 @@ impl Tokenizer {
             strings,
             bpe,
             special_cache,
+            special_trie,
             special,
             eog,
             pieces: Vec::new(),
@@ -500,10 +505,8 @@ impl Tokenizer {
         }
         if attr.intersects(TokenAttr::NORMAL) {
             return match self.kind {
-                VocabKind::Spm => text.replace('\u{2581}', " ").into_bytes().into(),
-                VocabKind::Bpe if self.escape_whitespaces => {
-                    text.replace('\u{2581}', " ").into_bytes().into()
-                }
+                VocabKind::Spm => unescape_whitespace(text),
+                VocabKind::Bpe if self.escape_whitespaces => unescape_whitespace(text),
                 VocabKind::Bpe => decode_byte_level(text).into(),
             };
         }
@@ -741,15 +744,14 @@ impl Tokenizer {
         }
         let mut frags = vec![Fragment::Text(0, text.len())];
         let mut next = Vec::new();
-        for &id in &self.special_cache {
+        // Only the tokens that occur in the text (in the cache's order) can cut it.
+        for index in self.special_trie.occurring(text.as_bytes()) {
+            let id = self.special_cache[index as usize];
             let attr = self.attrs[id as usize];
             if !parse_special && attr.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN) {
                 continue;
             }
             let tok = &*self.texts[id as usize];
-            if !text.contains(tok) {
-                continue;
-            }
             next.clear();
             for &f in &frags {
                 let Fragment::Text(start, end) = f else {
@@ -897,6 +899,15 @@ impl Tokenizer {
 
 fn id_of_in(strings: &HashMap<Box<str>, u32>, text: &str, n: usize) -> Option<u32> {
     strings.get(text).copied().filter(|&id| (id as usize) < n)
+}
+
+/// U+2581 back to spaces (one allocation, of the exact size, for the many tokens without it).
+fn unescape_whitespace(text: &str) -> Box<[u8]> {
+    if text.contains('\u{2581}') {
+        text.replace('\u{2581}', " ").into_bytes().into()
+    } else {
+        text.as_bytes().into()
+    }
 }
 
 /// A byte-level BPE token's text back to bytes; characters outside GPT-2's byte alphabet
