@@ -3,13 +3,15 @@
 # of PyPI's llama-cpp-python (its vendor/llama.cpp), with cmake and ninja from PyPI.
 #
 #   scripts/llama-cpp.sh               fetch + build (Release, CPU only, native), print bin dir
-#   scripts/llama-cpp.sh --vocab-only  fetch + extract only llama.cpp's tokenizer test data
-#                                      (models/ggml-vocab-*.gguf with .inp/.out), no build
+#   scripts/llama-cpp.sh --vocab-only  fetch + extract only llama.cpp's test data: tokenizer
+#                                      (models/ggml-vocab-*.gguf with .inp/.out) and chat
+#                                      templates (models/templates/*.jinja), no build
 #   scripts/llama-cpp.sh --print-bin   print the bin dir if built, fail otherwise
 #
 # Everything lands under ${RKNPU_CACHE:-$HOME/.cache/rknpu-rs}/llama.cpp/:
 #   bin/      llama-tokenize, llama-completion, llama-cli, llama-bench, llama-perplexity
 #   vocab/    ggml-vocab-*.gguf, *.gguf.inp, *.gguf.out
+#   templates/  *.jinja (the chat templates of llama.cpp's tests, MIT like llama.cpp)
 #   src/      the extracted vendor/llama.cpp, build/ its cmake tree
 # Idempotent: a warm cache makes every mode a no-op. Set LLAMA_CPP_SDIST to a local copy of
 # llama_cpp_python-0.3.36.tar.gz to skip the download. Nothing here is ever committed.
@@ -28,7 +30,7 @@ case "${1:-}" in
   "") ;;
   --vocab-only) mode=vocab ;;
   --print-bin) mode=print ;;
-  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   *) echo "llama-cpp.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 esac
 
@@ -36,13 +38,14 @@ log() { printf 'llama-cpp.sh: %s\n' "$*" >&2; }
 
 built_stamp="$ROOT/bin/.built-$VERSION"
 vocab_stamp="$ROOT/vocab/.extracted-$VERSION"
+templates_stamp="$ROOT/templates/.extracted-$VERSION"
 
 if [ "$mode" = print ]; then
   if [ -f "$built_stamp" ]; then echo "$ROOT/bin"; exit 0; fi
   log "llama.cpp $VERSION is not built under $ROOT; run scripts/llama-cpp.sh"; exit 1
 fi
-if [ "$mode" = vocab ] && [ -f "$vocab_stamp" ]; then
-  log "vocab test data already in $ROOT/vocab"; echo "$ROOT/vocab"; exit 0
+if [ "$mode" = vocab ] && [ -f "$vocab_stamp" ] && [ -f "$templates_stamp" ]; then
+  log "vocab test data already in $ROOT/vocab, chat templates in $ROOT/templates"; echo "$ROOT/vocab"; exit 0
 fi
 if [ "$mode" = build ] && [ -f "$built_stamp" ]; then
   log "already built"; echo "$ROOT/bin"; exit 0
@@ -62,14 +65,26 @@ fi
 prefix="llama_cpp_python-$VERSION/vendor/llama.cpp"
 
 if [ "$mode" = vocab ]; then
-  tmp="$ROOT/vocab.tmp"
-  rm -rf "$tmp"; mkdir -p "$tmp"
-  tar -xzf "$sdist" -C "$tmp" --strip-components=4 --wildcards "$prefix/models/ggml-vocab-*"
-  n=$(find "$tmp" -name 'ggml-vocab-*.gguf' | wc -l)
-  [ "$n" -gt 0 ] || { log "no ggml-vocab-*.gguf in $sdist"; exit 1; }
-  touch "$tmp/.extracted-$VERSION"
-  rm -rf "$ROOT/vocab"; mv "$tmp" "$ROOT/vocab"
-  log "extracted $n vocab files"
+  if [ ! -f "$vocab_stamp" ]; then
+    tmp="$ROOT/vocab.tmp"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    tar -xzf "$sdist" -C "$tmp" --strip-components=4 --wildcards "$prefix/models/ggml-vocab-*"
+    n=$(find "$tmp" -name 'ggml-vocab-*.gguf' | wc -l)
+    [ "$n" -gt 0 ] || { log "no ggml-vocab-*.gguf in $sdist"; exit 1; }
+    touch "$tmp/.extracted-$VERSION"
+    rm -rf "$ROOT/vocab"; mv "$tmp" "$ROOT/vocab"
+    log "extracted $n vocab files"
+  fi
+  if [ ! -f "$templates_stamp" ]; then
+    tmp="$ROOT/templates.tmp"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    tar -xzf "$sdist" -C "$tmp" --strip-components=5 --wildcards "$prefix/models/templates/*.jinja"
+    n=$(find "$tmp" -name '*.jinja' | wc -l)
+    [ "$n" -gt 0 ] || { log "no models/templates/*.jinja in $sdist"; exit 1; }
+    touch "$tmp/.extracted-$VERSION"
+    rm -rf "$ROOT/templates"; mv "$tmp" "$ROOT/templates"
+    log "extracted $n chat templates"
+  fi
   echo "$ROOT/vocab"
   exit 0
 fi

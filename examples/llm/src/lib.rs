@@ -11,7 +11,8 @@
 //!   [`session::Session::generate`], an iterator of generated pieces.
 //! * [`sample`]: greedy, temperature, top-k, top-p, repetition penalty.
 //! * [`spec`]: lossless speculative decoding by prompt lookup.
-//! * [`chat`]: the ChatML, Llama-3 and Llama-2 chat formats.
+//! * [`chat`]: chat templates (`tokenizer.chat_template`) rendered by minijinja as Hugging
+//!   Face's `apply_chat_template` renders them.
 //! * [`perplexity`]: teacher-forced perplexity.
 //!
 //! The binaries (`llm-decode`) are behind the default `cli` feature; `default-features = false`

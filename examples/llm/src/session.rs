@@ -5,8 +5,15 @@
 //! A session owns one sequence's state (its KV cache), its sampler and a handle to the
 //! tokenizer; the model's weights are shared (`Arc<Model>`), so any number of sessions, on any
 //! threads, run over one loaded model. The session remembers its conversation: a second
-//! [`Session::generate`] continues after the first (a chat's turns), feeding first the last
-//! token the previous generation decided but did not feed.
+//! [`Session::generate`] continues after the first, feeding first the last token the previous
+//! generation decided but did not feed.
+//!
+//! A chat ([`Session::chat`], [`Session::respond`]) keeps the conversation's messages, the
+//! replies as they were generated among them: each turn renders the whole conversation with the
+//! model's chat template ([`ChatTemplate`]) and evaluates only the tokens past the longest
+//! prefix the session already holds, so turn 2 reuses the KV cache of turn 1 wherever the new
+//! rendering begins with the old one (a template that rewrites earlier turns, such as Qwen3
+//! dropping the reasoning of past replies, re-evaluates from where they differ).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -37,7 +44,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::chat::ChatFormat;
+use crate::chat::{ChatError, ChatOptions, ChatTemplate, Message, encode_prompt};
 use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
 use crate::sample::{Sampler, SamplerConfig, Verdict};
 use crate::spec::{DraftPolicy, PromptLookup, SpecStats};
@@ -106,6 +113,9 @@ pub enum GenerateError {
     /// Writing the logits ([`Session::set_logits_tap`]) failed.
     #[error("writing the logits: {0}")]
     Io(#[from] std::io::Error),
+    /// The chat template failed.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     /// Nothing to evaluate: an empty prompt in a session with no pending token.
     #[error("the prompt is empty after tokenization")]
     EmptyPrompt,
@@ -203,6 +213,8 @@ pub struct Session {
     /// (at most one: a token decided but not fed yet) are fed first by the next generation.
     history: Vec<u32>,
     tap: Option<Box<dyn Write + Send>>,
+    /// The chat's conversation ([`Session::chat`]): its messages, the replies as generated.
+    messages: Vec<Message>,
 }
 
 impl std::fmt::Debug for Session {
@@ -211,6 +223,7 @@ impl std::fmt::Debug for Session {
             .field("model", &self.model)
             .field("history", &self.history.len())
             .field("cached", &self.seq.len())
+            .field("messages", &self.messages.len())
             .finish_non_exhaustive()
     }
 }
@@ -236,6 +249,7 @@ impl Session {
             sampler: Sampler::new(sampling),
             history: Vec::new(),
             tap: None,
+            messages: Vec::new(),
         })
     }
 
@@ -259,6 +273,12 @@ impl Session {
         &self.history
     }
 
+    /// The chat's messages so far ([`Session::chat`], [`Session::respond`]): the system and
+    /// user messages given, and each reply as generated (up to where it stopped).
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
     /// Samples as `sampling` says from now on (a new random stream from its seed).
     pub fn set_sampling(&mut self, sampling: SamplerConfig) {
         self.sampler = Sampler::new(sampling);
@@ -272,12 +292,14 @@ impl Session {
     pub fn set_cache_type(&mut self, ty: CacheType) {
         self.seq = self.model.sequence(ty);
         self.history.clear();
+        self.messages.clear();
     }
 
     /// Forgets the conversation.
     pub fn reset(&mut self) {
         self.seq.reset();
         self.history.clear();
+        self.messages.clear();
         self.sampler = Sampler::new(self.sampler.config().clone());
     }
 
@@ -304,19 +326,59 @@ impl Session {
         self.generate_tokens(&ids, params)
     }
 
-    /// The next turn of a chat: `user`'s message in `format`, with `system`'s message on the
-    /// first turn (see [`ChatFormat::user_turn`]).
+    /// The next turn of a chat: `user`'s message (after `system`'s, when the conversation has
+    /// no message yet) added to the conversation, and the reply generated after it as
+    /// [`Session::respond`] does.
     pub fn chat(
         &mut self,
-        format: &ChatFormat,
+        template: &ChatTemplate,
         system: Option<&str>,
         user: &str,
+        options: &ChatOptions,
         params: &GenerateParams,
     ) -> Result<Generate<'_>, GenerateError> {
-        let first = self.history.is_empty();
-        let turn = format.user_turn(system, user, first);
-        let ids = self.tokenizer.encode(&turn, first, true)?;
-        self.generate_tokens(&ids, params)
+        let mut messages = self.messages.clone();
+        if let (true, Some(system)) = (messages.is_empty(), system) {
+            messages.push(Message::system(system));
+        }
+        messages.push(Message::user(user));
+        self.respond(template, messages, options, params)
+    }
+
+    /// Generates the assistant's next message after the conversation `messages`, which
+    /// replaces the session's: the whole conversation is rendered with `template` (with the
+    /// generation prompt) and tokenized ([`encode_prompt`]); the tokens the session already
+    /// holds stay in the cache up to the first one that differs, and only the rest is
+    /// evaluated. The reply joins the conversation as an assistant message when the generation
+    /// ends (or its iterator is dropped). On an error the session's conversation is unchanged
+    /// (though a cache that held tokens past the common prefix has dropped them).
+    pub fn respond(
+        &mut self,
+        template: &ChatTemplate,
+        messages: Vec<Message>,
+        options: &ChatOptions,
+        params: &GenerateParams,
+    ) -> Result<Generate<'_>, GenerateError> {
+        let text = template.render(&messages, true, options)?;
+        let ids = encode_prompt(&self.tokenizer, &text)?;
+        if ids.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        // Keep the longest common prefix, and at least one token to evaluate for the logits.
+        let common = self
+            .history
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len() - 1);
+        if self.history.len() > common {
+            self.history.truncate(common);
+            self.seq.truncate(common);
+        }
+        let started = self.prefill(&ids[common..], params)?;
+        self.messages = messages;
+        Ok(self.iterate(started, params, true))
     }
 
     /// Generates after the token ids `prompt`: evaluates them (after any token the previous
@@ -327,6 +389,17 @@ impl Session {
         prompt: &[u32],
         params: &GenerateParams,
     ) -> Result<Generate<'_>, GenerateError> {
+        let started = self.prefill(prompt, params)?;
+        Ok(self.iterate(started, params, false))
+    }
+
+    /// The prompt part of [`generate_tokens`](Self::generate_tokens): evaluates `prompt` after
+    /// what is pending and decides the first token.
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
         let m0 = modelled(&self.model);
         let start = self.seq.len();
@@ -350,10 +423,7 @@ impl Session {
         let decided = self.sampler.sample(&logits[logits.len() - n_vocab..]);
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
-        Ok(Generate {
-            decoder: StreamDecoder::new(self.tokenizer.clone()),
-            policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
-            params: params.clone(),
+        Ok(Prefilled {
             out: Generation {
                 prefill_time,
                 prompt_tokens: pending.len(),
@@ -363,15 +433,35 @@ impl Session {
                 ..Generation::default()
             },
             modelled_from: m1,
-            decided: Some(decided),
+            decided,
+        })
+    }
+
+    /// The iterator generating after a prefill; `reply`: its text joins the chat's messages.
+    fn iterate(&mut self, p: Prefilled, params: &GenerateParams, reply: bool) -> Generate<'_> {
+        Generate {
+            decoder: StreamDecoder::new(self.tokenizer.clone()),
+            policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
+            params: params.clone(),
+            out: p.out,
+            modelled_from: p.modelled_from,
+            decided: Some(p.decided),
             accepted: Vec::new(),
             stop_after: None,
             held: String::new(),
             flushed: false,
+            reply,
             started: Instant::now(),
             s: self,
-        })
+        }
     }
+}
+
+/// What a prefill leaves for the generation iterator.
+struct Prefilled {
+    out: Generation,
+    modelled_from: Option<rknn_matmul::ModelledTime>,
+    decided: u32,
 }
 
 impl Session {
@@ -432,6 +522,8 @@ pub struct Generate<'s> {
     /// Released text not yet returned because a stop string may begin in it.
     held: String,
     flushed: bool,
+    /// The generated text is still to join the chat's messages as the assistant's reply.
+    reply: bool,
     started: Instant,
 }
 
@@ -548,19 +640,34 @@ impl Generate<'_> {
     }
 
     /// The text still held back at the end (a character's first bytes, text that began a
-    /// stop string), once.
+    /// stop string), once; a chat's reply joins its messages then.
     fn flush(&mut self) -> Option<Piece> {
         if self.flushed {
             return None;
         }
         self.flushed = true;
-        if self.out.stop == Some(Stop::StopString) {
-            return None;
+        let piece = if self.out.stop == Some(Stop::StopString) {
+            None
+        } else {
+            let mut text = std::mem::take(&mut self.held);
+            text.push_str(&self.decoder.finish());
+            self.out.text.push_str(&text);
+            (!text.is_empty()).then_some(Piece { token: None, text })
+        };
+        self.record_reply();
+        piece
+    }
+
+    /// Adds the text generated so far (and what is held back) to the chat's messages as the
+    /// assistant's reply, once.
+    fn record_reply(&mut self) {
+        if std::mem::take(&mut self.reply) {
+            let mut text = self.out.text.clone();
+            if !self.flushed {
+                text.push_str(&self.held);
+            }
+            self.s.messages.push(Message::assistant(text));
         }
-        let mut text = std::mem::take(&mut self.held);
-        text.push_str(&self.decoder.finish());
-        self.out.text.push_str(&text);
-        (!text.is_empty()).then_some(Piece { token: None, text })
     }
 
     /// After a pass that fed the last emitted token and `drafts` at `pos`: each drafted token
@@ -577,6 +684,7 @@ impl Generate<'_> {
             sampler,
             history,
             tap,
+            ..
         } = &mut *self.s;
         let n_vocab = model.config().n_vocab;
         let mut accepted = Vec::new();
@@ -615,6 +723,13 @@ impl Generate<'_> {
         accepted.reverse();
         self.accepted = accepted;
         Ok(())
+    }
+}
+
+impl Drop for Generate<'_> {
+    /// A chat turn cancelled by dropping its iterator still records what was generated.
+    fn drop(&mut self) {
+        self.record_reply();
     }
 }
 

@@ -4,6 +4,7 @@
 //! llm-decode -m MODEL.gguf -p "The capital of France is" -n 32 --temp 0
 //! llm-decode -m MODEL.gguf --system "Be brief." -p "Why is the sky blue?"
 //! llm-decode -m MODEL.gguf --chat
+//! llm-decode -m MODEL.gguf --chat-template-file T.jinja --reasoning off -p "Hi"
 //! llm-decode -m MODEL.gguf --perplexity text.txt --json
 //! llm-decode -m MODEL.gguf -p "hello" --tokenize
 //! ```
@@ -11,6 +12,11 @@
 //! The generated text goes to stdout as it is produced (after the prompt, as llama.cpp echoes
 //! it); the load progress bar and the closing summary go to stderr. With `--json`, stdout
 //! carries only one JSON object at the end. Errors are one line on stderr and exit status 1.
+//!
+//! With `--chat`, `--system`, `--chat-template-file` or `--reasoning` the prompt is a chat: the
+//! model's `tokenizer.chat_template` (or the file's) rendered as Hugging Face's
+//! `apply_chat_template` does ([`rknn_llm::chat`]). A model without a template gets the plain
+//! text, with a warning.
 
 use std::fs::File;
 use std::io::{BufRead, BufWriter, Write};
@@ -21,10 +27,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use serde_json::json;
 
-use rknn_llm::chat::ChatFormat;
+use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, encode_prompt};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, EngineFactory, EngineOptions, HostF32Factory, Model, Residual, host_pool,
+    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, Model, Residual, host_pool,
 };
 use rknn_llm::perplexity::perplexity;
 use rknn_llm::sample::SamplerConfig;
@@ -80,6 +86,14 @@ enum CacheTypeArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Reasoning {
+    /// The model reasons before it answers (`enable_thinking=true`).
+    On,
+    /// It answers directly (`enable_thinking=false`).
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum WType {
     /// int8 weights and activations (per-channel and per-row scales).
     W8a8,
@@ -123,9 +137,10 @@ struct Args {
     #[arg(long)]
     no_rotation: bool,
     /// Which W8A8 linears quantise each activation row twice (the row, then its residual: about
-    /// 15 bits of precision from int8 arithmetic, for a second row through the NPU).
-    #[arg(long, value_enum, default_value_t = ResidualArg::OutputDown)]
-    residual: ResidualArg,
+    /// 15 bits of precision from int8 arithmetic, for a second row through the NPU). Default:
+    /// the model family's (output-down; all for gemma3).
+    #[arg(long, value_enum)]
+    residual: Option<ResidualArg>,
     /// Speculative decoding (lossless: greedy output is token-identical, sampling keeps the
     /// output distribution).
     #[arg(long, value_enum, default_value_t = SpecArg::None)]
@@ -186,6 +201,14 @@ struct Args {
     /// System message; wraps the prompt in the model's chat template.
     #[arg(long)]
     system: Option<String>,
+    /// The chat template (Jinja) instead of the model's tokenizer.chat_template; the prompt is
+    /// wrapped in it.
+    #[arg(long, value_name = "FILE")]
+    chat_template_file: Option<PathBuf>,
+    /// Whether a reasoning model thinks before it answers (the template's enable_thinking:
+    /// Qwen3, SmolLM3); the prompt is wrapped in the chat template.
+    #[arg(long, value_enum)]
+    reasoning: Option<Reasoning>,
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -244,6 +267,18 @@ fn run(args: Args) -> Result<(), Error> {
         let text = prompt_text.ok_or("--tokenize needs a prompt (-p TEXT or -f FILE)")?;
         return print_tokens(&tok, &text, args.json);
     }
+    let templated = args.chat
+        || args.system.is_some()
+        || args.chat_template_file.is_some()
+        || args.reasoning.is_some();
+    let template = match templated {
+        true => chat_template(&file, &tok, &args)?,
+        false => None,
+    };
+    let chat_options = ChatOptions {
+        enable_thinking: args.reasoning.map(|r| r == Reasoning::On),
+        ..ChatOptions::default()
+    };
 
     let threads = match args.threads {
         Some(0) => return Err("--threads must be at least 1".into()),
@@ -300,10 +335,10 @@ fn run(args: Args) -> Result<(), Error> {
         batch: args.batch_size,
     };
     if args.chat {
-        let format = chat_format(&file, session.tokenizer())?;
         return chat(
             &mut session,
-            &format,
+            template.as_ref(),
+            &chat_options,
             args.system.as_deref(),
             prompt_text.as_deref(),
             &params,
@@ -311,12 +346,16 @@ fn run(args: Args) -> Result<(), Error> {
     }
 
     let text = prompt_text.ok_or("no prompt: give -p TEXT or -f FILE (or --chat)")?;
-    let (prompt_ids, echo) = match &args.system {
-        Some(system) => {
-            let format = chat_format(&file, session.tokenizer())?;
-            let turn = format.user_turn(Some(system), &text, true);
+    let (prompt_ids, echo) = match &template {
+        Some(t) => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(Message::system(system.as_str()));
+            }
+            messages.push(Message::user(text.as_str()));
+            let rendered = t.render(&messages, true, &chat_options)?;
             (
-                session.tokenizer().encode(&turn, true, true)?,
+                encode_prompt(session.tokenizer(), &rendered)?,
                 String::new(),
             )
         }
@@ -563,10 +602,11 @@ fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Res
                 },
                 rotate: !args.no_rotation,
                 residual: match args.residual {
-                    ResidualArg::None => Residual::None,
-                    ResidualArg::Output => Residual::Output,
-                    ResidualArg::OutputDown => Residual::OutputAndDown,
-                    ResidualArg::All => Residual::All,
+                    None => Config::from_gguf(file)?.family.w8a8_residual,
+                    Some(ResidualArg::None) => Residual::None,
+                    Some(ResidualArg::Output) => Residual::Output,
+                    Some(ResidualArg::OutputDown) => Residual::OutputAndDown,
+                    Some(ResidualArg::All) => Residual::All,
                 },
                 seed: args.rotation_seed,
             };
@@ -577,9 +617,28 @@ fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Res
     Ok(model)
 }
 
-fn chat_format(file: &GgufFile, tok: &Tokenizer) -> Result<ChatFormat, Error> {
-    let template = file.metadata().get_str("tokenizer.chat_template");
-    Ok(ChatFormat::detect(template, |t| tok.token_id(t).is_some())?)
+/// The chat template: `--chat-template-file`'s, else the model's; `None` (with a warning)
+/// when the model has none, so that the prompt is plain text.
+fn chat_template(
+    file: &GgufFile,
+    tok: &Tokenizer,
+    args: &Args,
+) -> Result<Option<ChatTemplate>, Error> {
+    let template = match &args.chat_template_file {
+        Some(path) => {
+            let source = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read chat template {}: {e}", path.display()))?;
+            Some(ChatTemplate::new(path.display().to_string(), source)?.with_tokens_of(tok))
+        }
+        None => ChatTemplate::from_gguf(file, tok)?,
+    };
+    if template.is_none() {
+        eprintln!(
+            "llm-decode: warning: {} has no chat template (tokenizer.chat_template): the prompt is plain text (--chat-template-file FILE gives one)",
+            args.model.display()
+        );
+    }
+    Ok(template)
 }
 
 fn random_seed() -> u64 {
@@ -589,19 +648,25 @@ fn random_seed() -> u64 {
     nanos ^ (u64::from(std::process::id()) << 32)
 }
 
-/// Interactive chat: every line of stdin is a user message; the session's KV cache carries
-/// the conversation, so each turn evaluates only its own tokens.
+/// Interactive chat: every line of stdin is a user message; each turn renders the whole
+/// conversation with the template and the session's KV cache keeps what the previous turns
+/// evaluated, so each turn evaluates only its own tokens. Without a template each line is
+/// plain text continuing the session.
 fn chat(
     session: &mut Session,
-    format: &ChatFormat,
+    template: Option<&ChatTemplate>,
+    options: &ChatOptions,
     system: Option<&str>,
     first: Option<&str>,
     params: &GenerateParams,
 ) -> Result<(), Error> {
-    eprintln!(
-        "chat ({}): one message per line, end with Ctrl-D",
-        format.name()
-    );
+    match template {
+        Some(t) => eprintln!(
+            "chat (template {}): one message per line, end with Ctrl-D",
+            t.name()
+        ),
+        None => eprintln!("chat (no template: plain text): one message per line, end with Ctrl-D"),
+    }
     let n_ctx = session.sequence().n_ctx();
     let mut lines = std::io::stdin().lock().lines();
     let mut pending = first.map(str::to_string);
@@ -621,7 +686,10 @@ fn chat(
         if user.trim().is_empty() {
             continue;
         }
-        let mut turn = session.chat(format, system, &user, params)?;
+        let mut turn = match template {
+            Some(t) => session.chat(t, system, &user, options, params)?,
+            None => session.generate(&user, params)?,
+        };
         for piece in &mut turn {
             stdout.write_all(piece?.text.as_bytes())?;
             stdout.flush()?;

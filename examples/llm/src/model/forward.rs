@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::backend::LinearOp;
-use super::error::ModelError;
 use super::config::Activation;
+use super::error::ModelError;
 use super::kv_cache::{CacheType, KvCache};
 use super::load::Model;
 use super::ops::{

@@ -175,7 +175,6 @@ impl Config {
         (fam.hparams)(file, &mut c)?;
         Ok(c)
     }
-
 }
 
 #[cfg(test)]

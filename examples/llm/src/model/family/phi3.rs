@@ -8,8 +8,8 @@
 
 use crate::gguf::GgufFile;
 use crate::model::config::{Activation, Config, Family, RopeStyle};
-use crate::model::npu::Residual;
 use crate::model::error::ModelError;
+use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "phi3",
