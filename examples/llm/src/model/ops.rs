@@ -402,33 +402,7 @@ mod tests {
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&serial), bits(&parallel));
         // And it is causal softmax attention (f64 reference).
-        let group = c.n_head / c.n_head_kv;
-        for r in 0..m {
-            for h in 0..c.n_head {
-                let (g, qh) = (h / group, &q[(r * c.n_head + h) * hd..][..hd]);
-                let n_t = pos + r + 1;
-                let scores: Vec<f64> = (0..n_t)
-                    .map(|t| {
-                        let kt = &k[g][t * hd..(t + 1) * hd];
-                        let d: f64 = qh.iter().zip(kt).map(|(&a, &b)| f64::from(a * b)).sum();
-                        d / (hd as f64).sqrt()
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for j in 0..hd {
-                    let want: f64 = (0..n_t)
-                        .map(|t| e[t] / sum * f64::from(v[g][t * hd + j]))
-                        .sum();
-                    let got = f64::from(serial[(r * c.n_head + h) * hd + j]);
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "row {r} head {h}: {got} vs {want}"
-                    );
-                }
-            }
-        }
+        assert_is_attention(&c, &q, &k, &v, pos, None, &serial);
     }
 
     #[test]
@@ -465,12 +439,26 @@ mod tests {
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&full), bits(&dropped));
         // And it is softmax attention over positions p - w + 1 ..= p (f64 reference).
-        let group = c.n_head / c.n_head_kv;
-        for r in 0..m {
+        assert_is_attention(&c, &q, &k, &v, pos, Some(w), &full);
+    }
+
+    /// `got` is causal softmax attention of the rows of `q` at `pos..` over the positions each
+    /// sees (the last `window` of them, if set), computed in f64 from the definition.
+    fn assert_is_attention(
+        c: &Config,
+        q: &[f32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+        pos: usize,
+        window: Option<usize>,
+        got: &[f32],
+    ) {
+        let (hd, group) = (c.head_dim, c.n_head / c.n_head_kv);
+        for r in 0..q.len() / c.q_dim() {
             for h in 0..c.n_head {
                 let (g, qh) = (h / group, &q[(r * c.n_head + h) * hd..][..hd]);
                 let p = pos + r;
-                let seen: Vec<usize> = (p + 1 - w..=p).collect();
+                let seen: Vec<usize> = (window.map_or(0, |w| p + 1 - w)..=p).collect();
                 let scores: Vec<f64> = seen
                     .iter()
                     .map(|&t| {
@@ -488,11 +476,8 @@ mod tests {
                         .zip(&e)
                         .map(|(&t, &et)| et / sum * f64::from(v[g][t * hd + j]))
                         .sum();
-                    let got = f64::from(full[(r * c.n_head + h) * hd + j]);
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "row {r} head {h}: {got} vs {want}"
-                    );
+                    let o = f64::from(got[(r * c.n_head + h) * hd + j]);
+                    assert!((o - want).abs() < 1e-5, "row {r} head {h}: {o} vs {want}");
                 }
             }
         }
