@@ -176,15 +176,8 @@ fn local_layers_keep_their_window_and_a_rewind_margin_and_refuse_more() {
 
 #[test]
 fn a_context_size_bounds_the_sequence() {
-    let file = GgufFile::open(common::fixtures().join("llm/tiny-llama.gguf")).unwrap();
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap(),
-    );
-    let mut factory = HostF32Factory::new(pool.clone());
-    let mut model = Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap();
+    let mut run = model("tiny-llama.gguf", 1);
+    let model = Arc::get_mut(&mut run.model).expect("the only owner of its model");
     let trained = model.config().n_ctx;
     assert_eq!(model.n_ctx(), trained);
     let e = model.set_context(trained + 1).unwrap_err();
