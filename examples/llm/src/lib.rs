@@ -23,6 +23,7 @@ pub mod gguf;
 pub mod model;
 pub mod perplexity;
 pub mod sample;
+pub mod serve;
 pub mod session;
 pub mod spec;
 pub mod tokenizer;

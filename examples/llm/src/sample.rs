@@ -17,6 +17,12 @@ pub struct SamplerConfig {
     pub repeat_last_n: usize,
     /// Seed of the generator.
     pub seed: u64,
+    /// OpenAI's presence penalty: subtracted once from the logit of every token generated at
+    /// least once in the current completion; 0 is off.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from a token's logit once per time it was
+    /// generated in the current completion; 0 is off.
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplerConfig {
@@ -28,6 +34,8 @@ impl Default for SamplerConfig {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -69,12 +77,15 @@ impl Rng {
     }
 }
 
-/// A sampler: its parameters, generator and the recent tokens for the repetition penalty.
+/// A sampler: its parameters, generator, the recent tokens for the repetition penalty and the
+/// current completion's token counts for OpenAI's presence and frequency penalties.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     config: SamplerConfig,
     rng: Rng,
     recent: std::collections::VecDeque<u32>,
+    /// Times each token was accepted since [`Sampler::start_completion`].
+    counts: std::collections::BTreeMap<u32, u32>,
     candidates: Vec<(u32, f32)>,
 }
 
@@ -84,6 +95,7 @@ impl Sampler {
         Sampler {
             rng: Rng::new(config.seed),
             recent: std::collections::VecDeque::with_capacity(config.repeat_last_n + 1),
+            counts: std::collections::BTreeMap::new(),
             candidates: Vec::new(),
             config,
         }
@@ -94,8 +106,18 @@ impl Sampler {
         &self.config
     }
 
-    /// Records a token of the context (prompt or generated) for the repetition penalty.
+    /// Starts a completion: the presence and frequency penalties count the tokens accepted
+    /// from now on (the generated ones; call it after accepting the prompt).
+    pub fn start_completion(&mut self) {
+        self.counts.clear();
+    }
+
+    /// Records a token of the context (prompt or generated) for the penalties.
     pub fn accept(&mut self, token: u32) {
+        let c = &self.config;
+        if c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
         if self.config.repeat_last_n == 0 {
             return;
         }
@@ -154,11 +176,10 @@ impl Sampler {
     /// was written on, about a tenth of a decode step; the single pass keeps only the k best.
     fn distribution(&mut self, logits: &[f32]) -> Dist {
         let c = &self.config;
-        let penalised = self.penalised(logits.len());
+        let penalised = self.penalised(logits);
         let row = PenalisedRow {
             logits,
             penalised: &penalised,
-            penalty: c.repeat_penalty,
         };
         if c.temperature <= 0.0 {
             return Dist::Greedy(greedy_of(row));
@@ -188,22 +209,39 @@ impl Sampler {
         Dist::Probs(softmax(&self.candidates, c.temperature))
     }
 
-    /// The ids the repetition penalty applies to: the recent tokens below `n_vocab`, each
-    /// once, ascending (none when the penalty is off).
-    fn penalised(&self, n_vocab: usize) -> Vec<u32> {
+    /// The ids the penalties change and their logits after them, ascending by id: the
+    /// repetition penalty on the recent tokens (positive logits divided by it, others
+    /// multiplied), then OpenAI's `logit - count * frequency - (count > 0) * presence` on the
+    /// completion's tokens, in llama.cpp's order (none when both are off).
+    fn penalised(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         let c = &self.config;
-        if c.repeat_penalty == 1.0 || c.repeat_penalty <= 0.0 {
-            return Vec::new();
-        }
-        let mut seen: Vec<u32> = self
-            .recent
-            .iter()
-            .copied()
-            .filter(|&t| (t as usize) < n_vocab)
-            .collect();
+        let n_vocab = logits.len();
+        let repeat = c.repeat_penalty != 1.0 && c.repeat_penalty > 0.0;
+        let mut seen: Vec<u32> = if repeat {
+            self.recent.iter().copied().collect()
+        } else {
+            Vec::new()
+        };
+        seen.extend(self.counts.keys());
+        seen.retain(|&t| (t as usize) < n_vocab);
         seen.sort_unstable();
         seen.dedup();
-        seen
+        seen.into_iter()
+            .map(|id| {
+                let mut l = logits[id as usize];
+                if repeat && self.recent.contains(&id) {
+                    l = if l > 0.0 {
+                        l / c.repeat_penalty
+                    } else {
+                        l * c.repeat_penalty
+                    };
+                }
+                if let Some(&n) = self.counts.get(&id) {
+                    l = l - n as f32 * c.frequency_penalty - c.presence_penalty;
+                }
+                (id, l)
+            })
+            .collect()
     }
 }
 
@@ -214,13 +252,12 @@ fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
         .then(a.0.cmp(&b.0))
 }
 
-/// A row of logits with the repetition penalty applied to the ids in `penalised`
-/// (ascending): positive logits divided by it, others multiplied.
+/// A row of logits with the penalties applied: the ids in `penalised` (ascending) have the
+/// logits given there.
 #[derive(Clone, Copy)]
 struct PenalisedRow<'a> {
     logits: &'a [f32],
-    penalised: &'a [u32],
-    penalty: f32,
+    penalised: &'a [(u32, f32)],
 }
 
 /// A stretch of a [`PenalisedRow`], in id order.
@@ -235,18 +272,12 @@ impl PenalisedRow<'_> {
     /// Hands `f` the row as runs of plain logits between the penalised ids, and each of those.
     fn pieces(self, mut f: impl FnMut(Piece<'_>)) {
         let mut start = 0usize;
-        for &id in self.penalised {
+        for &(id, logit) in self.penalised {
             let i = id as usize;
             f(Piece::Run {
                 first: start as u32,
                 logits: &self.logits[start..i],
             });
-            let l = self.logits[i];
-            let logit = if l > 0.0 {
-                l / self.penalty
-            } else {
-                l * self.penalty
-            };
             f(Piece::One { id, logit });
             start = i + 1;
         }
@@ -413,6 +444,72 @@ mod tests {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 7,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
+
+    /// OpenAI's penalties, as its documentation writes them, on a whole row: `mu[j] -
+    /// c[j] * frequency - (c[j] > 0) * presence` with `c[j]` the times token j was generated.
+    fn openai_penalised(
+        logits: &[f32],
+        generated: &[u32],
+        presence: f32,
+        frequency: f32,
+    ) -> Vec<f32> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(j, &mu)| {
+                let c = generated.iter().filter(|&&t| t as usize == j).count() as f32;
+                mu - c * frequency - if c > 0.0 { presence } else { 0.0 }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openais_formula_over_the_completion() {
+        let mut rng = Rng::new(11);
+        let n = 50;
+        for case in 0..200 {
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (rng.next_f64() * 8.0 - 4.0) as f32)
+                .collect();
+            let prompt: Vec<u32> = (0..5).map(|_| (rng.next_u64() % n as u64) as u32).collect();
+            let generated: Vec<u32> = (0..(case % 9))
+                .map(|_| (rng.next_u64() % n as u64) as u32)
+                .collect();
+            let (presence, frequency) = ((case % 5) as f32 * 0.5 - 1.0, (case % 7) as f32 * 0.3);
+            let config = SamplerConfig {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..cfg(0.0, 0, 1.0)
+            };
+            let mut s = Sampler::new(config.clone());
+            // The prompt does not count: only what was generated since start_completion.
+            prompt.iter().for_each(|&t| s.accept(t));
+            s.start_completion();
+            generated.iter().for_each(|&t| s.accept(t));
+            let want = openai_penalised(&logits, &generated, presence, frequency);
+            let best = want
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &l)| if l > b.1 { (i, l) } else { b },
+                );
+            assert_eq!(s.sample(&logits) as usize, best.0, "case {case}");
+            // With sampling (no top-k/top-p) the candidates carry the penalised logits.
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: 1.0,
+                ..config
+            });
+            s.start_completion();
+            generated.iter().for_each(|&t| s.accept(t));
+            s.sample(&logits);
+            for &(id, l) in &s.candidates {
+                assert_eq!(l, want[id as usize], "case {case} id {id}");
+            }
         }
     }
 

@@ -279,6 +279,35 @@ impl Session {
         &self.messages
     }
 
+    /// Keeps the longest prefix of the conversation that `prompt` begins with, leaving at
+    /// least one token of `prompt` to evaluate (its logits decide the first token), and
+    /// returns its length: the history is then `prompt[..len]`, and the cache holds it (but
+    /// for a last token decided and not fed yet). A model with sliding-window layers may keep
+    /// less than the common prefix ([`Sequence::truncate`]).
+    pub fn keep_prefix(&mut self, prompt: &[u32]) -> usize {
+        let common = self
+            .history
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len().saturating_sub(1));
+        if self.history.len() > common {
+            self.history.truncate(common);
+            self.seq.truncate(common);
+        }
+        // A cut the local layers could not follow keeps nothing: restart there.
+        if self.seq.len() + 1 < self.history.len() {
+            self.history.truncate(self.seq.len());
+        }
+        self.history.len()
+    }
+
+    /// The sequence, for a batched forward pass ([`crate::serve`]).
+    pub(crate) fn seq_mut(&mut self) -> &mut Sequence {
+        &mut self.seq
+    }
+
     /// Samples as `sampling` says from now on (a new random stream from its seed).
     pub fn set_sampling(&mut self, sampling: SamplerConfig) {
         self.sampler = Sampler::new(sampling);
@@ -293,6 +322,16 @@ impl Session {
         self.seq = self.model.sequence(ty);
         self.history.clear();
         self.messages.clear();
+    }
+
+    /// Limits the session to `n_ctx` positions (at most the model's context size; a server
+    /// dividing its context among slots gives each its share). Cached positions past it are
+    /// dropped.
+    pub fn set_context(&mut self, n_ctx: usize) {
+        self.seq.limit_context(n_ctx);
+        if self.history.len() > self.seq.len() + 1 {
+            self.history.truncate(self.seq.len());
+        }
     }
 
     /// Forgets the conversation.
@@ -364,18 +403,7 @@ impl Session {
         if ids.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        // Keep the longest common prefix, and at least one token to evaluate for the logits.
-        let common = self
-            .history
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(ids.len() - 1);
-        if self.history.len() > common {
-            self.history.truncate(common);
-            self.seq.truncate(common);
-        }
+        let common = self.keep_prefix(&ids);
         let started = self.prefill(&ids[common..], params)?;
         self.messages = messages;
         Ok(self.iterate(started, params, true))
@@ -402,31 +430,54 @@ impl Session {
     ) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
         let m0 = modelled(&self.model);
-        let start = self.seq.len();
-        let n_vocab = self.model.config().n_vocab;
-        // Checked before anything is kept: a bad id is the model's typed error.
-        self.history.extend_from_slice(prompt);
-        let pending: Vec<u32> = self.history[start..].to_vec();
-        if pending.is_empty() {
-            return Err(GenerateError::EmptyPrompt);
-        }
+        let (start, pending) = self.begin_prefill(prompt)?;
         if let Err(e) = self.evaluate(&pending, start, params.batch.max(1)) {
             // The cache holds what was evaluated; the history must not claim more.
             self.history.truncate(self.seq.len());
             return Err(e);
         }
+        Ok(self.decide_first(prompt, pending.len(), t, m0))
+    }
+
+    /// Adds `prompt` to the history and returns where evaluation starts and what it
+    /// evaluates (a token the previous generation left unfed, then `prompt`).
+    pub(crate) fn begin_prefill(
+        &mut self,
+        prompt: &[u32],
+    ) -> Result<(usize, Vec<u32>), GenerateError> {
+        let start = self.seq.len();
+        self.history.extend_from_slice(prompt);
+        let pending: Vec<u32> = self.history[start..].to_vec();
+        if pending.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        Ok((start, pending))
+    }
+
+    /// After the pending tokens were evaluated (the last row's logits in the sequence): the
+    /// sampler takes the prompt in and decides the first token; `t`, `m0`: when the prefill
+    /// began, and the modelled NPU time then.
+    pub(crate) fn decide_first(
+        &mut self,
+        prompt: &[u32],
+        pending: usize,
+        t: Instant,
+        m0: Option<rknn_matmul::ModelledTime>,
+    ) -> Prefilled {
+        let n_vocab = self.model.config().n_vocab;
         for &t in prompt {
             self.sampler.accept(t);
         }
+        self.sampler.start_completion();
         // The last evaluated row's logits decide the first token.
         let logits = self.seq.logits();
         let decided = self.sampler.sample(&logits[logits.len() - n_vocab..]);
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
-        Ok(Prefilled {
+        Prefilled {
             out: Generation {
                 prefill_time,
-                prompt_tokens: pending.len(),
+                prompt_tokens: pending,
                 modelled: m0
                     .zip(m1.as_ref())
                     .map(|(a, b)| (b.since(&a).busiest_core(), Duration::ZERO)),
@@ -434,31 +485,18 @@ impl Session {
             },
             modelled_from: m1,
             decided,
-        })
+        }
     }
 
     /// The iterator generating after a prefill; `reply`: its text joins the chat's messages.
     fn iterate(&mut self, p: Prefilled, params: &GenerateParams, reply: bool) -> Generate<'_> {
-        Generate {
-            decoder: StreamDecoder::new(self.tokenizer.clone()),
-            policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
-            params: params.clone(),
-            out: p.out,
-            modelled_from: p.modelled_from,
-            decided: Some(p.decided),
-            accepted: Vec::new(),
-            stop_after: None,
-            held: String::new(),
-            flushed: false,
-            reply,
-            started: Instant::now(),
-            s: self,
-        }
+        let g = Gen::new(&self.tokenizer, p, params, reply);
+        Generate { s: self, g }
     }
 }
 
 /// What a prefill leaves for the generation iterator.
-struct Prefilled {
+pub(crate) struct Prefilled {
     out: Generation,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     decided: u32,
@@ -492,7 +530,7 @@ impl Session {
 }
 
 /// The modelled NPU time so far, when the model's matmuls run on the in-process emulator.
-fn modelled(model: &Model) -> Option<rknn_matmul::ModelledTime> {
+pub(crate) fn modelled(model: &Model) -> Option<rknn_matmul::ModelledTime> {
     model.engine().and_then(|e| e.runtime().modelled_time())
 }
 
@@ -508,6 +546,13 @@ fn write_rows(out: &mut dyn Write, rows: &[f32]) -> std::io::Result<()> {
 /// generated so far).
 pub struct Generate<'s> {
     s: &'s mut Session,
+    g: Gen,
+}
+
+/// One generation's state, apart from its session: the iterator [`Generate`] holds one with
+/// its session, a batching server one per slot beside the slot's session
+/// ([`crate::serve`]), stepping it between batched forward passes.
+pub(crate) struct Gen {
     params: GenerateParams,
     decoder: StreamDecoder<Arc<Tokenizer>>,
     policy: DraftPolicy,
@@ -527,11 +572,28 @@ pub struct Generate<'s> {
     started: Instant,
 }
 
+/// What a generation needs next.
+pub(crate) enum Step {
+    /// A piece to hand out, an error, or the end (`None`).
+    Item(Option<Result<Piece, GenerateError>>),
+    /// A forward pass of `fed` at `pos` of the session's sequence, computing `logits`;
+    /// `drafts` of them are speculative. [`Gen::fed`] takes it from there.
+    Feed(Feed),
+}
+
+/// A forward pass a generation asks for ([`Step::Feed`]).
+pub(crate) struct Feed {
+    pub(crate) fed: Vec<u32>,
+    pub(crate) pos: usize,
+    pub(crate) logits: Logits,
+    pub(crate) drafts: usize,
+}
+
 impl std::fmt::Debug for Generate<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Generate")
-            .field("generated", &self.out.generated.len())
-            .field("stop", &self.out.stop)
+            .field("generated", &self.g.out.generated.len())
+            .field("stop", &self.g.out.stop)
             .finish_non_exhaustive()
     }
 }
@@ -540,12 +602,12 @@ impl Generate<'_> {
     /// What has been generated so far, and the timings (complete once the iterator has
     /// returned `None`).
     pub fn summary(&self) -> &Generation {
-        &self.out
+        &self.g.out
     }
 
     /// Why generation stopped, once it has.
     pub fn stop(&self) -> Option<Stop> {
-        self.out.stop
+        self.g.out.stop
     }
 
     /// Runs the generation to its end and returns the summary.
@@ -553,7 +615,37 @@ impl Generate<'_> {
         for piece in &mut self {
             piece?;
         }
-        Ok(std::mem::take(&mut self.out))
+        Ok(std::mem::take(&mut self.g.out))
+    }
+}
+
+impl Gen {
+    /// The state after a prefill; `reply`: its text joins the chat's messages.
+    pub(crate) fn new(
+        tokenizer: &Arc<Tokenizer>,
+        p: Prefilled,
+        params: &GenerateParams,
+        reply: bool,
+    ) -> Gen {
+        Gen {
+            decoder: StreamDecoder::new(tokenizer.clone()),
+            policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
+            params: params.clone(),
+            out: p.out,
+            modelled_from: p.modelled_from,
+            decided: Some(p.decided),
+            accepted: Vec::new(),
+            stop_after: None,
+            held: String::new(),
+            flushed: false,
+            reply,
+            started: Instant::now(),
+        }
+    }
+
+    /// What has been generated so far, and the timings.
+    pub(crate) fn summary(&self) -> &Generation {
+        &self.out
     }
 
     fn limit(&self) -> usize {
@@ -562,17 +654,17 @@ impl Generate<'_> {
 
     /// Ends the generation for `why`: accepted drafts not emitted yet leave the history and
     /// the cache (the conversation ends where the output does).
-    fn end(&mut self, why: Stop) {
+    fn end(&mut self, s: &mut Session, why: Stop) {
         if !self.accepted.is_empty() {
-            let keep = self.s.history.len() - self.accepted.len();
-            self.s.history.truncate(keep);
-            self.s.seq.truncate(keep);
+            let keep = s.history.len() - self.accepted.len();
+            s.history.truncate(keep);
+            s.seq.truncate(keep);
             self.accepted.clear();
         }
         self.decided = None;
         self.out.stop = Some(why);
         self.out.decode_time = self.started.elapsed();
-        if let (Some(m), Some(from)) = (modelled(&self.s.model), &self.modelled_from) {
+        if let (Some(m), Some(from)) = (modelled(&s.model), &self.modelled_from) {
             if let Some((_, d)) = &mut self.out.modelled {
                 *d = m.since(from).busiest_core();
             }
@@ -582,16 +674,16 @@ impl Generate<'_> {
     /// Emits a generated token (decided now, or an accepted draft when `fed`): recorded as
     /// generated (and, unless fed, in the history, unfed), decoded, and its text released as
     /// far as a stop string allows.
-    fn emit(&mut self, token: u32, fed: bool) -> Result<Piece, GenerateError> {
+    fn emit(&mut self, s: &mut Session, token: u32, fed: bool) -> Result<Piece, GenerateError> {
         self.out.generated.push(token);
         if !fed {
-            self.s.sampler.accept(token);
-            self.s.history.push(token);
+            s.sampler.accept(token);
+            s.history.push(token);
         }
         let text = self.decoder.push(token)?;
-        let text = self.release(&text);
+        let text = self.release(s, &text);
         if self.out.stop.is_none() && self.out.generated.len() >= self.limit() {
-            self.end(Stop::MaxTokens);
+            self.end(s, Stop::MaxTokens);
         }
         Ok(Piece {
             token: Some(token),
@@ -601,7 +693,7 @@ impl Generate<'_> {
 
     /// Adds `text` to what is held and returns what can be released: everything before a stop
     /// string (which ends the generation), or everything that cannot begin one.
-    fn release(&mut self, text: &str) -> String {
+    fn release(&mut self, s: &mut Session, text: &str) -> String {
         self.held.push_str(text);
         let stops = &self.params.stop;
         let found = stops
@@ -634,14 +726,14 @@ impl Generate<'_> {
         self.out.text.push_str(&out);
         if found.is_some() {
             self.held.clear();
-            self.end(Stop::StopString);
+            self.end(s, Stop::StopString);
         }
         out
     }
 
     /// The text still held back at the end (a character's first bytes, text that began a
     /// stop string), once; a chat's reply joins its messages then.
-    fn flush(&mut self) -> Option<Piece> {
+    fn flush(&mut self, s: &mut Session) -> Option<Piece> {
         if self.flushed {
             return None;
         }
@@ -654,19 +746,19 @@ impl Generate<'_> {
             self.out.text.push_str(&text);
             (!text.is_empty()).then_some(Piece { token: None, text })
         };
-        self.record_reply();
+        self.record_reply(s);
         piece
     }
 
     /// Adds the text generated so far (and what is held back) to the chat's messages as the
     /// assistant's reply, once.
-    fn record_reply(&mut self) {
+    fn record_reply(&mut self, s: &mut Session) {
         if std::mem::take(&mut self.reply) {
             let mut text = self.out.text.clone();
             if !self.flushed {
                 text.push_str(&self.held);
             }
-            self.s.messages.push(Message::assistant(text));
+            s.messages.push(Message::assistant(text));
         }
     }
 
@@ -675,7 +767,7 @@ impl Generate<'_> {
     /// not past an end-of-generation token); the first row that does not confirm its draft
     /// decides the next token. The cache and the history keep the fed token and the accepted
     /// drafts.
-    fn verify(&mut self, drafts: &[u32], pos: usize) -> Result<(), GenerateError> {
+    fn verify(&mut self, s: &mut Session, drafts: &[u32], pos: usize) -> Result<(), GenerateError> {
         let limit = self.limit();
         let Session {
             model,
@@ -685,7 +777,7 @@ impl Generate<'_> {
             history,
             tap,
             ..
-        } = &mut *self.s;
+        } = s;
         let n_vocab = model.config().n_vocab;
         let mut accepted = Vec::new();
         for (i, row) in seq.logits().chunks_exact(n_vocab).enumerate() {
@@ -724,12 +816,93 @@ impl Generate<'_> {
         self.accepted = accepted;
         Ok(())
     }
+
+    /// Ends the generation now (a client gone, a deadline): what was generated stays.
+    pub(crate) fn cancel(&mut self, s: &mut Session, why: Stop) {
+        if self.out.stop.is_none() {
+            self.end(s, why);
+        }
+        self.flushed = true;
+        self.record_reply(s);
+    }
+
+    /// The next thing the generation needs: a piece to hand out (or its end), or a forward
+    /// pass, after which [`Gen::fed`] must be called.
+    pub(crate) fn step(&mut self, s: &mut Session) -> Step {
+        if self.out.stop.is_some() {
+            return Step::Item(self.flush(s).map(Ok));
+        }
+        // Drafts a verify pass accepted come first: they are fed already.
+        if let Some(t) = self.accepted.pop() {
+            return Step::Item(Some(self.emit(s, t, true)));
+        }
+        if let Some(why) = self.stop_after.take() {
+            self.end(s, why);
+            return self.step(s);
+        }
+        if self.out.generated.len() >= self.limit() {
+            self.end(s, Stop::MaxTokens);
+            return self.step(s);
+        }
+        if let Some(token) = self.decided.take() {
+            if s.tokenizer.is_eog(token) {
+                self.end(s, Stop::Eog);
+                return self.step(s);
+            }
+            return Step::Item(Some(self.emit(s, token, false)));
+        }
+        // Feed the last emitted token (and drafts) and decide the next.
+        let pos = s.seq.len();
+        let n_ctx = s.seq.n_ctx();
+        if pos >= n_ctx {
+            self.end(s, Stop::Context);
+            return self.step(s);
+        }
+        let room = (self.limit() - self.out.generated.len())
+            .min(n_ctx - pos - 1)
+            .min(self.policy.next_len());
+        let drafts: Vec<u32> = match &self.params.lookup {
+            Some(l) => l.draft(&s.history, room).to_vec(),
+            None => Vec::new(),
+        };
+        let mut fed = Vec::with_capacity(1 + drafts.len());
+        fed.extend_from_slice(&s.history[pos..]);
+        let n_drafts = drafts.len();
+        fed.extend(drafts);
+        let logits = if n_drafts == 0 {
+            Logits::Last
+        } else {
+            Logits::All
+        };
+        Step::Feed(Feed {
+            fed,
+            pos,
+            logits,
+            drafts: n_drafts,
+        })
+    }
+
+    /// After the forward pass `feed` asked for ran (its logits in the session's sequence):
+    /// verifies the drafts and decides the next token.
+    pub(crate) fn fed(&mut self, s: &mut Session, feed: &Feed) -> Result<(), GenerateError> {
+        self.out.decode_forwards += 1;
+        if feed.drafts > 0 {
+            self.out.spec.passes += 1;
+            self.out.spec.drafted += feed.drafts;
+        }
+        let before = self.out.spec.accepted;
+        let drafts = &feed.fed[feed.fed.len() - feed.drafts..];
+        self.verify(s, drafts, feed.pos)?;
+        self.policy
+            .record(feed.drafts, self.out.spec.accepted - before);
+        Ok(())
+    }
 }
 
 impl Drop for Generate<'_> {
     /// A chat turn cancelled by dropping its iterator still records what was generated.
     fn drop(&mut self) {
-        self.record_reply();
+        self.g.record_reply(self.s);
     }
 }
 
@@ -737,65 +910,19 @@ impl Iterator for Generate<'_> {
     type Item = Result<Piece, GenerateError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.out.stop.is_some() {
-            return self.flush().map(Ok);
-        }
-        // Drafts a verify pass accepted come first: they are fed already.
-        if let Some(t) = self.accepted.pop() {
-            return Some(self.emit(t, true));
-        }
-        if let Some(why) = self.stop_after.take() {
-            self.end(why);
-            return self.next();
-        }
-        if self.out.generated.len() >= self.limit() {
-            self.end(Stop::MaxTokens);
-            return self.next();
-        }
-        if let Some(token) = self.decided.take() {
-            if self.s.tokenizer.is_eog(token) {
-                self.end(Stop::Eog);
-                return self.next();
+        loop {
+            match self.g.step(self.s) {
+                Step::Item(item) => return item,
+                Step::Feed(feed) => {
+                    let Session { model, seq, .. } = &mut *self.s;
+                    if let Err(e) = model.forward(seq, &feed.fed, feed.pos, feed.logits) {
+                        return Some(Err(e.into()));
+                    }
+                    if let Err(e) = self.g.fed(self.s, &feed) {
+                        return Some(Err(e));
+                    }
+                }
             }
-            return Some(self.emit(token, false));
         }
-        // Feed the last emitted token (and drafts) and decide the next.
-        let pos = self.s.seq.len();
-        let n_ctx = self.s.seq.n_ctx();
-        if pos >= n_ctx {
-            self.end(Stop::Context);
-            return self.next();
-        }
-        let room = (self.limit() - self.out.generated.len())
-            .min(n_ctx - pos - 1)
-            .min(self.policy.next_len());
-        let drafts: Vec<u32> = match &self.params.lookup {
-            Some(l) => l.draft(&self.s.history, room).to_vec(),
-            None => Vec::new(),
-        };
-        let mut fed = Vec::with_capacity(1 + drafts.len());
-        fed.extend_from_slice(&self.s.history[pos..]);
-        fed.extend_from_slice(&drafts);
-        let which = if drafts.is_empty() {
-            Logits::Last
-        } else {
-            Logits::All
-        };
-        let Session { model, seq, .. } = &mut *self.s;
-        if let Err(e) = model.forward(seq, &fed, pos, which) {
-            return Some(Err(e.into()));
-        }
-        self.out.decode_forwards += 1;
-        if !drafts.is_empty() {
-            self.out.spec.passes += 1;
-            self.out.spec.drafted += drafts.len();
-        }
-        let before = self.out.spec.accepted;
-        if let Err(e) = self.verify(&drafts, pos) {
-            return Some(Err(e));
-        }
-        self.policy
-            .record(drafts.len(), self.out.spec.accepted - before);
-        self.next()
     }
 }

@@ -192,6 +192,22 @@ struct Args {
     /// How many recent tokens the repeat penalty considers.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     repeat_last_n: usize,
+    /// OpenAI's presence penalty: subtracted from the logit of every token the completion has
+    /// generated; 0 disables.
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted once per time the completion generated the
+    /// token; 0 disables.
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    frequency_penalty: f32,
     /// Random seed (default: chosen at start and printed in the summary).
     #[arg(long)]
     seed: Option<u64>,
@@ -301,6 +317,8 @@ fn run(args: Args) -> Result<(), Error> {
         repeat_penalty: args.repeat_penalty,
         repeat_last_n: args.repeat_last_n,
         seed,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
     };
     let mut session = Session::new(model.clone(), Arc::new(tok), sampling)?;
     session.set_cache_type(match args.cache_type {

@@ -96,6 +96,15 @@ impl Sequence {
         &self.stats
     }
 
+    /// Holds at most `n_ctx` positions from now on (never more than the model's context
+    /// size, [`Model::n_ctx`]); cached positions past it are dropped.
+    pub fn limit_context(&mut self, n_ctx: usize) {
+        self.n_ctx = self.n_ctx.min(n_ctx);
+        if self.cache.len() > self.n_ctx {
+            self.cache.truncate(self.n_ctx);
+        }
+    }
+
     /// Forgets every cached position.
     pub fn reset(&mut self) {
         self.cache.truncate(0);
@@ -108,6 +117,21 @@ impl Sequence {
     pub fn truncate(&mut self, len: usize) {
         self.cache.truncate(len);
     }
+}
+
+/// One sequence's share of a batched forward pass ([`Model::forward_batch`]): `tokens` at
+/// positions `pos..pos + tokens.len()` of `seq`, and which of their logits to compute.
+#[derive(Debug)]
+pub struct BatchItem<'a> {
+    /// The sequence (its cache and where its logits land).
+    pub seq: &'a mut Sequence,
+    /// The tokens to run.
+    pub tokens: &'a [u32],
+    /// The position of the first (at most the cached positions; a smaller one drops the
+    /// cached positions from there on).
+    pub pos: usize,
+    /// Which rows' logits.
+    pub logits: Logits,
 }
 
 impl Model {
@@ -140,44 +164,49 @@ impl Model {
         pos: usize,
         which: Logits,
     ) -> Result<&'s [f32], ModelError> {
+        self.forward_batch(&mut [BatchItem {
+            seq: &mut *seq,
+            tokens,
+            pos,
+            logits: which,
+        }])?;
+        Ok(&seq.logits)
+    }
+
+    /// Runs several sequences in one forward pass: every item's tokens are rows of the same
+    /// matmuls (one read of the weights for all of them), while each item's attention runs over
+    /// its own sequence's cache at its own positions. Each item's logits land in its sequence
+    /// ([`Sequence::logits`]).
+    ///
+    /// The pass is row-wise batch-invariant: an item's logits are bit-identical to what
+    /// [`Model::forward`] computes for it alone. Every item is checked (as `forward` checks
+    /// its input) before anything runs; an error names the first item refused, and no cache
+    /// has changed then. A backend failure during the pass leaves the items' caches undefined:
+    /// truncate or reset them.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), ModelError> {
         if self.pool.current_thread_index().is_none() {
             // The whole pass on a pool thread: its parallel loops then split work among the
             // pool's threads directly instead of each waking the pool from outside.
-            self.pool
-                .install(|| self.forward(seq, tokens, pos, which).map(drop))?;
-            return Ok(&seq.logits);
+            return self.pool.install(|| self.forward_batch(items));
         }
         let c = &self.config;
-        let m = tokens.len();
-        if pos > seq.cache.len() {
-            return Err(ModelError::BadPosition {
-                pos,
-                cached: seq.cache.len(),
-            });
+        for it in items.iter() {
+            self.check(it)?;
         }
-        if pos.checked_add(m).is_none_or(|end| end > seq.n_ctx) {
-            return Err(ModelError::ContextOverflow {
-                pos,
-                n_tokens: m,
-                n_ctx: seq.n_ctx,
-            });
+        for it in items.iter_mut() {
+            it.seq.cache.truncate(it.pos);
+            it.seq.logits.clear();
         }
-        if !seq.cache.can_rewind_to(pos) {
-            return Err(ModelError::RewindPastWindow {
-                pos,
-                cached: seq.cache.len(),
-            });
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::BadToken {
-                token,
-                n_vocab: c.n_vocab,
-            });
-        }
-        seq.cache.truncate(pos);
-        seq.logits.clear();
+        let m: usize = items.iter().map(|it| it.tokens.len()).sum();
         if m == 0 {
-            return Ok(&seq.logits);
+            return Ok(());
+        }
+        // Row ranges of the items in the stacked activations.
+        let mut rows = Vec::with_capacity(items.len());
+        let mut r0 = 0;
+        for it in items.iter() {
+            rows.push(r0..r0 + it.tokens.len());
+            r0 += it.tokens.len();
         }
         let t_start = Instant::now();
         let mut t_matmul = Duration::ZERO;
@@ -185,7 +214,8 @@ impl Model {
         let (e, qd, kvd) = (c.n_embd, c.q_dim(), c.kv_dim());
 
         let mut x = vec![0.0f32; m * e];
-        for (row, &t) in x.chunks_exact_mut(e).zip(tokens) {
+        let all_tokens = items.iter().flat_map(|it| it.tokens.iter());
+        for (row, &t) in x.chunks_exact_mut(e).zip(all_tokens) {
             let s = t as usize * self.embd_row_bytes;
             crate::gguf::dequantize(self.embd_ty, &self.embd[s..s + self.embd_row_bytes], row)?;
             if let Some(f) = c.embd_scale {
@@ -194,11 +224,18 @@ impl Model {
         }
         let fam = c.family;
         let freqs = self.rope_freqs.as_deref();
-        let rope = RopeTable::new(c, (c.rope_base, c.rope_freq_scale), freqs, pos, m);
-        let rope_local = c
-            .sliding_window
-            .as_ref()
-            .map(|s| RopeTable::new(c, (s.rope_base, s.rope_freq_scale), freqs, pos, m));
+        let ropes: Vec<_> = items
+            .iter()
+            .map(|it| {
+                let n = it.tokens.len();
+                let global = RopeTable::new(c, (c.rope_base, c.rope_freq_scale), freqs, it.pos, n);
+                let local = c
+                    .sliding_window
+                    .as_ref()
+                    .map(|s| RopeTable::new(c, (s.rope_base, s.rope_freq_scale), freqs, it.pos, n));
+                (global, local)
+            })
+            .collect();
         // Where the family scales the queries, the softmax's scale is 1 (exact).
         let score_scale = if fam.scale_queries { 1.0 } else { c.attn_scale };
         let mut h = vec![0.0f32; m * e];
@@ -228,23 +265,31 @@ impl Model {
                 rms_norm_in_place(k, kn, c.rms_eps);
             }
             let window = c.window(l);
-            let rope = match (window, &rope_local) {
-                (Some(_), Some(local)) => local,
-                _ => &rope,
-            };
-            rope.apply(q, c.n_head);
-            rope.apply(k, c.n_head_kv);
-            if fam.scale_queries {
-                scale(q, c.attn_scale);
-            }
-            seq.cache.append(l, k, v);
-
             let t = Instant::now();
-            let seen = window.map_or(pos + m, |w| w.min(pos + m));
-            let work = m * c.n_head * seen * c.head_dim;
-            let kv = seq.cache.layer(l);
-            let pool = (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool);
-            attention(c, pool, q, &kv, window, score_scale, pos, &mut att);
+            for ((it, r), (global, local)) in items.iter_mut().zip(&rows).zip(&ropes) {
+                let (q, k, v) = (
+                    &mut q[r.start * qd..r.end * qd],
+                    &mut k[r.start * kvd..r.end * kvd],
+                    &v[r.start * kvd..r.end * kvd],
+                );
+                let rope = match (window, local) {
+                    (Some(_), Some(local)) => local,
+                    _ => global,
+                };
+                rope.apply(q, c.n_head);
+                rope.apply(k, c.n_head_kv);
+                if fam.scale_queries {
+                    scale(q, c.attn_scale);
+                }
+                it.seq.cache.append(l, k, v);
+                let (pos, n) = (it.pos, it.tokens.len());
+                let seen = window.map_or(pos + n, |w| w.min(pos + n));
+                let work = n * c.n_head * seen * c.head_dim;
+                let kv = it.seq.cache.layer(l);
+                let pool = (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool);
+                let out = &mut att[r.start * qd..r.end * qd];
+                attention(c, pool, q, &kv, window, score_scale, pos, out);
+            }
             t_attn += t.elapsed();
 
             let t = Instant::now();
@@ -276,35 +321,84 @@ impl Model {
             }
             add_into(&mut x, &h);
         }
-        seq.cache.set_len(pos, pos + m);
+        for it in items.iter_mut() {
+            let (pos, n) = (it.pos, it.tokens.len());
+            it.seq.cache.set_len(pos, pos + n);
+        }
 
-        let rows = match which {
-            Logits::None => 0..0,
-            Logits::Last => m - 1..m,
-            Logits::All => 0..m,
-        };
-        if !rows.is_empty() {
-            let n = rows.len();
-            let sel = &x[rows.start * e..rows.end * e];
+        // The rows whose logits are asked for, in item order.
+        let wanted: Vec<std::ops::Range<usize>> = items
+            .iter()
+            .zip(&rows)
+            .map(|(it, r)| match it.logits {
+                Logits::None => r.start..r.start,
+                Logits::Last if r.is_empty() => r.start..r.start,
+                Logits::Last => r.end - 1..r.end,
+                Logits::All => r.clone(),
+            })
+            .collect();
+        let n: usize = wanted.iter().map(|r| r.len()).sum();
+        if n > 0 {
+            let mut sel = Vec::with_capacity(n * e);
+            for r in &wanted {
+                sel.extend_from_slice(&x[r.start * e..r.end * e]);
+            }
             let mut normed = vec![0.0f32; n * e];
-            rms_norm(sel, &self.output_norm, c.rms_eps, &mut normed);
-            seq.logits.resize(n * c.n_vocab, 0.0);
+            rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed);
+            let mut logits = vec![0.0f32; n * c.n_vocab];
             let t = Instant::now();
             let p = &self.output;
-            p.op.forward(&normed, n, &mut seq.logits)
+            p.op.forward(&normed, n, &mut logits)
                 .map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
             if let Some(cap) = c.final_logit_softcap {
-                softcap(&mut seq.logits, cap);
+                softcap(&mut logits, cap);
+            }
+            let mut at = 0;
+            for (it, r) in items.iter_mut().zip(&wanted) {
+                let len = r.len() * c.n_vocab;
+                it.seq.logits.extend_from_slice(&logits[at..at + len]);
+                at += len;
             }
         }
         let total = t_start.elapsed();
-        let s = &mut seq.stats;
-        s.forward_calls += 1;
-        s.tokens += m as u64;
-        s.matmul += t_matmul;
-        s.attention += t_attn;
-        s.other += total.saturating_sub(t_matmul + t_attn);
-        Ok(&seq.logits)
+        for it in items.iter_mut() {
+            let s = &mut it.seq.stats;
+            s.forward_calls += 1;
+            s.tokens += it.tokens.len() as u64;
+            s.matmul += t_matmul;
+            s.attention += t_attn;
+            s.other += total.saturating_sub(t_matmul + t_attn);
+        }
+        Ok(())
+    }
+
+    /// The checks of one item of a pass, before anything runs.
+    fn check(&self, it: &BatchItem<'_>) -> Result<(), ModelError> {
+        let (seq, pos, m) = (&*it.seq, it.pos, it.tokens.len());
+        let n_vocab = self.config.n_vocab;
+        if pos > seq.cache.len() {
+            return Err(ModelError::BadPosition {
+                pos,
+                cached: seq.cache.len(),
+            });
+        }
+        if pos.checked_add(m).is_none_or(|end| end > seq.n_ctx) {
+            return Err(ModelError::ContextOverflow {
+                pos,
+                n_tokens: m,
+                n_ctx: seq.n_ctx,
+            });
+        }
+        if !seq.cache.can_rewind_to(pos) {
+            return Err(ModelError::RewindPastWindow {
+                pos,
+                cached: seq.cache.len(),
+            });
+        }
+        if let Some(&token) = it.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken { token, n_vocab });
+        }
+        Ok(())
     }
 }

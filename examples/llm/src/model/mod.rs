@@ -30,7 +30,7 @@ pub use backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_sha
 pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
 pub use error::ModelError;
 pub use family::FAMILIES;
-pub use forward::{Logits, Sequence, Stats};
+pub use forward::{BatchItem, Logits, Sequence, Stats};
 pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::host_pool;
 pub use kv_cache::{CacheType, KvCache, REWIND};

@@ -1,0 +1,507 @@
+//! Continuous batching in the library ([`rknn_llm::serve`]), on the tiny committed models:
+//! one forward pass over several sequences gives each the logits it gets alone (f32 and the
+//! NPU path, every family, a sliding window crossed), and the [`Batcher`] gives every request
+//! the tokens `Session::generate` gives it alone, whatever runs beside it, with the prompt
+//! cache or without, and frees slots of cancelled, expired and refused requests.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use rknn_llm::gguf::GgufFile;
+use rknn_llm::model::{
+    BatchItem, CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model,
+};
+use rknn_llm::sample::SamplerConfig;
+use rknn_llm::serve::{Batcher, Event, Finished, Request, ServeConfig, ServeError};
+use rknn_llm::session::{GenerateParams, Session};
+use rknn_llm::tokenizer::Tokenizer;
+use rknn_matmul::engine::{Engine, EngineConfig};
+use rknn_matmul::{Platform, Runtime};
+
+const FAMILIES: [&str; 5] = [
+    "tiny-llama",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "tiny-phi3",
+];
+
+fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
+    Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn file(name: &str) -> GgufFile {
+    GgufFile::open(common::fixtures().join("llm").join(format!("{name}.gguf"))).unwrap()
+}
+
+fn f32_model(name: &str) -> (Arc<Model>, Arc<Tokenizer>) {
+    let f = file(name);
+    let p = pool(2);
+    let model = Model::load(&f, &mut HostF32Factory::new(p.clone()), p, &mut |_, _| {}).unwrap();
+    (Arc::new(model), Arc::new(Tokenizer::from_gguf(&f).unwrap()))
+}
+
+fn npu_model(name: &str) -> Arc<Model> {
+    let f = file(name);
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let engine = Engine::new(&rt, EngineConfig::default()).unwrap();
+    let mut factory = EngineFactory::new(engine, EngineOptions::default());
+    Arc::new(Model::load(&f, &mut factory, pool(2), &mut |_, _| {}).unwrap())
+}
+
+/// Deterministic token ids below `n_vocab`.
+fn tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n).map(|_| rng.u32(1..n_vocab as u32)).collect()
+}
+
+/// Three sequences run alone and then together, through prompts of different lengths at
+/// different positions and then decode rows (gemma3's local layers of 12 positions are
+/// crossed): every logits row must be the same bits.
+fn batched_equals_solo(model: &Model) {
+    let n_vocab = model.config().n_vocab;
+    let prompts: Vec<Vec<u32>> = [(1, 30), (2, 7), (3, 19)]
+        .iter()
+        .map(|&(seed, n)| tokens(seed, n, n_vocab))
+        .collect();
+    // The schedule: per pass, the tokens each sequence feeds (prompt chunks, then decode rows).
+    let schedule: Vec<Vec<Vec<u32>>> = {
+        let mut passes = Vec::new();
+        let chunks = [[13usize, 7, 5], [17, 0, 14]];
+        let mut at = [0usize; 3];
+        for c in chunks {
+            passes.push(
+                (0..3)
+                    .map(|i| {
+                        let to = (at[i] + c[i]).min(prompts[i].len());
+                        let part = prompts[i][at[i]..to].to_vec();
+                        at[i] = to;
+                        part
+                    })
+                    .collect(),
+            );
+        }
+        for step in 0..6u64 {
+            passes.push(
+                (0..3)
+                    .map(|i| tokens(100 + step * 3 + i, 1, n_vocab))
+                    .collect(),
+            );
+        }
+        passes
+    };
+    let solo: Vec<Vec<Vec<f32>>> = (0..3)
+        .map(|i| {
+            let mut seq = model.sequence(CacheType::F32);
+            let mut pos = 0;
+            let mut rows = Vec::new();
+            for pass in &schedule {
+                let part = &pass[i];
+                if part.is_empty() {
+                    continue;
+                }
+                rows.push(
+                    model
+                        .forward(&mut seq, part, pos, Logits::All)
+                        .unwrap()
+                        .to_vec(),
+                );
+                pos += part.len();
+            }
+            rows
+        })
+        .collect();
+    let mut seqs: Vec<_> = (0..3).map(|_| model.sequence(CacheType::F32)).collect();
+    let mut pos = [0usize; 3];
+    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 3];
+    for pass in &schedule {
+        let mut items: Vec<BatchItem<'_>> = Vec::new();
+        let mut which = Vec::new();
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            if pass[i].is_empty() {
+                continue;
+            }
+            items.push(BatchItem {
+                seq,
+                tokens: &pass[i],
+                pos: pos[i],
+                logits: Logits::All,
+            });
+            which.push(i);
+        }
+        model.forward_batch(&mut items).unwrap();
+        drop(items);
+        for &i in &which {
+            got[i].push(seqs[i].logits().to_vec());
+            pos[i] += pass[i].len();
+        }
+        assert_eq!(seqs[0].logits().len() % n_vocab, 0);
+    }
+    for i in 0..3 {
+        assert_eq!(got[i].len(), solo[i].len());
+        for (p, (a, b)) in got[i].iter().zip(&solo[i]).enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same && a.len() == b.len(), "sequence {i}, pass {p}");
+        }
+    }
+}
+
+#[test]
+fn one_pass_over_several_sequences_gives_each_its_solo_logits() {
+    for name in FAMILIES {
+        let (model, _) = f32_model(name);
+        batched_equals_solo(&model);
+    }
+}
+
+#[test]
+fn one_npu_pass_over_several_sequences_gives_each_its_solo_logits() {
+    for name in ["tiny-llama", "tiny-gemma3"] {
+        batched_equals_solo(&npu_model(name));
+    }
+}
+
+#[test]
+fn a_batch_checks_every_item_before_running_any() {
+    let (model, _) = f32_model("tiny-llama");
+    let n_vocab = model.config().n_vocab as u32;
+    let (mut a, mut b) = (
+        model.sequence(CacheType::F32),
+        model.sequence(CacheType::F32),
+    );
+    let err = model
+        .forward_batch(&mut [
+            BatchItem {
+                seq: &mut a,
+                tokens: &[1, 2, 3],
+                pos: 0,
+                logits: Logits::Last,
+            },
+            BatchItem {
+                seq: &mut b,
+                tokens: &[n_vocab],
+                pos: 0,
+                logits: Logits::Last,
+            },
+        ])
+        .unwrap_err();
+    assert!(err.to_string().contains(&n_vocab.to_string()), "{err}");
+    assert_eq!(a.len(), 0, "nothing ran");
+}
+
+/// What one request produced through a batcher.
+#[derive(Debug)]
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    done: Result<Finished, String>,
+}
+
+/// Submits `request` and returns a receiver of its outcome.
+fn submit(batcher: &Batcher, request: Request) -> Result<mpsc::Receiver<Outcome>, ServeError> {
+    let (tx, rx) = mpsc::channel();
+    let mut out = Outcome {
+        tokens: Vec::new(),
+        text: String::new(),
+        done: Err("no end".into()),
+    };
+    let mut tx = Some(tx);
+    batcher.submit(
+        request,
+        Box::new(move |event| {
+            match event {
+                Event::Piece(p) => {
+                    out.tokens.extend(p.token);
+                    out.text.push_str(&p.text);
+                    return true;
+                }
+                Event::Done(d) => out.done = Ok(d),
+                Event::Failed(e) => out.done = Err(e.to_string()),
+            }
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(std::mem::replace(
+                    &mut out,
+                    Outcome {
+                        tokens: Vec::new(),
+                        text: String::new(),
+                        done: Err(String::new()),
+                    },
+                ));
+            }
+            true
+        }),
+    )?;
+    Ok(rx)
+}
+
+fn wait(rx: mpsc::Receiver<Outcome>) -> Outcome {
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the request ends")
+}
+
+/// What `Session::generate_tokens` gives `prompt` alone (a fresh session).
+fn solo(model: &Arc<Model>, tok: &Arc<Tokenizer>, r: &Request) -> (Vec<u32>, String) {
+    let mut s = Session::new(model.clone(), tok.clone(), r.sampling.clone()).unwrap();
+    let params = GenerateParams {
+        max_tokens: r.max_tokens,
+        stop: r.stop.clone(),
+        ..GenerateParams::default()
+    };
+    let g = s
+        .generate_tokens(&r.prompt, &params)
+        .unwrap()
+        .finish()
+        .unwrap();
+    (g.generated, g.text)
+}
+
+fn requests(tok: &Tokenizer, n: usize) -> Vec<Request> {
+    (0..n)
+        .map(|i| {
+            let prompt = format!(
+                "Story {i}: once upon a time, {} little",
+                "a very ".repeat(i)
+            );
+            Request {
+                prompt: tok.encode(&prompt, true, true).unwrap(),
+                sampling: SamplerConfig {
+                    // Half greedy, half sampled with their own seeds and penalties.
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                    seed: 1000 + i as u64,
+                    presence_penalty: if i % 4 == 1 { 0.5 } else { 0.0 },
+                    frequency_penalty: if i % 4 == 3 { 0.7 } else { 0.0 },
+                    ..SamplerConfig::default()
+                },
+                max_tokens: Some(12 + 3 * i),
+                ..Request::default()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_request_gets_its_solo_tokens_whatever_runs_beside_it() {
+    for name in ["tiny-llama", "tiny-gemma3"] {
+        let (model, tok) = f32_model(name);
+        let reqs = requests(&tok, 8);
+        let want: Vec<_> = reqs.iter().map(|r| solo(&model, &tok, r)).collect();
+        let config = ServeConfig {
+            slots: 4,
+            queue: 8,
+            prefill_chunk: 8,
+            ..ServeConfig::default()
+        };
+        let batcher = Arc::new(Batcher::start(model.clone(), tok.clone(), config).unwrap());
+        // Eight threads submit at once (the Batcher is Sync).
+        let barrier = Arc::new(Barrier::new(reqs.len()));
+        let handles: Vec<_> = reqs
+            .into_iter()
+            .map(|r| {
+                let (b, barrier) = (batcher.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    wait(submit(&b, r).unwrap())
+                })
+            })
+            .collect();
+        for (i, (h, (tokens, text))) in handles.into_iter().zip(&want).enumerate() {
+            let got = h.join().unwrap();
+            assert_eq!(&got.tokens, tokens, "{name} request {i}");
+            assert_eq!(&got.text, text, "{name} request {i}");
+            let done = got.done.unwrap();
+            assert_eq!(done.completion_tokens, tokens.len());
+            assert_eq!(done.text, *text);
+        }
+        assert!(batcher.wait_idle(Duration::from_secs(10)));
+        let m = batcher.metrics();
+        assert_eq!((m.active, m.queued, m.finished), (0, 0, 8), "{m:?}");
+        // Batching happened: passes carried more than one decoding request on average.
+        assert!(m.decode_rows as f64 > 1.5 * m.passes as f64, "{m:?}");
+    }
+}
+
+#[test]
+fn the_prompt_cache_reuses_a_prefix_and_changes_nothing() {
+    let (model, tok) = f32_model("tiny-gemma3");
+    let batcher = Batcher::start(
+        model.clone(),
+        tok.clone(),
+        ServeConfig {
+            slots: 2,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let greedy = SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    };
+    let turn1 = Request {
+        prompt: tok
+            .encode("The first turn of a long chat, with words", true, true)
+            .unwrap(),
+        sampling: greedy.clone(),
+        max_tokens: Some(20),
+        ..Request::default()
+    };
+    let first = wait(submit(&batcher, turn1.clone()).unwrap());
+    // Turn 2: the first prompt, its answer and more (past gemma3's window of 12).
+    let mut prompt2 = turn1.prompt.clone();
+    prompt2.extend(&first.tokens);
+    prompt2.extend(
+        tok.encode(" and then the second turn asks again", false, true)
+            .unwrap(),
+    );
+    let turn2 = Request {
+        prompt: prompt2,
+        ..turn1.clone()
+    };
+    let cached = wait(submit(&batcher, turn2.clone()).unwrap());
+    let cold = wait(
+        submit(
+            &batcher,
+            Request {
+                cache_prompt: false,
+                ..turn2.clone()
+            },
+        )
+        .unwrap(),
+    );
+    let (c, k) = (cached.done.unwrap(), cold.done.unwrap());
+    assert!(
+        c.cached_tokens >= turn1.prompt.len() + first.tokens.len() - 1,
+        "{c:?}"
+    );
+    assert_eq!(k.cached_tokens, 0);
+    assert_eq!(cached.tokens, cold.tokens);
+    assert_eq!(cached.tokens, solo(&model, &tok, &turn2).0);
+}
+
+fn long_request(tok: &Tokenizer) -> Request {
+    Request {
+        prompt: tok.encode("A story that goes on", true, true).unwrap(),
+        sampling: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        max_tokens: None,
+        ..Request::default()
+    }
+}
+
+#[test]
+fn admission_refuses_what_cannot_be_served() {
+    let (model, tok) = f32_model("tiny-llama");
+    let batcher = Batcher::start(
+        model.clone(),
+        tok.clone(),
+        ServeConfig {
+            slots: 1,
+            queue: 0,
+            slot_ctx: 64,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let n_vocab = model.config().n_vocab as u32;
+    let bad = |prompt: Vec<u32>| {
+        submit(
+            &batcher,
+            Request {
+                prompt,
+                ..Request::default()
+            },
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    assert!(bad(vec![]).unwrap().contains("empty"));
+    assert!(bad(vec![1; 65]).unwrap().contains("65 tokens"));
+    assert!(bad(vec![n_vocab]).unwrap().contains(&n_vocab.to_string()));
+    // One running request (it fills its 64 positions), none may wait.
+    let running = submit(&batcher, long_request(&tok)).unwrap();
+    let e = submit(&batcher, long_request(&tok)).unwrap_err();
+    assert!(
+        matches!(e, ServeError::QueueFull { slots: 1, queue: 0 }),
+        "{e}"
+    );
+    let done = wait(running).done.unwrap();
+    assert_eq!(done.stop.name(), "context");
+    assert_eq!(done.prompt_tokens + done.completion_tokens, 64 + 1);
+    assert!(batcher.wait_idle(Duration::from_secs(10)));
+    let m = batcher.metrics();
+    assert_eq!((m.refused, m.finished, m.active), (4, 1, 0), "{m:?}");
+}
+
+#[test]
+fn a_gone_client_or_a_deadline_frees_the_slot() {
+    let (model, tok) = f32_model("tiny-llama");
+    let batcher = Batcher::start(
+        model,
+        tok.clone(),
+        ServeConfig {
+            slots: 1,
+            queue: 4,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    // A sink that stops listening after 3 pieces.
+    let (tx, rx) = mpsc::channel();
+    let mut seen = 0;
+    batcher
+        .submit(
+            long_request(&tok),
+            Box::new(move |event| {
+                seen += 1;
+                let _ = tx.send(matches!(event, Event::Piece(_)));
+                seen < 3
+            }),
+        )
+        .unwrap();
+    let mut events = 0;
+    while rx.recv_timeout(Duration::from_secs(30)).is_ok() {
+        events += 1;
+    }
+    assert_eq!(events, 3, "no event after the sink said it is gone");
+    assert!(batcher.wait_idle(Duration::from_secs(10)));
+    // A deadline in the past ends a request at once.
+    let expired = Request {
+        deadline: Some(Instant::now()),
+        ..long_request(&tok)
+    };
+    let out = wait(submit(&batcher, expired).unwrap());
+    assert!(out.done.unwrap_err().contains("deadline"));
+    assert!(batcher.wait_idle(Duration::from_secs(10)));
+    let m = batcher.metrics();
+    assert_eq!((m.cancelled, m.active, m.queued), (2, 0, 0), "{m:?}");
+    // The slot serves again.
+    let again = Request {
+        max_tokens: Some(4),
+        ..long_request(&tok)
+    };
+    assert_eq!(wait(submit(&batcher, again).unwrap()).tokens.len(), 4);
+}
+
+#[test]
+fn dropping_the_batcher_ends_running_requests() {
+    let (model, tok) = f32_model("tiny-llama");
+    let batcher = Batcher::start(model, tok.clone(), ServeConfig::default()).unwrap();
+    let rx = submit(&batcher, long_request(&tok)).unwrap();
+    batcher.close();
+    assert!(matches!(
+        submit(&batcher, long_request(&tok)),
+        Err(ServeError::ShuttingDown)
+    ));
+    drop(batcher);
+    let out = wait(rx);
+    assert!(out.done.unwrap_err().contains("shutting down"));
+}
