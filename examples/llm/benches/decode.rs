@@ -5,7 +5,7 @@
 //! ```sh
 //! cargo bench -p rknn-llm --bench decode -- MODEL.gguf [--backend f32|emulator|npu]
 //!     [--cores NPU_CORES] [-t THREADS] [-n TG] [-p PP] [-r REPS] [-d DEPTH]
-//!     [--cache-type f32|f16] [--warm BYTES] [--ab-warm PAIRS] [--json]
+//!     [--cache-type f32|f16] [--warm BYTES] [--ab-warm PAIRS] [--streams 1,2,4,8] [--json]
 //! ```
 //!
 //! `tg`: N tokens decoded one at a time from an empty cache (or after DEPTH positions of
@@ -15,7 +15,11 @@
 //! sets the engine's read-ahead (`EngineConfig::warm_bytes`); `--ab-warm PAIRS` then times
 //! `tg` with it and without it on the same model, switched between runs with
 //! `Engine::set_warm_bytes`, PAIRS alternating pairs (ABBA), and prints the geometric mean of
-//! the paired ratios with its 95 % interval, and their median. Both sides run on the same
+//! the paired ratios with its 95 % interval, and their median. `--streams LIST`: for each B of
+//! the list, B sequences decode TG tokens together, one [`Model::forward_batch`] of B rows per
+//! step (what `llm-server`'s batcher runs with B requests in flight): the aggregate tok/s, its
+//! ratio over one stream, and on the emulator the RK3588 cost model's modelled NPU time of the
+//! same passes (busiest core) and its ratio. Both sides run on the same
 //! model in one process: a second model loaded beside the first decoded 5-8 % faster on a
 //! 2-vCPU guest, because speed follows the memory the weights get. `scripts/bench/llm_vs_llama_cpp.py` runs this beside llama-bench and
 //! writes the comparison.
@@ -24,8 +28,8 @@ use std::time::Instant;
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, LinearFactory, Logits, Model,
-    Residual, Sequence, host_pool,
+    BatchItem, CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, LinearFactory,
+    Logits, Model, Residual, Sequence, host_pool,
 };
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Backend, Platform, Runtime};
@@ -114,6 +118,53 @@ fn tg_rate(model: &Model, seq: &mut Sequence, context: &[u32], tg: usize) -> f64
     tg as f64 / t.elapsed().as_secs_f64()
 }
 
+/// `streams` sequences decode `tg` tokens together, one batched pass per step, after a
+/// prompt of 16 tokens each (not timed): (aggregate tok/s, modelled NPU seconds of the timed
+/// passes, when the emulator models them).
+fn batched_rate(
+    model: &Model,
+    engine: Option<&Engine>,
+    streams: usize,
+    tg: usize,
+) -> (f64, Option<f64>) {
+    let n_vocab = model.config().n_vocab as u32;
+    let mut seqs: Vec<Sequence> = (0..streams)
+        .map(|_| model.sequence(CacheType::F32))
+        .collect();
+    for (i, seq) in seqs.iter_mut().enumerate() {
+        let prompt: Vec<u32> = (0..16u32)
+            .map(|j| (j * 7919 + i as u32 * 131 + 1) % n_vocab)
+            .collect();
+        model.forward(seq, &prompt, 0, Logits::Last).unwrap();
+    }
+    let modelled = || engine.and_then(|e| e.runtime().modelled_time());
+    let m0 = modelled();
+    let t = Instant::now();
+    let mut toks: Vec<[u32; 1]> = (0..streams).map(|i| [i as u32 + 1]).collect();
+    for step in 0..tg {
+        let mut items: Vec<BatchItem<'_>> = seqs
+            .iter_mut()
+            .zip(&toks)
+            .map(|(seq, tok)| BatchItem {
+                seq,
+                tokens: tok,
+                pos: 16 + step,
+                logits: Logits::Last,
+            })
+            .collect();
+        model.forward_batch(&mut items).unwrap();
+        drop(items);
+        for (i, (seq, tok)) in seqs.iter().zip(&mut toks).enumerate() {
+            tok[0] = (seq.logits().len() as u32 + (step * 31 + i) as u32) % n_vocab;
+        }
+    }
+    let rate = (streams * tg) as f64 / t.elapsed().as_secs_f64();
+    let npu = m0
+        .zip(modelled())
+        .map(|(a, b)| b.since(&a).busiest_core().as_secs_f64());
+    (rate, npu)
+}
+
 fn mean_sd(rates: &[f64]) -> (f64, f64) {
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     let sd = (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
@@ -130,6 +181,7 @@ fn main() {
     let mut depth = 0usize;
     let mut warm = None;
     let mut ab_pairs = 0usize;
+    let mut streams: Vec<usize> = Vec::new();
     while let Some(a) = args.next() {
         let mut next = |what: &str| {
             args.next()
@@ -146,6 +198,12 @@ fn main() {
             "--warm" => warm = Some(next("--warm").parse().expect("--warm bytes")),
             "--ab-warm" => ab_pairs = next("--ab-warm").parse().expect("--ab-warm pairs"),
             "--json" => json = true,
+            "--streams" => {
+                streams = next("--streams")
+                    .split(',')
+                    .map(|b| b.parse().expect("--streams 1,2,4,8"))
+                    .collect()
+            }
             "--residual" => {
                 opts.residual = match next("--residual").as_str() {
                     "none" => Residual::None,
@@ -303,6 +361,36 @@ fn main() {
                 ratios[ratios.len() - 1]
             );
             results.insert("read_ahead_ratio".into(), med.into());
+        }
+    }
+    if !streams.is_empty() {
+        // Each B after a warm-up run of it; the best of `reps` runs (the machine drifts).
+        let mut base: Option<(f64, Option<f64>)> = None;
+        println!(
+            "| streams | aggregate tok/s | × one stream | modelled RK3588 tok/s | × one stream |"
+        );
+        println!("|---:|---:|---:|---:|---:|");
+        for &b in &streams {
+            batched_rate(&model, engine.as_ref(), b, tg.min(16));
+            let (rate, npu) = (0..reps.max(1))
+                .map(|_| batched_rate(&model, engine.as_ref(), b, tg))
+                .max_by(|x, y| x.0.total_cmp(&y.0))
+                .unwrap();
+            let npu_rate = npu.map(|s| (b * tg) as f64 / s);
+            let (r0, n0) = *base.get_or_insert((rate, npu_rate));
+            let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            println!(
+                "| {b} | {rate:.1} | {:.2} | {} | {} |",
+                rate / r0,
+                fmt(npu_rate),
+                npu_rate
+                    .zip(n0)
+                    .map_or("-".to_string(), |(n, n0)| format!("{:.2}", n / n0))
+            );
+            results.insert(
+                format!("streams{b}"),
+                serde_json::json!({"tok_s": rate, "modelled_tok_s": npu_rate}),
+            );
         }
     }
     let bw = stream.measure(4);
