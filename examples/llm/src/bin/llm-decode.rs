@@ -29,31 +29,19 @@ use serde_json::json;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, encode_prompt};
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{
-    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, Model, Residual, host_pool,
-};
+use rknn_llm::model::{Model, host_pool};
 use rknn_llm::perplexity::perplexity;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Generation, Session, rate};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
-use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
-use rknn_matmul::{Platform, Runtime, RuntimeOptions};
+use rknn_matmul::engine::Engine;
 
-type Error = Box<dyn std::error::Error>;
+#[path = "shared/backend.rs"]
+mod backend;
+use backend::{BackendArgs, backend_name};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Backend {
-    /// The NPU if there is one, else the NPU emulator (the same code path either way).
-    Auto,
-    /// The NPU through librknnrt.so ($RKNN_RUNTIME_PATH to load another, e.g. the emulator's
-    /// drop-in library).
-    Npu,
-    /// The NPU emulator.
-    Emulator,
-    /// The host f32 reference path (no NPU).
-    F32,
-}
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum SpecArg {
@@ -65,40 +53,11 @@ enum SpecArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ResidualArg {
-    /// None.
-    None,
-    /// The output head only (top-1 agreement with f32 below the 96 % bar for some seeds).
-    Output,
-    /// The output head and the feed-forward down projections (default).
-    OutputDown,
-    /// Every linear (the widest accuracy margin; prefill does twice the integer work).
-    All,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum CacheTypeArg {
-    /// f32 keys and values (exact; the default).
-    F32,
-    /// f16 keys and values, as llama.cpp's default cache: half the memory and half the bytes
-    /// attention reads per position.
-    F16,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Reasoning {
     /// The model reasons before it answers (`enable_thinking=true`).
     On,
     /// It answers directly (`enable_thinking=false`).
     Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum WType {
-    /// int8 weights and activations (per-channel and per-row scales).
-    W8a8,
-    /// f16 weights and activations.
-    F16,
 }
 
 /// Runs a GGUF language model (llama / qwen2 architectures) on a prompt.
@@ -126,21 +85,9 @@ struct Args {
     /// Threads of the host path (default: all available cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// Where the weight matmuls run.
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    backend: Backend,
-    /// Weight type on the NPU.
-    #[arg(long, value_enum, default_value_t = WType::W8a8)]
-    wtype: WType,
-    /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
-    /// W8A8 close to f32; on by default).
-    #[arg(long)]
-    no_rotation: bool,
-    /// Which W8A8 linears quantise each activation row twice (the row, then its residual: about
-    /// 15 bits of precision from int8 arithmetic, for a second row through the NPU). Default:
-    /// the model family's (output-down; all for gemma3).
-    #[arg(long, value_enum)]
-    residual: Option<ResidualArg>,
+    /// Where the weight matmuls run and how weights and the KV cache are stored.
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Speculative decoding (lossless: greedy output is token-identical, sampling keeps the
     /// output distribution).
     #[arg(long, value_enum, default_value_t = SpecArg::None)]
@@ -151,22 +98,6 @@ struct Args {
     /// The longest n-gram prompt lookup matches (then shorter ones, down to 3-grams).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     ngram: u16,
-    /// Seed of the W8A8 input rotations.
-    #[arg(long, default_value_t = EngineOptions::default().seed)]
-    rotation_seed: u64,
-    /// The chip: the one the emulator plays (default rk3588), or the one to assume on the NPU
-    /// instead of reading the device tree.
-    #[arg(long)]
-    platform: Option<Platform>,
-    /// The largest N of one NPU context (default: the chip's largest measured, 8192 on
-    /// RK3588, or 4096 where the runtime refuses it; the engine tries once at start).
-    #[arg(long, value_name = "N")]
-    npu_max_n: Option<usize>,
-    /// Give every NPU context its own A and C memories instead of one pair per core (three
-    /// handles per context instead of one; the engine does this by itself on a runtime that
-    /// refuses a memory of another context).
-    #[arg(long)]
-    npu_no_shared_io: bool,
     /// Context size: the most positions the KV cache holds (default 4096, or the trained
     /// context if shorter; 0 is the trained context; more than it is refused).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
@@ -174,9 +105,6 @@ struct Args {
     /// Tokens per forward call while evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
-    /// How the KV cache stores keys and values.
-    #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
-    cache_type: CacheTypeArg,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.8)]
     temp: f32,
@@ -321,10 +249,7 @@ fn run(args: Args) -> Result<(), Error> {
         frequency_penalty: args.frequency_penalty,
     };
     let mut session = Session::new(model.clone(), Arc::new(tok), sampling)?;
-    session.set_cache_type(match args.cache_type {
-        CacheTypeArg::F32 => CacheType::F32,
-        CacheTypeArg::F16 => CacheType::F16,
-    });
+    session.set_cache_type(args.backend.cache_type());
     let load_time = t_load.elapsed();
     let dump = match &args.dump_logits {
         Some(p) => Some(SharedFile::create(p)?),
@@ -510,15 +435,6 @@ fn print_tokens(tok: &Tokenizer, text: &str, json: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// "npu", "emulator" or "f32": what ran the weight matmuls.
-fn backend_name(engine: Option<&Engine>) -> &'static str {
-    match engine {
-        None => "f32",
-        Some(e) if e.runtime().is_emulator() => "emulator",
-        Some(_) => "npu",
-    }
-}
-
 /// The engine's per-phase times, one line.
 fn engine_line(e: &Engine) -> String {
     let s = e.stats();
@@ -566,34 +482,7 @@ fn engine_json(e: &Engine) -> serde_json::Value {
     })
 }
 
-/// Opens the runtime and engine `--backend` names (none for f32).
-fn open_engine(args: &Args) -> Result<Option<Engine>, Error> {
-    let mut opts = RuntimeOptions::default();
-    let backend = match args.backend {
-        Backend::F32 => return Ok(None),
-        Backend::Auto => {
-            if let Some(p) = args.platform {
-                opts.emulator.platform = p;
-            }
-            rknn_matmul::Backend::Auto
-        }
-        Backend::Npu => {
-            opts.npu_platform = args.platform;
-            rknn_matmul::Backend::Npu
-        }
-        Backend::Emulator => {
-            rknn_matmul::Backend::Emulator(args.platform.unwrap_or(Platform::Rk3588))
-        }
-    };
-    let rt = Runtime::open(backend, opts)?;
-    let cfg = EngineConfig {
-        max_n_per_context: args.npu_max_n,
-        share_io_memories: !args.npu_no_shared_io,
-        ..EngineConfig::default()
-    };
-    Ok(Some(Engine::new(&rt, cfg)?))
-}
-
+/// Loads the model on the backend `args` name, with a progress bar on stderr.
 fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Result<Model, Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
@@ -605,32 +494,7 @@ fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Res
         bar.set_length(total);
         bar.set_position(done);
     };
-    let model = match open_engine(args)? {
-        None => Model::load(
-            file,
-            &mut HostF32Factory::new(pool.clone()),
-            pool,
-            &mut progress,
-        )?,
-        Some(e) => {
-            let opts = EngineOptions {
-                format: match args.wtype {
-                    WType::W8a8 => WeightFormat::W8A8,
-                    WType::F16 => WeightFormat::F16,
-                },
-                rotate: !args.no_rotation,
-                residual: match args.residual {
-                    None => Config::from_gguf(file)?.family.w8a8_residual,
-                    Some(ResidualArg::None) => Residual::None,
-                    Some(ResidualArg::Output) => Residual::Output,
-                    Some(ResidualArg::OutputDown) => Residual::OutputAndDown,
-                    Some(ResidualArg::All) => Residual::All,
-                },
-                seed: args.rotation_seed,
-            };
-            Model::load(file, &mut EngineFactory::new(e, opts), pool, &mut progress)?
-        }
-    };
+    let model = backend::load_model(file, pool, &args.backend, &mut progress)?;
     bar.finish_and_clear();
     Ok(model)
 }

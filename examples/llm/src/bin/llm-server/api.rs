@@ -1,0 +1,984 @@
+//! The HTTP side: the router, its layers (request counting, panics, the API key) and the
+//! endpoints.
+//!
+//! A generating request is parsed and checked here, its prompt rendered and tokenized on a
+//! blocking thread, and handed to the [`Batcher`] with a sink that sends each event into an
+//! unbounded channel. The response owns the channel's receiver (the handler's future until
+//! the first event, then the streamed body): a client that goes away drops it, the sink then
+//! reports nobody listens, and the batcher cancels the request at its next token.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tower_http::catch_panic::CatchPanicLayer;
+
+use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
+use rknn_llm::serve::{Batcher, Event, Finished, Request as GenRequest};
+use rknn_llm::session::Stop;
+use rknn_llm::tokenizer::Tokenizer;
+
+use crate::error::{ApiError, json_response};
+use crate::metrics::{self, Requests};
+use crate::params::{self, Obj, Options};
+
+/// How long past a request's deadline the HTTP side waits for the batcher to report it
+/// (the batcher checks deadlines between passes) before answering 504 itself.
+const DEADLINE_GRACE: Duration = Duration::from_secs(5);
+
+/// What the server was started with.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model id `/v1/models` shows and responses name.
+    pub alias: String,
+    /// The key clients must send as `Authorization: Bearer KEY`, if any.
+    pub api_key: Option<String>,
+    /// The largest request body, in bytes.
+    pub body_limit: usize,
+    /// Each request's deadline, and the bound on reading its body.
+    pub timeout: Duration,
+}
+
+/// What loading the model produced.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The vocabulary.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, or why chat requests cannot be served.
+    pub template: Result<Arc<ChatTemplate>, String>,
+    /// Positions per slot.
+    pub slot_ctx: usize,
+    /// The model's trained context.
+    pub n_ctx_train: usize,
+    /// Slots.
+    pub slots: usize,
+    /// "npu", "emulator" or "f32".
+    pub backend: &'static str,
+}
+
+/// The state every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    /// The configuration.
+    pub config: ServerConfig,
+    /// Set once the model is loaded.
+    pub loaded: OnceLock<Loaded>,
+    /// The batcher, from loading until shutdown takes it away.
+    pub batcher: Mutex<Option<Arc<Batcher>>>,
+    /// Responses by endpoint and status.
+    pub requests: Requests,
+    /// When the server started (Unix seconds; `/v1/models`' `created`).
+    pub started: u64,
+}
+
+impl AppState {
+    /// A server still loading its model.
+    pub fn new(config: ServerConfig) -> AppState {
+        AppState {
+            config,
+            loaded: OnceLock::new(),
+            batcher: Mutex::new(None),
+            requests: Requests::default(),
+            started: unix_now(),
+        }
+    }
+
+    /// The batcher, if the server serves (a clone: hold it briefly).
+    pub fn batcher(&self) -> Option<Arc<Batcher>> {
+        self.batcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Takes the batcher away (shutdown); requests from now on are refused.
+    pub fn take_batcher(&self) -> Option<Arc<Batcher>> {
+        self.batcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// What loading produced, or 503 while the model loads.
+    fn loaded(&self) -> Result<&Loaded, ApiError> {
+        self.loaded.get().ok_or_else(ApiError::loading)
+    }
+
+    /// The loaded model and its batcher, or 503 (loading, or shutting down).
+    fn serving(&self) -> Result<(&Loaded, Arc<Batcher>), ApiError> {
+        let loaded = self.loaded()?;
+        let batcher = self
+            .batcher()
+            .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
+        Ok((loaded, batcher))
+    }
+}
+
+/// Shared state, as the handlers take it.
+type St = State<Arc<AppState>>;
+
+/// The whole application: the endpoints, 404 and 405 as error objects, the API key check,
+/// panics as 500, and every response counted.
+pub fn router(state: Arc<AppState>) -> Router {
+    layered(routes(), state)
+}
+
+/// `routes` with the layers.
+fn layered(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    routes
+        .layer(from_fn_with_state(state.clone(), authorize))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+/// The endpoints, without the layers.
+fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// Counts each response by endpoint and status (`/metrics`' `llm_requests_total`).
+async fn count(State(st): St, req: Request, next: Next) -> Response {
+    let endpoint = metrics::endpoint(req.uri().path());
+    let response = next.run(req).await;
+    st.requests.count(endpoint, response.status().as_u16());
+    response
+}
+
+/// With `--api-key`, every path but `/health` needs `Authorization: Bearer KEY`.
+async fn authorize(State(st): St, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.config.api_key {
+        if req.uri().path() != "/health" && !has_key(req.headers(), key) {
+            let e = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid or missing API key: send `Authorization: Bearer KEY`",
+            )
+            .with_code("invalid_api_key");
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+/// Whether `headers` carry `key` as a bearer token.
+fn has_key(headers: &HeaderMap, key: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| same_bytes(given.trim().as_bytes(), key.as_bytes()))
+}
+
+/// Compares without stopping at the first difference (the time does not tell how much of
+/// a guessed key was right).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A panic in a handler: 500 with the error object (the server goes on).
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let why = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into());
+    ApiError::internal(format!("internal error: {why}")).into_response()
+}
+
+/// 404.
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
+}
+
+/// 405.
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {}", req.uri().path(), req.method()),
+    )
+}
+
+/// `GET /health`.
+async fn health(State(st): St) -> Response {
+    match st.loaded() {
+        Ok(_) => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/models`: the one model.
+async fn models(State(st): St) -> Result<Response, ApiError> {
+    let l = st.loaded()?;
+    let body = json!({
+        "object": "list",
+        "data": [{
+            "id": st.config.alias,
+            "object": "model",
+            "created": st.started,
+            "owned_by": "rknn-llm",
+            "meta": {
+                "n_vocab": l.tokenizer.n_vocab(),
+                "n_ctx_train": l.n_ctx_train,
+                "n_ctx_slot": l.slot_ctx,
+                "slots": l.slots,
+                "backend": l.backend,
+            },
+        }],
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// `GET /metrics`.
+async fn metrics_text(State(st): St) -> Result<Response, ApiError> {
+    let (_, batcher) = st.serving()?;
+    let m = batcher.metrics();
+    drop(batcher);
+    let text = metrics::render(&m, &st.requests.snapshot());
+    let mut r = (StatusCode::OK, text).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(metrics::CONTENT_TYPE),
+    );
+    Ok(r)
+}
+
+/// `POST /tokenize`: `{"content", "add_special": false, "parse_special": true,
+/// "with_pieces": false}` to `{"tokens": [...]}` (ids, or `{"id", "piece"}` objects).
+async fn tokenize(State(st): St, req: Request) -> Result<Response, ApiError> {
+    let l = st.loaded()?;
+    let obj = read_json(&st, req).await?;
+    let content = params::get::<String>(&obj, "content")?
+        .ok_or_else(|| ApiError::param("content", "`content` is missing"))?;
+    let add_special = params::get::<bool>(&obj, "add_special")?.unwrap_or(false);
+    let parse_special = params::get::<bool>(&obj, "parse_special")?.unwrap_or(true);
+    let with_pieces = params::get::<bool>(&obj, "with_pieces")?.unwrap_or(false);
+    let tok = l.tokenizer.clone();
+    let tokens = blocking(move || {
+        let ids = tok
+            .encode(&content, add_special, parse_special)
+            .map_err(|e| ApiError::param("content", e.to_string()))?;
+        if !with_pieces {
+            return Ok(json!(ids));
+        }
+        let list: Vec<Value> = ids
+            .iter()
+            .map(|&id| {
+                let bytes = tok.token_to_piece(id);
+                // llama-server's shape: the piece as text, or its bytes when not UTF-8.
+                let piece = match std::str::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(bytes),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect();
+        Ok(Value::Array(list))
+    })
+    .await?;
+    Ok(json_response(StatusCode::OK, &json!({"tokens": tokens})))
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` to `{"content": text}`.
+async fn detokenize(State(st): St, req: Request) -> Result<Response, ApiError> {
+    let l = st.loaded()?;
+    let obj = read_json(&st, req).await?;
+    let ids = params::get::<Vec<u32>>(&obj, "tokens")?.unwrap_or_default();
+    let n_vocab = l.tokenizer.n_vocab();
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= n_vocab) {
+        return Err(ApiError::param(
+            "tokens",
+            format!("token id {bad} is outside the vocabulary of {n_vocab}"),
+        ));
+    }
+    let tok = l.tokenizer.clone();
+    let content = blocking(move || {
+        tok.detokenize(&ids, false, true)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| ApiError::param("tokens", e.to_string()))
+    })
+    .await?;
+    Ok(json_response(StatusCode::OK, &json!({"content": content})))
+}
+
+/// Which generating endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+impl Kind {
+    /// The request field the prompt came from.
+    fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
+    let deadline = Instant::now() + st.config.timeout;
+    let (loaded, _) = st.serving()?;
+    let obj = read_json(&st, req).await?;
+    let messages = params::messages(&obj)?;
+    let options = params::options(&obj, random_seed)?;
+    let template = loaded.template.clone().map_err(ApiError::bad_request)?;
+    let tok = loaded.tokenizer.clone();
+    let prompt = blocking(move || {
+        let text = template
+            .render(&messages, true, &ChatOptions::default())
+            .map_err(|e| match e {
+                rknn_llm::chat::ChatError::Timeout { .. } => ApiError::internal(e.to_string()),
+                _ => ApiError::param("messages", e.to_string()),
+            })?;
+        encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))
+    })
+    .await?;
+    generate(&st, Kind::Chat, prompt, options, deadline).await
+}
+
+/// `POST /v1/completions`.
+async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> {
+    let deadline = Instant::now() + st.config.timeout;
+    let (loaded, _) = st.serving()?;
+    let obj = read_json(&st, req).await?;
+    let prompt = params::prompt(&obj)?;
+    let options = params::options(&obj, random_seed)?;
+    let tok = loaded.tokenizer.clone();
+    let prompt = blocking(move || {
+        tok.encode(&prompt, true, true)
+            .map_err(|e| ApiError::param("prompt", e.to_string()))
+    })
+    .await?;
+    generate(&st, Kind::Completion, prompt, options, deadline).await
+}
+
+/// Submits the request and answers: the whole completion, or a stream of its pieces.
+async fn generate(
+    st: &AppState,
+    kind: Kind,
+    prompt: Vec<u32>,
+    options: Options,
+    deadline: Instant,
+) -> Result<Response, ApiError> {
+    let (_, batcher) = st.serving()?;
+    let (tx, mut rx) = unbounded_channel();
+    let request = GenRequest {
+        prompt,
+        sampling: options.sampling,
+        max_tokens: options.max_tokens,
+        stop: options.stop,
+        cache_prompt: options.cache_prompt,
+        deadline: Some(deadline),
+    };
+    batcher
+        .submit(request, Box::new(move |ev| tx.send(ev).is_ok()))
+        .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
+    drop(batcher);
+    let give_up = tokio::time::Instant::from_std(deadline + DEADLINE_GRACE);
+    let reply = Reply {
+        kind,
+        id: completion_id(kind),
+        created: unix_now(),
+        model: st.config.alias.clone(),
+        include_usage: options.include_usage,
+    };
+    // The first event decides the status: a request failing before its first token (its
+    // deadline while it waited, a shutdown) is an HTTP error, also when streaming.
+    let first = next_event(&mut rx, give_up, kind).await?;
+    if options.stream {
+        let body = SseBody {
+            rx,
+            pending: Some(first),
+            head: (kind == Kind::Chat).then(|| reply.role_chunk()),
+            reply,
+            done: false,
+            give_up: Box::pin(tokio::time::sleep_until(give_up)),
+        };
+        let mut r = Response::new(Body::new(body));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(r);
+    }
+    let mut event = first;
+    loop {
+        match event {
+            Event::Piece(_) => {}
+            Event::Done(f) => return Ok(json_response(StatusCode::OK, &reply.whole(&f))),
+            Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
+        }
+        event = next_event(&mut rx, give_up, kind).await?;
+    }
+}
+
+/// The request's next event, or the error that ends it.
+async fn next_event(
+    rx: &mut UnboundedReceiver<Event>,
+    give_up: tokio::time::Instant,
+    kind: Kind,
+) -> Result<Event, ApiError> {
+    match tokio::time::timeout_at(give_up, rx.recv()).await {
+        Err(_) => Err(ApiError::deadline()),
+        Ok(None) => Err(ApiError::internal(
+            "the batcher ended the request without a result",
+        )),
+        Ok(Some(Event::Failed(e))) => Err(ApiError::from_serve(e, kind.prompt_param())),
+        Ok(Some(ev)) => Ok(ev),
+    }
+}
+
+/// Runs `f` on a blocking thread (rendering, tokenizing: never on the async workers).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a blocking task failed: {e}")))?
+}
+
+/// The request body as a JSON object: at most `--body-limit` bytes (413 past it, from the
+/// `Content-Length` or while reading), read within `--timeout` (408).
+async fn read_json(st: &AppState, req: Request) -> Result<Obj, ApiError> {
+    let limit = st.config.body_limit;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = req.into_body();
+    let read = async {
+        let mut buf = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let frame = frame
+                .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(buf)
+    };
+    let bytes = tokio::time::timeout(st.config.timeout, read)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive within the server's --timeout",
+            )
+        })??;
+    params::parse_object(&bytes)
+}
+
+/// What every response object of one request repeats.
+#[derive(Debug, Clone)]
+struct Reply {
+    /// The endpoint.
+    kind: Kind,
+    /// `chatcmpl-…` or `cmpl-…`.
+    id: String,
+    /// Unix seconds.
+    created: u64,
+    /// The model's alias.
+    model: String,
+    /// Whether a stream ends with a usage chunk.
+    include_usage: bool,
+}
+
+impl Reply {
+    /// The `object` of a whole response.
+    fn object(&self) -> &'static str {
+        match self.kind {
+            Kind::Chat => "chat.completion",
+            Kind::Completion => "text_completion",
+        }
+    }
+
+    /// The `object` of a stream's chunk.
+    fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        }
+    }
+
+    /// A response object with `choices` (and `usage`, when given).
+    fn envelope(&self, object: &str, choices: Value, usage: Option<Value>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let (Some(u), Value::Object(o)) = (usage, &mut v) {
+            o.insert("usage".into(), u);
+        }
+        v
+    }
+
+    /// The non-streamed response.
+    fn whole(&self, f: &Finished) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": f.text},
+                "finish_reason": finish_reason(f.stop),
+                "logprobs": null,
+            }),
+            Kind::Completion => json!({
+                "index": 0,
+                "text": f.text,
+                "finish_reason": finish_reason(f.stop),
+                "logprobs": null,
+            }),
+        };
+        self.envelope(self.object(), json!([choice]), Some(usage(f)))
+    }
+
+    /// A stream's chunk of one choice: `text` (a delta of `role` and `content` for a chat)
+    /// and the finish reason.
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+            }
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "finish_reason": finish,
+                "logprobs": null,
+            }),
+        };
+        self.envelope(self.chunk_object(), json!([choice]), None)
+    }
+
+    /// The chat stream's first event: the assistant's role and no text yet.
+    fn role_chunk(&self) -> Bytes {
+        sse(&self.chunk(Some(""), true, None))
+    }
+
+    /// The stream's closing events: the finish reason, the usage if asked, `[DONE]`.
+    fn closing(&self, f: &Finished) -> Bytes {
+        let mut out = Vec::new();
+        out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish_reason(f.stop)))));
+        if self.include_usage {
+            let u = self.envelope(self.chunk_object(), json!([]), Some(usage(f)));
+            out.extend_from_slice(&sse(&u));
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+/// OpenAI's `finish_reason` of `stop`.
+fn finish_reason(stop: Stop) -> &'static str {
+    match stop {
+        Stop::Eog | Stop::StopString => "stop",
+        Stop::MaxTokens | Stop::Context => "length",
+    }
+}
+
+/// The `usage` object.
+fn usage(f: &Finished) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+    })
+}
+
+/// One server-sent event.
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// A streamed response: server-sent events as the batcher's events arrive. It owns the
+/// request's receiver, so dropping it (the client went away) cancels the request.
+struct SseBody {
+    /// The request's events.
+    rx: UnboundedReceiver<Event>,
+    /// The event that arrived before the response began.
+    pending: Option<Event>,
+    /// The chat's role chunk, still to send.
+    head: Option<Bytes>,
+    /// The response objects' common fields.
+    reply: Reply,
+    /// Nothing more to send.
+    done: bool,
+    /// When to stop waiting for the batcher (its deadline plus a grace).
+    give_up: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl SseBody {
+    /// The last event of a failed stream: the error object.
+    fn fail(&mut self, e: ApiError) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.done = true;
+        Poll::Ready(Some(Ok(Frame::data(sse(&e.body())))))
+    }
+}
+
+impl HttpBody for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        loop {
+            let event = match this.pending.take() {
+                Some(e) => e,
+                None => match this.rx.poll_recv(cx) {
+                    Poll::Ready(Some(e)) => e,
+                    Poll::Ready(None) => {
+                        return this.fail(ApiError::internal(
+                            "the batcher ended the request without a result",
+                        ));
+                    }
+                    Poll::Pending => {
+                        if this.give_up.as_mut().poll(cx).is_ready() {
+                            return this.fail(ApiError::deadline());
+                        }
+                        return Poll::Pending;
+                    }
+                },
+            };
+            match event {
+                Event::Piece(p) if p.text.is_empty() => continue,
+                Event::Piece(p) => {
+                    let chunk = this.reply.chunk(Some(&p.text), false, None);
+                    return Poll::Ready(Some(Ok(Frame::data(sse(&chunk)))));
+                }
+                Event::Done(f) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Ok(Frame::data(this.reply.closing(&f)))));
+                }
+                Event::Failed(e) => {
+                    let kind = this.reply.kind;
+                    return this.fail(ApiError::from_serve(e, kind.prompt_param()));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A fresh 64-bit random number: the clock and a counter, mixed by SplitMix64 (request ids
+/// and the seeds of requests without one; not for secrets).
+pub fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut z = nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A response id: `chatcmpl-` or `cmpl-` and 24 hex digits.
+fn completion_id(kind: Kind) -> String {
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!(
+        "{prefix}-{:016x}{:08x}",
+        random_seed(),
+        random_seed() as u32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Serves `app` on a free port of the loopback; its address.
+    async fn spawn(app: Router) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    }
+
+    /// One HTTP/1.1 request (on a blocking thread); the status and the body.
+    async fn send(addr: std::net::SocketAddr, raw: String) -> (u16, String) {
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.write_all(raw.as_bytes()).expect("write");
+            let mut out = String::new();
+            s.read_to_string(&mut out).expect("read");
+            let status = out
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = out
+                .split_once("\r\n\r\n")
+                .map_or("", |(_, b)| b)
+                .to_string();
+            (status, body)
+        })
+        .await
+        .expect("the client thread")
+    }
+
+    /// A request of `method` to `path` with `headers` (lines) and `body`.
+    fn request(method: &str, path: &str, headers: &str, body: &str) -> String {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n{headers}\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn state(api_key: Option<&str>) -> Arc<AppState> {
+        Arc::new(AppState::new(ServerConfig {
+            alias: "m".into(),
+            api_key: api_key.map(str::to_string),
+            body_limit: 64,
+            timeout: Duration::from_secs(5),
+        }))
+    }
+
+    fn error_type(body: &str) -> String {
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        v["error"]["type"].as_str().unwrap_or_default().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn while_loading_every_answer_is_an_error_object() {
+        let st = state(None);
+        let addr = spawn(router(st.clone())).await;
+        let (code, body) = send(addr, request("GET", "/health", "", "")).await;
+        assert_eq!(code, 503);
+        assert_eq!(body, ApiError::loading().body().to_string());
+        for (method, path, want) in [
+            ("GET", "/v1/models", 503),
+            ("POST", "/v1/chat/completions", 503),
+            ("POST", "/completions", 503),
+            ("POST", "/tokenize", 503),
+            ("GET", "/metrics", 503),
+            ("GET", "/nope", 404),
+            ("GET", "/v1/completions", 405),
+        ] {
+            let (code, body) = send(addr, request(method, path, "", "{}")).await;
+            assert_eq!(code, want, "{method} {path}");
+            let kind = if want == 503 {
+                "unavailable_error"
+            } else {
+                "invalid_request_error"
+            };
+            assert_eq!(error_type(&body), kind, "{method} {path}: {body}");
+        }
+        let counted = st.requests.snapshot();
+        assert_eq!(counted.get(&("/health", 503)), Some(&1));
+        assert_eq!(counted.get(&("other", 404)), Some(&1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_key_guards_all_but_health() {
+        let addr = spawn(router(state(Some("k")))).await;
+        let (code, body) = send(addr, request("GET", "/v1/models", "", "")).await;
+        assert_eq!(
+            (code, error_type(&body).as_str()),
+            (401, "authentication_error")
+        );
+        let wrong = "Authorization: Bearer j\r\n";
+        assert_eq!(
+            send(addr, request("GET", "/metrics", wrong, "")).await.0,
+            401
+        );
+        let right = "Authorization: Bearer k\r\n";
+        assert_eq!(
+            send(addr, request("GET", "/v1/models", right, "")).await.0,
+            503
+        );
+        assert_eq!(send(addr, request("GET", "/health", "", "")).await.0, 503);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_is_a_500_and_the_server_goes_on() {
+        async fn boom() -> &'static str {
+            panic!("on purpose")
+        }
+        let st = state(None);
+        let app = layered(routes().route("/boom", get(boom)), st.clone());
+        let addr = spawn(app).await;
+        let (code, body) = send(addr, request("GET", "/boom", "", "")).await;
+        assert_eq!((code, error_type(&body).as_str()), (500, "server_error"));
+        assert!(body.contains("on purpose"), "{body}");
+        assert_eq!(send(addr, request("GET", "/health", "", "")).await.0, 503);
+        assert_eq!(st.requests.snapshot().get(&("other", 500)), Some(&1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_over_the_limit_is_413() {
+        let st = state(None);
+        let app = layered(
+            routes().route(
+                "/echo",
+                post(|State(st): St, req: Request| async move {
+                    read_json(&st, req)
+                        .await
+                        .map(|o| Value::Object(o).to_string())
+                }),
+            ),
+            st.clone(),
+        );
+        let addr = spawn(app).await;
+        let (code, body) = send(addr, request("POST", "/echo", "", r#"{"a":1}"#)).await;
+        assert_eq!((code, body.as_str()), (200, r#"{"a":1}"#));
+        let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(100));
+        let (code, body) = send(addr, request("POST", "/echo", "", &big)).await;
+        assert_eq!(
+            (code, error_type(&body).as_str()),
+            (413, "invalid_request_error")
+        );
+        let (code, _) = send(addr, request("POST", "/echo", "", "{")).await;
+        assert_eq!(code, 400);
+    }
+
+    fn reply(kind: Kind, include_usage: bool) -> Reply {
+        Reply {
+            kind,
+            id: "x".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage,
+        }
+    }
+
+    fn finished(stop: Stop) -> Finished {
+        Finished {
+            stop,
+            prompt_tokens: 3,
+            cached_tokens: 1,
+            completion_tokens: 2,
+            text: "hi".into(),
+            time_to_first_token: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            slot: 0,
+        }
+    }
+
+    #[test]
+    fn a_chat_completion_has_openais_shape() {
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog));
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["message"]["content"], "hi");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+        assert_eq!(v["usage"]["total_tokens"], 5);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    }
+
+    #[test]
+    fn a_stream_closes_with_the_reason_the_usage_and_done() {
+        let r = reply(Kind::Completion, true);
+        let text = String::from_utf8_lossy(&r.closing(&finished(Stop::Context))).into_owned();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.len(), 3);
+        let last: Value = serde_json::from_str(&events[0]["data: ".len()..]).expect("json");
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["object"], "text_completion");
+        let usage: Value = serde_json::from_str(&events[1]["data: ".len()..]).expect("json");
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["completion_tokens"], 2);
+        assert_eq!(events[2], "data: [DONE]");
+        let role = String::from_utf8_lossy(&reply(Kind::Chat, false).role_chunk()).into_owned();
+        assert!(role.starts_with("data: {") && role.ends_with("}\n\n"));
+        let role: Value = serde_json::from_str(role["data: ".len()..].trim()).expect("json");
+        assert_eq!(
+            role["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(role["object"], "chat.completion.chunk");
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(same_bytes(b"abc", b"abc"));
+        assert!(!same_bytes(b"abc", b"abd"));
+        assert!(!same_bytes(b"ab", b"abc"));
+    }
+}

@@ -1,0 +1,183 @@
+//! The backend flags `llm-decode` and `llm-server` share (where the weight matmuls run and how
+//! the weights and the KV cache are stored), and loading a model with them.
+//!
+//! Included by both binaries with `#[path]`, so it is compiled into each of them.
+
+use std::sync::Arc;
+
+use clap::ValueEnum;
+
+use rknn_llm::gguf::GgufFile;
+use rknn_llm::model::{
+    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, Model, Residual,
+};
+use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
+use rknn_matmul::{Platform, Runtime, RuntimeOptions};
+
+/// An error of opening the backend or loading the model (`Send`, so that a server can load on
+/// a thread of its own).
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The NPU if there is one, else the NPU emulator (the same code path either way).
+    Auto,
+    /// The NPU through librknnrt.so ($RKNN_RUNTIME_PATH to load another, e.g. the emulator's
+    /// drop-in library).
+    Npu,
+    /// The NPU emulator.
+    Emulator,
+    /// The host f32 reference path (no NPU).
+    F32,
+}
+
+/// `--residual`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ResidualArg {
+    /// None.
+    None,
+    /// The output head only (top-1 agreement with f32 below the 96 % bar for some seeds).
+    Output,
+    /// The output head and the feed-forward down projections (default).
+    OutputDown,
+    /// Every linear (the widest accuracy margin; prefill does twice the integer work).
+    All,
+}
+
+/// `--cache-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheTypeArg {
+    /// f32 keys and values (exact; the default).
+    F32,
+    /// f16 keys and values, as llama.cpp's default cache: half the memory and half the bytes
+    /// attention reads per position.
+    F16,
+}
+
+/// `--wtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WType {
+    /// int8 weights and activations (per-channel and per-row scales).
+    W8a8,
+    /// f16 weights and activations.
+    F16,
+}
+
+/// Where the weight matmuls run and how weights and the KV cache are stored.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Where the weight matmuls run.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
+    /// Weight type on the NPU.
+    #[arg(long, value_enum, default_value_t = WType::W8a8)]
+    pub wtype: WType,
+    /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
+    /// W8A8 close to f32; on by default).
+    #[arg(long)]
+    pub no_rotation: bool,
+    /// Which W8A8 linears quantise each activation row twice (the row, then its residual: about
+    /// 15 bits of precision from int8 arithmetic, for a second row through the NPU). Default:
+    /// the model family's (output-down; all for gemma3).
+    #[arg(long, value_enum)]
+    pub residual: Option<ResidualArg>,
+    /// Seed of the W8A8 input rotations.
+    #[arg(long, default_value_t = EngineOptions::default().seed)]
+    pub rotation_seed: u64,
+    /// The chip: the one the emulator plays (default rk3588), or the one to assume on the NPU
+    /// instead of reading the device tree.
+    #[arg(long)]
+    pub platform: Option<Platform>,
+    /// The largest N of one NPU context (default: the chip's largest measured, 8192 on
+    /// RK3588, or 4096 where the runtime refuses it; the engine tries once at start).
+    #[arg(long, value_name = "N")]
+    pub npu_max_n: Option<usize>,
+    /// Give every NPU context its own A and C memories instead of one pair per core (three
+    /// handles per context instead of one; the engine does this by itself on a runtime that
+    /// refuses a memory of another context).
+    #[arg(long)]
+    pub npu_no_shared_io: bool,
+    /// How the KV cache stores keys and values.
+    #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
+    pub cache_type: CacheTypeArg,
+}
+
+impl BackendArgs {
+    /// The KV cache type `--cache-type` names.
+    pub fn cache_type(&self) -> CacheType {
+        match self.cache_type {
+            CacheTypeArg::F32 => CacheType::F32,
+            CacheTypeArg::F16 => CacheType::F16,
+        }
+    }
+}
+
+/// "npu", "emulator" or "f32": what runs the weight matmuls.
+pub fn backend_name(engine: Option<&Engine>) -> &'static str {
+    match engine {
+        None => "f32",
+        Some(e) if e.runtime().is_emulator() => "emulator",
+        Some(_) => "npu",
+    }
+}
+
+/// Opens the runtime and engine `--backend` names (none for f32).
+pub fn open_engine(args: &BackendArgs) -> Result<Option<Engine>, Error> {
+    let mut opts = RuntimeOptions::default();
+    let backend = match args.backend {
+        Backend::F32 => return Ok(None),
+        Backend::Auto => {
+            if let Some(p) = args.platform {
+                opts.emulator.platform = p;
+            }
+            rknn_matmul::Backend::Auto
+        }
+        Backend::Npu => {
+            opts.npu_platform = args.platform;
+            rknn_matmul::Backend::Npu
+        }
+        Backend::Emulator => {
+            rknn_matmul::Backend::Emulator(args.platform.unwrap_or(Platform::Rk3588))
+        }
+    };
+    let rt = Runtime::open(backend, opts)?;
+    let cfg = EngineConfig {
+        max_n_per_context: args.npu_max_n,
+        share_io_memories: !args.npu_no_shared_io,
+        ..EngineConfig::default()
+    };
+    Ok(Some(Engine::new(&rt, cfg)?))
+}
+
+/// Loads `file`'s model on the backend `args` name, its host work on `pool`; `progress` hears
+/// the bytes loaded so far and the total.
+pub fn load_model(
+    file: &GgufFile,
+    pool: Arc<rayon::ThreadPool>,
+    args: &BackendArgs,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Model, Error> {
+    let model = match open_engine(args)? {
+        None => Model::load(file, &mut HostF32Factory::new(pool.clone()), pool, progress)?,
+        Some(e) => {
+            let opts = EngineOptions {
+                format: match args.wtype {
+                    WType::W8a8 => WeightFormat::W8A8,
+                    WType::F16 => WeightFormat::F16,
+                },
+                rotate: !args.no_rotation,
+                residual: match args.residual {
+                    None => Config::from_gguf(file)?.family.w8a8_residual,
+                    Some(ResidualArg::None) => Residual::None,
+                    Some(ResidualArg::Output) => Residual::Output,
+                    Some(ResidualArg::OutputDown) => Residual::OutputAndDown,
+                    Some(ResidualArg::All) => Residual::All,
+                },
+                seed: args.rotation_seed,
+            };
+            Model::load(file, &mut EngineFactory::new(e, opts), pool, progress)?
+        }
+    };
+    Ok(model)
+}
