@@ -725,7 +725,6 @@ impl Worker {
     fn step(&mut self) {
         let now = Instant::now();
         let mut parts: Vec<Option<Part>> = (0..self.slots.len()).map(|_| None).collect();
-        let mut generated = 0;
         // 1. Decoding requests hand out their decided tokens and ask for a row (`i` indexes
         // the slots, which `finish` takes by index).
         #[allow(clippy::needless_range_loop)]
@@ -752,7 +751,10 @@ impl Worker {
                         break;
                     }
                     Step::Item(Some(Ok(piece))) => {
-                        generated += usize::from(piece.token.is_some());
+                        if piece.token.is_some() {
+                            // Counted before the client hears of it (and of the end).
+                            count_token(&self.shared, now);
+                        }
                         if !deliver(&mut job.sink, Event::Piece(piece)) {
                             self.finish(i, End::Cancelled);
                             break;
@@ -799,7 +801,7 @@ impl Worker {
                 to: done + take,
             });
         }
-        self.record_tokens(now, generated);
+        self.record_state(now);
         if parts.iter().all(Option::is_none) {
             return;
         }
@@ -957,12 +959,9 @@ impl Worker {
         st.metrics.queued = self.queue.len();
     }
 
-    fn record_tokens(&self, now: Instant, generated: usize) {
+    /// The slots' and the queue's state, and the rate window moved on to `now`.
+    fn record_state(&self, now: Instant) {
         let mut st = lock(&self.shared.state);
-        st.metrics.completion_tokens += generated as u64;
-        if generated > 0 {
-            st.recent.push_back((now, generated));
-        }
         while st
             .recent
             .front()
@@ -991,6 +990,16 @@ impl Worker {
         m.rows_histogram[bucket] += 1;
         m.busy_seconds += took.as_secs_f64();
         m.modelled_npu_seconds = modelled;
+    }
+}
+
+/// Counts a generated token (and its step, `now`, for the rate).
+fn count_token(shared: &Shared, now: Instant) {
+    let mut st = lock(&shared.state);
+    st.metrics.completion_tokens += 1;
+    match st.recent.back_mut() {
+        Some((t, n)) if *t == now => *n += 1,
+        _ => st.recent.push_back((now, 1)),
     }
 }
 

@@ -1,0 +1,879 @@
+//! `llm-server` over HTTP: concurrent requests give what each gives alone and what `llm-decode`
+//! gives (the batch-invariance claim, on the NPU path of the demo model and on the f32 path of
+//! the tiny model), with passes that really batched; a client that goes away frees its slot; a
+//! chat's next turn reuses the slot's cache (same output, a fraction of the time to the first
+//! token); every refusal is the documented status with an OpenAI error object, and the server
+//! answers the next good request as before.
+
+mod common;
+#[path = "common/server.rs"]
+mod server;
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value as Json, json};
+use server::{Gen, Server, assert_error, budget};
+
+const CHAT: &str = "/v1/chat/completions";
+const COMPLETIONS: &str = "/v1/completions";
+
+/// What a request asks, with the `llm-decode` arguments that give the same prompt.
+#[derive(Clone, Debug)]
+enum Case {
+    Completion(String),
+    /// A system message and a user message (`llm-decode --system S -p U`).
+    Chat(String, String),
+}
+
+impl Case {
+    fn path(&self) -> &'static str {
+        match self {
+            Case::Completion(_) => COMPLETIONS,
+            Case::Chat(..) => CHAT,
+        }
+    }
+
+    fn body(&self, max_tokens: usize) -> Json {
+        let mut b = json!({"max_tokens": max_tokens, "temperature": 0, "seed": 7});
+        match self {
+            Case::Completion(p) => b["prompt"] = json!(p),
+            Case::Chat(s, u) => {
+                b["messages"] = json!([
+                    {"role": "system", "content": s},
+                    {"role": "user", "content": u},
+                ]);
+            }
+        }
+        b
+    }
+
+    /// `llm-decode --json` on the same prompt, greedy.
+    fn reference(&self, model: &std::path::Path, backend: &str, n: usize) -> Json {
+        let mut cmd = common::llm_decode();
+        cmd.arg("-m").arg(model);
+        cmd.args(["-n", &n.to_string(), "--temp", "0", "--json", "-t", "2"]);
+        cmd.args(["--backend", backend]);
+        match self {
+            Case::Completion(p) => cmd.args(["-p", p]),
+            Case::Chat(s, u) => cmd.args(["--system", s, "-p", u]),
+        };
+        common::run_json(cmd, &[])
+    }
+}
+
+/// Asserts that `g` is what `llm-decode` generated (`doc`).
+fn assert_matches_llm_decode(g: &Gen, doc: &Json, what: &str) {
+    let generated = doc["generated_ids"].as_array().unwrap().len() as u64;
+    let prompt = doc["prompt_ids"].as_array().unwrap().len() as u64;
+    let finish = match doc["stats"]["stop"].as_str().unwrap() {
+        "eog" => "stop",
+        "n_predict" => "length",
+        other => panic!("{what}: llm-decode stopped by {other}"),
+    };
+    assert_eq!(
+        (
+            g.text.as_str(),
+            g.finish.as_str(),
+            g.prompt_tokens,
+            g.completion_tokens
+        ),
+        (doc["text"].as_str().unwrap(), finish, prompt, generated),
+        "{what}: the server differs from llm-decode"
+    );
+}
+
+/// Every case alone on a fresh server, then all at once from as many threads (every other one
+/// streamed): each concurrent answer must equal its solo one and `llm-decode`'s, and the token
+/// counters of /metrics must come to the sums of the answers' usage. Returns the /metrics of
+/// before and after the concurrent phase.
+fn concurrency(
+    s: &Server,
+    model: &std::path::Path,
+    backend: &str,
+    cases: &[Case],
+    n: usize,
+) -> (server::Metrics, server::Metrics) {
+    let solo: Vec<Gen> = cases
+        .iter()
+        .map(|c| s.generate(c.path(), &c.body(n)))
+        .collect();
+    for (c, g) in cases.iter().zip(&solo) {
+        println!("solo {c:?}: {:?} ({}, {:?})", g.text, g.finish, g.elapsed);
+        assert_eq!(
+            g.total_tokens,
+            g.prompt_tokens + g.completion_tokens,
+            "{c:?}"
+        );
+        assert!(g.completion_tokens <= n as u64);
+    }
+    let before = counted(s, &solo);
+    let barrier = Barrier::new(cases.len());
+    let t = Instant::now();
+    let together: Vec<Gen> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    if i % 2 == 1 {
+                        s.generate_stream(c.path(), &c.body(n))
+                    } else {
+                        s.generate(c.path(), &c.body(n))
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    println!("{} requests at once: {:?}", cases.len(), t.elapsed());
+    let after = counted(s, &[&solo[..], &together[..]].concat());
+    assert_eq!(after.get("llm_slots_active"), 0.0);
+    for (i, ((c, alone), with)) in cases.iter().zip(&solo).zip(&together).enumerate() {
+        let how = if i % 2 == 1 {
+            "streamed"
+        } else {
+            "non-streamed"
+        };
+        assert_eq!(
+            with.key(),
+            alone.key(),
+            "{c:?} {how} among {} differs from its solo run",
+            cases.len()
+        );
+    }
+    for (c, g) in cases.iter().zip(&solo) {
+        assert_matches_llm_decode(g, &c.reference(model, backend, n), &format!("{c:?}"));
+    }
+    let requests = after.get("llm_requests_total") - before.get("llm_requests_total");
+    assert!(requests >= cases.len() as f64, "{requests}");
+    assert_eq!(after.get("llm_queue_depth"), 0.0);
+    (before, after)
+}
+
+/// Polls /metrics until its token counters come to the usage of `answers` (every request the
+/// server has served), failing if they do not within moments. (The counters may lag an answer
+/// by a pass: they are updated after the request's last event is sent.)
+fn counted(s: &Server, answers: &[Gen]) -> server::Metrics {
+    let prompt: u64 = answers.iter().map(|g| g.prompt_tokens).sum();
+    let completion: u64 = answers.iter().map(|g| g.completion_tokens).sum();
+    let cached: u64 = answers.iter().map(|g| g.cached_tokens).sum();
+    let what = format!(
+        "{prompt} prompt tokens ({cached} cached) and {completion} completion tokens counted"
+    );
+    s.wait_metrics(&what, budget(10), |m| {
+        m.get("llm_prompt_tokens_total") == prompt as f64
+            && m.get("llm_prompt_tokens_cached_total") == cached as f64
+            && m.get("llm_completion_tokens_total") == completion as f64
+    })
+}
+
+/// The demo model on the NPU code path (`--backend auto`: the in-process emulator here):
+/// 8 clients, 4 slots, mixed chats and completions.
+#[test]
+fn concurrent_requests_are_batch_invariant_on_the_demo_model() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "auto",
+            "-t",
+            "2",
+            "--parallel",
+            "4",
+            "-c",
+            "4096",
+        ],
+    );
+    let topics = [
+        "the capital of France",
+        "why the sky is blue",
+        "how bees make honey",
+        "the tallest mountain",
+    ];
+    let mut cases = Vec::new();
+    for (i, t) in topics.iter().enumerate() {
+        cases.push(Case::Chat(
+            "You are a concise assistant.".into(),
+            format!("Tell me about {t}."),
+        ));
+        cases.push(Case::Completion(format!("Fact number {}: {t} is", i + 1)));
+    }
+    let (before, after) = concurrency(&s, &model, "auto", &cases, 24);
+    // Decode rows are one per decoding request per pass: more than one per pass on average
+    // means requests shared passes.
+    let rows = after.get("llm_decode_rows_total") - before.get("llm_decode_rows_total");
+    let passes = after.get("llm_passes_total") - before.get("llm_passes_total");
+    println!("{rows} decode rows in {passes} passes");
+    assert!(rows / passes > 1.5, "{rows} decode rows in {passes} passes");
+}
+
+/// Prompts of 60 to 100 tokens for the tiny model.
+fn tiny_prompts() -> Vec<Case> {
+    let animals = ["fox", "owl", "cat", "bee", "elk", "yak", "ant", "eel"];
+    let places = [
+        "river", "forest", "harbour", "desert", "garden", "valley", "island", "market",
+    ];
+    (0..8)
+        .map(|i| {
+            Case::Completion(format!(
+                "Story {i}: the {} walked along the {} at dawn and met a stranger who told it about the world.",
+                animals[i],
+                places[(i * 3) % 8]
+            ))
+        })
+        .collect()
+}
+
+/// The tiny model on the host f32 path: 8 clients, 4 slots. One prompt token per pass at most
+/// (`--prefill-chunk 1`) keeps each request in flight long enough for the others to join: a
+/// pass of more rows than one then holds rows of different requests.
+#[test]
+fn concurrent_requests_are_batch_invariant_on_the_tiny_model() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-t",
+            "2",
+            "--parallel",
+            "4",
+            "-c",
+            "512",
+            "--prefill-chunk",
+            "1",
+        ],
+    );
+    let cases = tiny_prompts();
+    for c in &cases {
+        let Case::Completion(p) = c else {
+            unreachable!()
+        };
+        let n = tokenize(&s, p).len();
+        assert!((40..=104).contains(&n), "{n} tokens in {p:?}");
+    }
+    let (before, after) = concurrency(&s, &model, "f32", &cases, 24);
+    let rows = after.get("llm_pass_rows_total") - before.get("llm_pass_rows_total");
+    let passes = after.get("llm_passes_total") - before.get("llm_passes_total");
+    let decode = after.get("llm_decode_rows_total") - before.get("llm_decode_rows_total");
+    println!("{rows} rows ({decode} decode rows) in {passes} passes");
+    assert!(
+        rows - passes >= 8.0,
+        "{rows} rows in {passes} passes: hardly any request shared a pass"
+    );
+}
+
+fn tokenize(s: &Server, text: &str) -> Vec<u64> {
+    let r = s.post("/tokenize", &json!({"content": text}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// A completion the demo model keeps going on (it counts).
+fn counting(max_tokens: usize) -> Json {
+    json!({"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// A client that closes its connection, mid-stream or while waiting for a non-streamed answer,
+/// cancels its request: the slot is free within moments (not after the 2000 tokens asked
+/// for), the cancellation is counted, and the slot's cache still serves a later request right.
+#[test]
+fn a_client_that_goes_away_cancels_its_request() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "auto",
+            "-t",
+            "2",
+            "--parallel",
+            "2",
+            "-c",
+            "4096",
+        ],
+    );
+    let reference = s.generate(COMPLETIONS, &counting(8));
+    let before = s.metrics();
+    let cancelled0 = before.get("llm_requests_cancelled_total");
+
+    // Mid-stream.
+    let mut body = counting(2000);
+    body["stream"] = json!(true);
+    let mut st = s.open_stream(COMPLETIONS, &body).unwrap();
+    assert_eq!(st.status, 200);
+    assert!(
+        st.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{:?}",
+        st.headers
+    );
+    let mut pieces = 0;
+    while pieces < 3 {
+        let data = st.next_data().unwrap().expect("the stream goes on");
+        let chunk: Json = serde_json::from_str(&data).unwrap();
+        if chunk["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+        {
+            pieces += 1;
+        }
+    }
+    assert_eq!(s.metrics().get("llm_slots_active"), 1.0);
+    let closed = Instant::now();
+    st.close();
+    let m = s.wait_metrics("a closed stream frees its slot", budget(10), |m| {
+        m.get("llm_slots_active") == 0.0
+    });
+    println!("stream: slot free {:?} after the close", closed.elapsed());
+    assert!(
+        m.get("llm_requests_cancelled_total") >= cancelled0 + 1.0,
+        "{}",
+        m.text
+    );
+    let generated =
+        m.get("llm_completion_tokens_total") - before.get("llm_completion_tokens_total");
+    assert!(
+        generated < 1000.0,
+        "{generated} tokens generated for a closed stream"
+    );
+
+    // Before the answer.
+    let bytes = server::format_request(
+        s.addr,
+        "POST",
+        COMPLETIONS,
+        &[],
+        counting(2000).to_string().as_bytes(),
+    );
+    let sock = std::net::TcpStream::connect(s.addr).unwrap();
+    std::io::Write::write_all(&mut &sock, &bytes).unwrap();
+    let so_far = m.get("llm_completion_tokens_total");
+    s.wait_metrics("the non-streamed request generates", budget(30), |m| {
+        m.get("llm_slots_active") == 1.0 && m.get("llm_completion_tokens_total") > so_far
+    });
+    let closed = Instant::now();
+    sock.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(sock);
+    let m = s.wait_metrics("a closed connection frees its slot", budget(10), |m| {
+        m.get("llm_slots_active") == 0.0
+    });
+    println!(
+        "non-streamed: slot free {:?} after the close",
+        closed.elapsed()
+    );
+    assert!(
+        m.get("llm_requests_cancelled_total") >= cancelled0 + 2.0,
+        "{}",
+        m.text
+    );
+    let generated =
+        m.get("llm_completion_tokens_total") - before.get("llm_completion_tokens_total");
+    assert!(
+        generated < 2000.0,
+        "{generated} tokens generated for closed connections"
+    );
+
+    // The slot's cache (the count the cancelled requests left) serves the same prompt again.
+    let again = s.generate(COMPLETIONS, &counting(8));
+    assert_eq!(again.key(), reference.key());
+    assert!(again.cached_tokens > 0, "{again:?}");
+}
+
+/// A long system message (numbered facts), about `tokens` tokens of the demo model.
+fn long_system(tokens: usize) -> String {
+    let colours = [
+        "red", "blue", "green", "yellow", "white", "black", "purple", "orange",
+    ];
+    let things = [
+        "house", "boat", "car", "kite", "door", "lamp", "chair", "bridge",
+    ];
+    let mut s = String::from("You answer questions about the following facts.\n");
+    // About 14 tokens a line.
+    for i in 0..tokens / 14 {
+        s.push_str(&format!(
+            "Fact {}: the {} {} is number {}.\n",
+            i + 1,
+            colours[i % 8],
+            things[(i / 8) % 8],
+            (i * 37) % 101
+        ));
+    }
+    s
+}
+
+/// A chat's second turn after its first: the slot still holds the first turn, so the answer
+/// reports the reused tokens, equals the cold answer (`cache_prompt: false`), and its first
+/// token comes in at most a quarter of the cold time (~1000 prompt tokens against a few dozen).
+#[test]
+fn the_next_turn_of_a_chat_reuses_the_prompt_cache() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "auto",
+            "-t",
+            "2",
+            "--parallel",
+            "2",
+            "-c",
+            "4096",
+        ],
+    );
+    let system = long_system(1000);
+    let q1 = "What is the number of the blue house?";
+    let turn1 = json!({
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": q1}],
+        "max_tokens": 16, "temperature": 0,
+    });
+    let a1 = s.generate(CHAT, &turn1);
+    println!(
+        "turn 1: {} prompt tokens, {:?}: {:?}",
+        a1.prompt_tokens, a1.elapsed, a1.text
+    );
+    let turn2 = |cache: bool| {
+        json!({
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": q1},
+                {"role": "assistant", "content": a1.text},
+                {"role": "user", "content": "And the number of the red house?"},
+            ],
+            "max_tokens": 16, "temperature": 0, "cache_prompt": cache,
+        })
+    };
+    let warm = s.generate_stream(CHAT, &turn2(true));
+    let cold = s.generate_stream(CHAT, &turn2(false));
+    let (tw, tc) = (warm.first_text.unwrap(), cold.first_text.unwrap());
+    println!(
+        "turn 2: {} prompt tokens, {} cached; first token {tw:?} cached, {tc:?} cold",
+        warm.prompt_tokens, warm.cached_tokens
+    );
+    assert!(
+        warm.prompt_tokens >= 1000,
+        "{} prompt tokens",
+        warm.prompt_tokens
+    );
+    assert_eq!(
+        warm.key(),
+        cold.key(),
+        "the cached turn differs from the cold one"
+    );
+    assert_eq!(cold.cached_tokens, 0);
+    assert!(
+        warm.cached_tokens * 10 >= a1.prompt_tokens * 9 && warm.cached_tokens < warm.prompt_tokens,
+        "{} of {} tokens cached after a first turn of {}",
+        warm.cached_tokens,
+        warm.prompt_tokens,
+        a1.prompt_tokens
+    );
+    assert!(tw * 4 <= tc, "first token {tw:?} cached vs {tc:?} cold");
+    let m = s.metrics();
+    assert!(m.get("llm_prompt_tokens_cached_total") >= warm.cached_tokens as f64);
+}
+
+/// Sends `body` to `path` and asserts the refusal; then the good request must answer as before.
+struct Limits<'a> {
+    s: &'a Server,
+    good: (&'static str, Json),
+    expected: Gen,
+}
+
+impl Limits<'_> {
+    fn check(&self, what: &str, path: &str, body: &[u8], status: u16) {
+        let r = self.s.request("POST", path, &[], body);
+        assert_error(&r, status, what);
+        println!("{what}: {status} {}", r.json()["error"]["message"]);
+        self.still_good(what);
+    }
+
+    fn still_good(&self, what: &str) {
+        assert!(self.s.alive(), "the server died after {what}");
+        let g = self.s.generate(self.good.0, &self.good.1);
+        assert_eq!(
+            g.key(),
+            self.expected.key(),
+            "the good request after {what}"
+        );
+    }
+}
+
+/// 400 for what is not a valid request, 413 past `--body-limit`, 404 off the API; each with
+/// an OpenAI error object, each followed by a good request answered as before.
+#[test]
+fn bad_requests_get_their_errors() {
+    let model = server::tiny_llama();
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "256",
+            "--parallel",
+            "2",
+            "--body-limit",
+            "8192",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let good = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
+    let expected = s.generate(CHAT, &good);
+    let l = Limits {
+        s: &s,
+        good: (CHAT, good.clone()),
+        expected,
+    };
+    let with = |key: &str, value: Json| {
+        let mut b = good.clone();
+        b[key] = value;
+        b.to_string().into_bytes()
+    };
+    l.check(
+        "malformed JSON",
+        CHAT,
+        br#"{"messages": [{"role": "user", "#,
+        400,
+    );
+    l.check("not an object", CHAT, b"[1, 2, 3]", 400);
+    l.check("an empty body", CHAT, b"", 400);
+    l.check(
+        "max_tokens a string",
+        CHAT,
+        &with("max_tokens", json!("x")),
+        400,
+    );
+    l.check(
+        "messages a string",
+        CHAT,
+        &with("messages", json!("hello")),
+        400,
+    );
+    l.check("empty messages", CHAT, &with("messages", json!([])), 400);
+    l.check("missing messages", CHAT, br#"{"max_tokens": 4}"#, 400);
+    l.check("temperature 5", CHAT, &with("temperature", json!(5)), 400);
+    l.check(
+        "temperature a string",
+        CHAT,
+        &with("temperature", json!("hot")),
+        400,
+    );
+    l.check("top_p 1.5", CHAT, &with("top_p", json!(1.5)), 400);
+    l.check(
+        "presence_penalty 3",
+        CHAT,
+        &with("presence_penalty", json!(3)),
+        400,
+    );
+    l.check("n 2", CHAT, &with("n", json!(2)), 400);
+    l.check("stop a number", CHAT, &with("stop", json!(5)), 400);
+    l.check("missing prompt", COMPLETIONS, br#"{"max_tokens": 4}"#, 400);
+    l.check("prompt a number", COMPLETIONS, br#"{"prompt": 12}"#, 400);
+    // Longer than a slot's context of 256 / 2 = 128 tokens.
+    let long = "the cat sat on the mat and looked at the world. ".repeat(6);
+    assert!(tokenize(&s, &long).len() > 128);
+    l.check(
+        "a prompt longer than a slot",
+        COMPLETIONS,
+        json!({"prompt": long, "max_tokens": 4})
+            .to_string()
+            .as_bytes(),
+        400,
+    );
+    l.check(
+        "a chat longer than a slot",
+        CHAT,
+        &with("messages", json!([{"role": "user", "content": long}])),
+        400,
+    );
+    // Past the body limit (a valid request otherwise).
+    let big = json!({"prompt": "x".repeat(9000), "max_tokens": 1}).to_string();
+    l.check("a body over --body-limit", COMPLETIONS, big.as_bytes(), 413);
+    for (method, path) in [
+        ("GET", "/v1/nothing"),
+        ("POST", "/nothing"),
+        ("GET", "/v2/models"),
+    ] {
+        let r = s.request(method, path, &[], b"");
+        assert_error(&r, 404, &format!("{method} {path}"));
+    }
+    l.still_good("the 404s");
+    let m = s.metrics();
+    assert!(
+        m.get_with("llm_requests_total", &[("status", "400")]) >= 17.0,
+        "{}",
+        m.text
+    );
+    assert_eq!(m.get("llm_slots_active"), 0.0);
+}
+
+/// With `--api-key`, the API needs `Authorization: Bearer KEY` (401 otherwise); /health does not.
+#[test]
+fn an_api_key_guards_the_api() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &["--backend", "f32", "-c", "512", "--api-key", "sekrit-42"],
+    );
+    let body = json!({"prompt": "hello world", "max_tokens": 4, "temperature": 0}).to_string();
+    let post = |headers: &[(&str, &str)]| s.request("POST", COMPLETIONS, headers, body.as_bytes());
+    assert_error(&post(&[]), 401, "no key");
+    assert_error(
+        &post(&[("Authorization", "Bearer wrong")]),
+        401,
+        "a wrong key",
+    );
+    assert_error(
+        &post(&[("Authorization", "sekrit-42")]),
+        401,
+        "the key without Bearer",
+    );
+    assert_error(
+        &s.request(
+            "POST",
+            CHAT,
+            &[],
+            json!({"messages": [{"role": "user", "content": "hi"}]})
+                .to_string()
+                .as_bytes(),
+        ),
+        401,
+        "chat without a key",
+    );
+    let r = post(&[("Authorization", "Bearer sekrit-42")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(Gen::from_answer(&r.json()).completion_tokens, 4);
+    let h = s.get("/health");
+    assert_eq!(h.status, 200, "{}", h.text());
+}
+
+/// One slot and no queue: a second request while a stream runs is refused with 503 and
+/// Retry-After; a request past `--timeout` gets 504; a short one after both is served.
+#[test]
+fn a_full_server_says_503_and_a_late_request_504() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "auto",
+            "-t",
+            "2",
+            "--parallel",
+            "1",
+            "--queue",
+            "0",
+            "-c",
+            "4096",
+            "--timeout",
+            "4",
+        ],
+    );
+    let short = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    let expected = s.generate(COMPLETIONS, &short);
+    let mut body = counting(2000);
+    body["stream"] = json!(true);
+    let mut st = s.open_stream(COMPLETIONS, &body).unwrap();
+    assert_eq!(st.status, 200);
+    st.next_data().unwrap().expect("a first chunk");
+    let r = s.post(COMPLETIONS, &short);
+    assert_error(&r, 503, "a request while the only slot is busy");
+    let retry = r
+        .header("retry-after")
+        .expect("a Retry-After header on 503");
+    assert!(retry.parse::<u64>().is_ok(), "Retry-After: {retry:?}");
+    st.close();
+    s.wait_metrics("the closed stream frees the slot", budget(10), |m| {
+        m.get("llm_slots_active") == 0.0
+    });
+    assert_eq!(s.generate(COMPLETIONS, &short).key(), expected.key());
+
+    let t = Instant::now();
+    let r = s.post(COMPLETIONS, &counting(2000));
+    let took = t.elapsed();
+    assert_error(&r, 504, "a request past --timeout");
+    println!("504 after {took:?}");
+    assert!(
+        took >= Duration::from_millis(3900) && took < Duration::from_secs(4) + budget(10),
+        "504 after {took:?} with --timeout 4"
+    );
+    s.wait_metrics("the late request frees the slot", budget(10), |m| {
+        m.get("llm_slots_active") == 0.0
+    });
+    assert_eq!(s.generate(COMPLETIONS, &short).key(), expected.key());
+}
+
+/// The shapes of OpenAI's answers on the tiny model with a plain template: ids and objects,
+/// the alias in /v1/models and in answers, a stream's chunks (one id, a finish reason, the usage
+/// chunk last, `[DONE]`) equal to the non-streamed answer, a chat equal to the completion of
+/// its rendered template, /tokenize equal to `llm-decode --tokenize`, max_tokens and stop.
+#[test]
+fn answers_have_openai_shapes() {
+    let model = server::tiny_llama();
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "512",
+            "-a",
+            "tiny-test",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let models = s.get("/v1/models");
+    assert_eq!(models.status, 200);
+    let models = models.json();
+    assert_eq!(models["object"], "list", "{models}");
+    assert_eq!(models["data"][0]["id"], "tiny-test", "{models}");
+    assert_eq!(models["data"][0]["object"], "model", "{models}");
+
+    // /tokenize and /detokenize against llm-decode's tokenizer.
+    let text = "hello world, the sea";
+    let ids = tokenize(&s, text);
+    let mut cmd = common::llm_decode();
+    cmd.arg("-m")
+        .arg(&model)
+        .args(["-p", text, "--tokenize", "--json"]);
+    let reference: Vec<u64> = serde_json::from_value(common::run_json(cmd, &[])).unwrap();
+    assert_eq!(ids, reference);
+    let r = s.post("/detokenize", &json!({"tokens": ids}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"], text);
+
+    // A chat is the completion of its rendered template.
+    let messages = [("system", "be brief"), ("user", "the sea")];
+    let chat = json!({
+        "messages": messages.iter().map(|(r, c)| json!({"role": r, "content": c})).collect::<Vec<_>>(),
+        "max_tokens": 20, "temperature": 0,
+    });
+    let r = s.post(CHAT, &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = r.json();
+    assert_eq!(a["object"], "chat.completion", "{a}");
+    assert_eq!(a["model"], "tiny-test", "{a}");
+    assert!(a["id"].as_str().is_some_and(|i| !i.is_empty()), "{a}");
+    assert_eq!(a["choices"][0]["message"]["role"], "assistant", "{a}");
+    assert_eq!(a["choices"][0]["index"], 0, "{a}");
+    let chat_gen = Gen::from_answer(&a);
+    let rendered = server::render_plain(&messages);
+    let completion = json!({"prompt": rendered, "max_tokens": 20, "temperature": 0});
+    let r = s.post(COMPLETIONS, &completion);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let c = r.json();
+    assert_eq!(c["object"], "text_completion", "{c}");
+    assert_eq!(Gen::from_answer(&c).key(), chat_gen.key());
+    assert_eq!(
+        chat_gen.prompt_tokens as usize,
+        tokenize(&s, &rendered).len()
+    );
+    assert_eq!(
+        chat_gen.total_tokens,
+        chat_gen.prompt_tokens + chat_gen.completion_tokens
+    );
+
+    // Streams equal the answers.
+    for (path, body, answer) in [
+        (CHAT, &chat, &chat_gen),
+        (COMPLETIONS, &completion, &chat_gen),
+    ] {
+        let g = s.generate_stream(path, body);
+        assert_eq!(g.key(), answer.key(), "{path} streamed");
+        assert_eq!(g.total_tokens, answer.total_tokens);
+        let object = if path == CHAT {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let id = &g.chunks[0]["id"];
+        assert!(
+            id.as_str().is_some_and(|i| !i.is_empty()),
+            "{:?}",
+            g.chunks[0]
+        );
+        for chunk in &g.chunks {
+            assert_eq!(&chunk["id"], id, "one id for the stream: {chunk}");
+            assert_eq!(chunk["object"], object, "{chunk}");
+        }
+        assert_eq!(g.chunks.last().unwrap()["choices"], json!([]), "usage last");
+    }
+    // Without include_usage there is no usage chunk.
+    let mut body = completion.clone();
+    body["stream"] = json!(true);
+    let mut st = s.open_stream(COMPLETIONS, &body).unwrap();
+    let g = st.collect(Instant::now()).unwrap();
+    assert_eq!(g.text, chat_gen.text);
+    assert!(g.chunks.iter().all(|c| c["choices"] != json!([])));
+
+    // max_tokens, and a stop string that ends the text before it.
+    let plain = |extra: Json| {
+        let mut b = json!({"prompt": "hello world", "max_tokens": 24, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        s.generate(COMPLETIONS, &b)
+    };
+    let full = plain(json!({}));
+    assert_eq!(
+        (full.finish.as_str(), full.completion_tokens),
+        ("length", 24),
+        "{full:?}"
+    );
+    let five = plain(json!({"max_tokens": 5}));
+    assert_eq!(
+        (five.finish.as_str(), five.completion_tokens),
+        ("length", 5)
+    );
+    assert!(full.text.starts_with(&five.text), "{five:?} vs {full:?}");
+    let chars: Vec<char> = full.text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = &full.text[..full.text.find(&stop).unwrap()];
+    for stop_value in [json!(stop), json!(["\u{1}never", stop])] {
+        let g = plain(json!({"stop": stop_value}));
+        assert_eq!(
+            (g.text.as_str(), g.finish.as_str()),
+            (cut, "stop"),
+            "stop {stop_value}"
+        );
+        let mut b = json!({"prompt": "hello world", "max_tokens": 24, "temperature": 0});
+        b["stop"] = stop_value.clone();
+        let st = s.generate_stream(COMPLETIONS, &b);
+        assert_eq!(
+            (st.text.as_str(), st.finish.as_str()),
+            (cut, "stop"),
+            "streamed stop {stop_value}"
+        );
+    }
+}
