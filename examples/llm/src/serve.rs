@@ -296,7 +296,11 @@ struct Shared {
 #[derive(Default)]
 struct SharedState {
     metrics: Metrics,
-    /// Requests accepted and not ended (running or waiting).
+    /// Requests accepted and not ended (running or waiting), as admission counts them: one
+    /// leaves before its client hears the end, so that a client answered may at once send
+    /// the next request.
+    admitted: usize,
+    /// The same, as [`Batcher::wait_idle`] counts them: one leaves once counted in the metrics.
     outstanding: usize,
     closed: bool,
     /// Tokens generated per recent pass, for the rate.
@@ -403,7 +407,7 @@ impl Batcher {
         let refused = match checked {
             Some(e) => Some(e),
             None if st.closed => Some(ServeError::ShuttingDown),
-            None if st.outstanding >= self.config.slots + self.config.queue => {
+            None if st.admitted >= self.config.slots + self.config.queue => {
                 Some(ServeError::QueueFull {
                     slots: self.config.slots,
                     queue: self.config.queue,
@@ -425,6 +429,7 @@ impl Batcher {
             return Err(ServeError::ShuttingDown);
         }
         st.outstanding += 1;
+        st.admitted += 1;
         st.metrics.accepted += 1;
         Ok(())
     }
@@ -625,9 +630,8 @@ impl Worker {
             }
         }
         while let Some(mut job) = self.queue.pop_front() {
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                (job.sink)(Event::Failed(ServeError::ShuttingDown))
-            }));
+            self.leave();
+            deliver(&mut job.sink, Event::Failed(ServeError::ShuttingDown));
             self.ended(Ended::Cancelled);
         }
     }
@@ -639,6 +643,7 @@ impl Worker {
         while let Some(job) = self.queue.front() {
             if job.request.deadline.is_some_and(|d| now >= d) {
                 let mut job = self.queue.pop_front().expect("the front exists");
+                self.leave();
                 deliver(&mut job.sink, Event::Failed(ServeError::DeadlineExceeded));
                 self.ended(Ended::Cancelled);
                 continue;
@@ -685,6 +690,7 @@ impl Worker {
             Err(e) => {
                 // Not reached: the prompt has a token past the kept prefix.
                 let mut sink = job.sink;
+                self.leave();
                 deliver(&mut sink, Event::Failed(e.into()));
                 self.ended(Ended::Failed);
                 return;
@@ -901,6 +907,8 @@ impl Worker {
         let Some(mut job) = slot.job.take() else {
             return;
         };
+        self.leave();
+        let slot = &mut self.slots[i];
         let summary = match &mut job.phase {
             Phase::Decode(g) => {
                 g.cancel(&mut slot.session, Stop::MaxTokens);
@@ -941,6 +949,12 @@ impl Worker {
             }
         };
         self.ended(counted);
+    }
+
+    /// A request leaves admission's count, before its client hears how it ended.
+    fn leave(&self) {
+        let mut st = lock(&self.shared.state);
+        st.admitted = st.admitted.saturating_sub(1);
     }
 
     /// Counts an ended request and wakes [`Batcher::wait_idle`].

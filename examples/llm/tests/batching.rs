@@ -436,9 +436,37 @@ fn admission_refuses_what_cannot_be_served() {
     let done = wait(running).done.unwrap();
     assert_eq!(done.stop.name(), "context");
     assert_eq!(done.prompt_tokens + done.completion_tokens, 64 + 1);
+    // A client that heard the end has left the count: its next request, sent the moment it
+    // hears (here from the sink itself), is taken.
+    let batcher = Arc::new(batcher);
+    let (tx, rx) = mpsc::channel();
+    let b = batcher.clone();
+    let short = Request {
+        max_tokens: Some(2),
+        ..long_request(&tok)
+    };
+    let first = Request {
+        max_tokens: Some(2),
+        ..long_request(&tok)
+    };
+    batcher
+        .submit(
+            first,
+            Box::new(move |event| {
+                if let Event::Done(_) = event {
+                    let next = submit(&b, short.clone()).map_err(|e| e.to_string());
+                    let _ = tx.send(next);
+                }
+                true
+            }),
+        )
+        .unwrap();
+    let next = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let next = next.expect("the slot is free once its client heard the end");
+    assert_eq!(wait(next).tokens.len(), 2);
     assert!(batcher.wait_idle(Duration::from_secs(10)));
     let m = batcher.metrics();
-    assert_eq!((m.refused, m.finished, m.active), (4, 1, 0), "{m:?}");
+    assert_eq!((m.refused, m.finished, m.active), (4, 3, 0), "{m:?}");
 }
 
 #[test]

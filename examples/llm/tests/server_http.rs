@@ -180,16 +180,7 @@ fn concurrent_requests_are_batch_invariant_on_the_demo_model() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "auto",
-            "-t",
-            "2",
-            "--parallel",
-            "4",
-            "-c",
-            "4096",
-        ],
+        &server::args("--backend auto -t 2 --parallel 4 -c 4096"),
     );
     let topics = [
         "the capital of France",
@@ -240,18 +231,7 @@ fn concurrent_requests_are_batch_invariant_on_the_tiny_model() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "f32",
-            "-t",
-            "2",
-            "--parallel",
-            "4",
-            "-c",
-            "512",
-            "--prefill-chunk",
-            "1",
-        ],
+        &server::args("--backend f32 -t 2 --parallel 4 -c 512 --prefill-chunk 1"),
     );
     let cases = tiny_prompts();
     for c in &cases {
@@ -299,16 +279,7 @@ fn a_client_that_goes_away_cancels_its_request() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "auto",
-            "-t",
-            "2",
-            "--parallel",
-            "2",
-            "-c",
-            "4096",
-        ],
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096"),
     );
     let reference = s.generate(COMPLETIONS, &counting(8));
     let before = s.metrics();
@@ -430,16 +401,7 @@ fn the_next_turn_of_a_chat_reuses_the_prompt_cache() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "auto",
-            "-t",
-            "2",
-            "--parallel",
-            "2",
-            "-c",
-            "4096",
-        ],
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096"),
     );
     let system = long_system(1000);
     let q1 = "What is the number of the blue house?";
@@ -682,20 +644,7 @@ fn a_full_server_says_503_and_a_late_request_504() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "auto",
-            "-t",
-            "2",
-            "--parallel",
-            "1",
-            "--queue",
-            "0",
-            "-c",
-            "4096",
-            "--timeout",
-            "4",
-        ],
+        &server::args("--backend auto -t 2 --parallel 1 --queue 0 -c 4096 --timeout 4"),
     );
     let short = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
     let expected = s.generate(COMPLETIONS, &short);

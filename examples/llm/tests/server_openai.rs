@@ -133,31 +133,11 @@ fn the_official_openai_client_works() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &[
-            "--backend",
-            "auto",
-            "-t",
-            "2",
-            "--parallel",
-            "2",
-            "-c",
-            "4096",
-            "-a",
-            "smollm2-test",
-        ],
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096 -a smollm2-test"),
     );
     let auth = Server::start(
         &server::tiny_llama(),
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "512",
-            "--api-key",
-            "sekrit-7",
-            "-a",
-            "tiny-auth",
-        ],
+        &server::args("--backend f32 -c 512 --api-key sekrit-7 -a tiny-auth"),
     );
     let script = common::workspace_root().join("scripts/test/openai_client.py");
     let mut cmd = Command::new(&python);

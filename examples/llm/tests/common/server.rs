@@ -892,6 +892,11 @@ pub fn assert_error(r: &Response, status: u16, what: &str) {
     }
 }
 
+/// Command-line words, written as one line (`"--backend auto -t 2"`).
+pub fn args(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
