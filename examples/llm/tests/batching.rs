@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    BatchItem, CacheType, EngineFactory, EngineOptions, HostF32Factory, Logits, Model,
+    BackendError, BatchItem, CacheType, EngineFactory, EngineOptions, HostF32Factory,
+    LinearFactory, LinearOp, LinearRole, Logits, Model,
 };
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::serve::{Batcher, Event, Finished, Request, ServeConfig, ServeError};
@@ -532,4 +533,88 @@ fn dropping_the_batcher_ends_running_requests() {
     drop(batcher);
     let out = wait(rx);
     assert!(out.done.unwrap_err().contains("shutting down"));
+}
+
+/// The f32 backend with an output head that panics (or fails) while `trap` says so.
+struct Trapped {
+    inner: HostF32Factory,
+    trap: Arc<std::sync::atomic::AtomicU8>,
+}
+
+struct TrappedOp {
+    inner: Box<dyn LinearOp>,
+    trap: Arc<std::sync::atomic::AtomicU8>,
+}
+
+impl LinearOp for TrappedOp {
+    fn in_features(&self) -> usize {
+        self.inner.in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.inner.out_features()
+    }
+    fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), BackendError> {
+        match self.trap.load(std::sync::atomic::Ordering::SeqCst) {
+            1 => panic!("a trapped output head"),
+            2 => Err("a failing output head".into()),
+            _ => self.inner.forward(x, m, out),
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "trapped"
+    }
+}
+
+impl LinearFactory for Trapped {
+    fn build(
+        &mut self,
+        role: LinearRole,
+        parts: &[rknn_llm::gguf::TensorView<'_>],
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
+        let inner = self.inner.build(role, parts)?;
+        Ok(match role {
+            LinearRole::Output => Box::new(TrappedOp {
+                inner,
+                trap: self.trap.clone(),
+            }),
+            _ => inner,
+        })
+    }
+}
+
+#[test]
+fn a_panic_or_a_failure_in_a_pass_fails_its_requests_and_the_batcher_goes_on() {
+    let f = file("tiny-llama");
+    let tok = Arc::new(Tokenizer::from_gguf(&f).unwrap());
+    let p = pool(2);
+    let trap = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let mut factory = Trapped {
+        inner: HostF32Factory::new(p.clone()),
+        trap: trap.clone(),
+    };
+    let model = Arc::new(Model::load(&f, &mut factory, p, &mut |_, _| {}).unwrap());
+    let batcher = Batcher::start(model.clone(), tok.clone(), ServeConfig::default()).unwrap();
+    let request = Request {
+        max_tokens: Some(6),
+        ..long_request(&tok)
+    };
+    let want = solo(&model, &tok, &request).0;
+    for (mode, says) in [
+        (1, "internal error: a trapped output head"),
+        (2, "a failing output head"),
+    ] {
+        trap.store(mode, std::sync::atomic::Ordering::SeqCst);
+        let out = wait(submit(&batcher, request.clone()).unwrap());
+        let e = out.done.unwrap_err();
+        assert!(e.contains(says), "{e}");
+        trap.store(0, std::sync::atomic::Ordering::SeqCst);
+        let out = wait(submit(&batcher, request.clone()).unwrap());
+        assert_eq!(
+            out.tokens, want,
+            "the slot serves again, from a clean cache"
+        );
+    }
+    assert!(batcher.wait_idle(Duration::from_secs(10)));
+    let m = batcher.metrics();
+    assert_eq!((m.failed, m.finished, m.active), (2, 2, 0), "{m:?}");
 }
