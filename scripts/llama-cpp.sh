@@ -7,9 +7,13 @@
 #                                      (models/ggml-vocab-*.gguf with .inp/.out) and chat
 #                                      templates (models/templates/*.jinja), no build
 #   scripts/llama-cpp.sh --print-bin   print the bin dir if built, fail otherwise
+#   scripts/llama-cpp.sh --server      the default build, then llama-server into the same bin
+#                                      dir (on request only: its sources are a long C++ compile
+#                                      on 2 cores); no web UI is fetched or embedded
 #
 # Everything lands under ${RKNPU_CACHE:-$HOME/.cache/rknpu-rs}/llama.cpp/:
 #   bin/      llama-tokenize, llama-completion, llama-cli, llama-bench, llama-perplexity
+#             (+ llama-server with --server)
 #   vocab/    ggml-vocab-*.gguf, *.gguf.inp, *.gguf.out
 #   templates/  *.jinja (the chat templates of llama.cpp's tests, MIT like llama.cpp)
 #   src/      the extracted vendor/llama.cpp, build/ its cmake tree
@@ -30,7 +34,8 @@ case "${1:-}" in
   "") ;;
   --vocab-only) mode=vocab ;;
   --print-bin) mode=print ;;
-  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  --server) mode=server ;;
+  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
   *) echo "llama-cpp.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 esac
 
@@ -39,6 +44,7 @@ log() { printf 'llama-cpp.sh: %s\n' "$*" >&2; }
 built_stamp="$ROOT/bin/.built-$VERSION"
 vocab_stamp="$ROOT/vocab/.extracted-$VERSION"
 templates_stamp="$ROOT/templates/.extracted-$VERSION"
+server_stamp="$ROOT/bin/.built-server-$VERSION"
 
 if [ "$mode" = print ]; then
   if [ -f "$built_stamp" ]; then echo "$ROOT/bin"; exit 0; fi
@@ -49,6 +55,9 @@ if [ "$mode" = vocab ] && [ -f "$vocab_stamp" ] && [ -f "$templates_stamp" ]; th
 fi
 if [ "$mode" = build ] && [ -f "$built_stamp" ]; then
   log "already built"; echo "$ROOT/bin"; exit 0
+fi
+if [ "$mode" = server ] && [ -f "$built_stamp" ] && [ -f "$server_stamp" ]; then
+  log "already built (with llama-server)"; echo "$ROOT/bin"; exit 0
 fi
 
 # The source archive: an explicit copy, the cache, or pip. --no-binary names only this package so
@@ -108,30 +117,51 @@ fi
 rm -f "$src/.git"
 
 build="$ROOT/build"
-"$venv/bin/cmake" -S "$src" -B "$build" -G Ninja \
-  -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
-  -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=OFF \
-  -DGGML_NATIVE=ON \
-  -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_OPENCL=OFF \
-  -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON >/dev/null
+# $1: ON or OFF for the server (and the llama-cli that, in this version, is built on it). The
+# other options stay the same in both, so switching reconfigures without recompiling ggml/llama.
+configure() {
+  "$venv/bin/cmake" -S "$src" -B "$build" -G Ninja \
+    -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=ON \
+    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_OPENCL=OFF \
+    -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER="$1" \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON >/dev/null
+}
 
-# Build only the targets this version defines (llama-completion is recent, llama-cli older).
-have=()
-all_targets=$("$venv/bin/ninja" -C "$build" -t targets all 2>/dev/null | cut -d: -f1)
-for t in "${TARGETS[@]}"; do
-  if grep -qx "$t" <<<"$all_targets"; then have+=("$t"); fi
-done
-for t in llama-tokenize llama-bench llama-perplexity; do
-  grep -qx "$t" <<<"$all_targets" || { log "target $t missing from this llama.cpp"; exit 1; }
-done
-log "building ${have[*]} with -j$JOBS (several minutes on 2 cores)"
-"$venv/bin/cmake" --build "$build" -j "$JOBS" --target "${have[@]}"
+if [ ! -f "$built_stamp" ]; then
+  configure OFF
+  # Build only the targets this version defines (llama-completion is recent, llama-cli older).
+  have=()
+  all_targets=$("$venv/bin/ninja" -C "$build" -t targets all 2>/dev/null | cut -d: -f1)
+  for t in "${TARGETS[@]}"; do
+    if grep -qx "$t" <<<"$all_targets"; then have+=("$t"); fi
+  done
+  for t in llama-tokenize llama-bench llama-perplexity; do
+    grep -qx "$t" <<<"$all_targets" || { log "target $t missing from this llama.cpp"; exit 1; }
+  done
+  log "building ${have[*]} with -j$JOBS (several minutes on 2 cores)"
+  "$venv/bin/cmake" --build "$build" -j "$JOBS" --target "${have[@]}"
 
-mkdir -p "$ROOT/bin"
-for t in "${have[@]}"; do cp -f "$build/bin/$t" "$ROOT/bin/$t"; done
-touch "$built_stamp"
-log "binaries: ${have[*]}"
+  mkdir -p "$ROOT/bin"
+  for t in "${have[@]}"; do cp -f "$build/bin/$t" "$ROOT/bin/$t"; done
+  touch "$built_stamp"
+  log "binaries: ${have[*]}"
+fi
+
+if [ "$mode" = server ] && [ ! -f "$server_stamp" ]; then
+  # Neither npm nor a download: the server runs without its embedded web UI.
+  configure ON
+  "$venv/bin/ninja" -C "$build" -t targets all 2>/dev/null | cut -d: -f1 | grep -qx llama-server \
+    || { log "target llama-server missing from this llama.cpp"; exit 1; }
+  log "building llama-server with -j$JOBS (a long C++ compile on 2 cores)"
+  "$venv/bin/cmake" --build "$build" -j "$JOBS" --target llama-server
+  mkdir -p "$ROOT/bin"
+  cp -f "$build/bin/llama-server" "$ROOT/bin/llama-server"
+  touch "$server_stamp"
+  log "binaries: llama-server"
+fi
 echo "$ROOT/bin"
