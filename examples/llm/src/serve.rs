@@ -31,7 +31,7 @@
 //! ```
 //! use std::sync::{Arc, mpsc};
 //! use rknn_llm::gguf::GgufFile;
-//! use rknn_llm::model::{HostF32Factory, Model, host_pool};
+//! use rknn_llm::model::{HostF32Factory, Model};
 //! use rknn_llm::sample::SamplerConfig;
 //! use rknn_llm::serve::{Batcher, Event, Request, ServeConfig};
 //! use rknn_llm::tokenizer::Tokenizer;
@@ -39,7 +39,8 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llm/tiny-llama.gguf");
 //! let file = GgufFile::open(path)?;
-//! let pool = host_pool(1)?;
+//! // An ordinary pool: the batcher's thread runs inside it (see `Batcher::start`).
+//! let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(2).build()?);
 //! let model = Model::load(&file, &mut HostF32Factory::new(pool.clone()), pool, &mut |_, _| {})?;
 //! let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
 //! let batcher = Batcher::start(Arc::new(model), tokenizer.clone(), ServeConfig::default())?;
@@ -328,6 +329,12 @@ impl std::fmt::Debug for Batcher {
 
 impl Batcher {
     /// Starts the batcher's thread with `config.slots` empty slots over `model`.
+    ///
+    /// The thread runs inside the model's pool (so that each pass runs on it directly), which
+    /// must therefore take work from other threads: an ordinary rayon pool of at least one
+    /// thread. A [`host_pool`](crate::model::host_pool) counts its calling thread as a member,
+    /// which takes part only while that thread is inside the pool; a `host_pool(1)` built on
+    /// a thread that then waits for the batcher would never run it.
     pub fn start(
         model: Arc<Model>,
         tokenizer: Arc<Tokenizer>,
