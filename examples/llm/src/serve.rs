@@ -1031,10 +1031,7 @@ fn deliver(sink: &mut Sink, event: Event) -> bool {
 
 /// The same error again, for each request of a failed pass.
 fn copy_error(e: &ServeError) -> ServeError {
-    match e {
-        ServeError::Generate(GenerateError::Model(m)) => ServeError::Internal(m.to_string()),
-        other => ServeError::Internal(other.to_string()),
-    }
+    ServeError::Internal(e.to_string())
 }
 
 /// A panic's message.

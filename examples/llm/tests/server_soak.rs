@@ -109,6 +109,21 @@ fn good_answer(
     }
 }
 
+/// [`good_answer`] of a whole (not streamed) answer.
+fn whole_answer(
+    r: &server::Response,
+    reference: &Gen,
+    key: &Key,
+    t: &mut Tally,
+) -> Result<(), String> {
+    let parse = || {
+        serde_json::from_slice::<Json>(&r.body)
+            .map(|a| Gen::from_answer(&a))
+            .map_err(|e| format!("{e}: {}", r.text()))
+    };
+    good_answer(r.status, r.header("retry-after"), parse, reference, key, t)
+}
+
 fn expect_status(
     r: std::io::Result<server::Response>,
     status: u16,
@@ -155,19 +170,7 @@ fn client(
                 let r = s
                     .try_request("POST", path, &[], good.to_string().as_bytes())
                     .map_err(|e| format!("{key:?}: {e}"))?;
-                let parse = || {
-                    serde_json::from_slice::<Json>(&r.body)
-                        .map(|a| Gen::from_answer(&a))
-                        .map_err(|e| format!("{e}: {}", r.text()))
-                };
-                good_answer(
-                    r.status,
-                    r.header("retry-after"),
-                    parse,
-                    reference,
-                    &key,
-                    &mut t,
-                )?;
+                whole_answer(&r, reference, &key, &mut t)?;
             }
             35..=49 => {
                 let mut b = good.clone();
@@ -249,19 +252,7 @@ fn client(
                 let r = s
                     .post_slowly(path, good.to_string().as_bytes(), Duration::from_millis(2))
                     .map_err(|e| format!("{key:?} byte by byte: {e}"))?;
-                let parse = || {
-                    serde_json::from_slice::<Json>(&r.body)
-                        .map(|a| Gen::from_answer(&a))
-                        .map_err(|e| format!("{e}: {}", r.text()))
-                };
-                good_answer(
-                    r.status,
-                    r.header("retry-after"),
-                    parse,
-                    reference,
-                    &key,
-                    &mut t,
-                )?;
+                whole_answer(&r, reference, &key, &mut t)?;
                 t.slow += 1;
             }
             _ => {
