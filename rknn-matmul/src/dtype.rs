@@ -202,3 +202,16 @@ pub(crate) fn as_bytes<T: Element>(values: &[T]) -> &[u8] {
         std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
     }
 }
+
+/// The bytes of `values`, to write (every [`Element`] accepts every bit pattern).
+pub(crate) fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: `T: Element` is `Copy`, has no padding and accepts every bit pattern (the trait's
+    // contract), so any bytes written leave valid values; `u8` has alignment 1 and the slice
+    // borrows `values` mutably, so nothing else reads or writes them while it lives.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(values),
+        )
+    }
+}

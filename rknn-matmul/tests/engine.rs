@@ -943,3 +943,78 @@ fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards(rt:
         }
     }
 }
+
+backend_test!(converted_weights_stored_and_placed_again_match_a_converting_load);
+fn converted_weights_stored_and_placed_again_match_a_converting_load(rt: &Runtime) {
+    use rknn_matmul::engine::{LinearOptions, Rotation};
+    let mut rng = fastrand::Rng::with_seed(7);
+    // K above the 8192 segment and not aligned; N not aligned; both formats, with a rotation.
+    for (format, k, n) in [
+        (WeightFormat::W8A8, 8192 + 100, 45),
+        (WeightFormat::W8A8, 70, 300),
+        (WeightFormat::F16, 130, 33),
+    ] {
+        let w = random(&mut rng, n * k);
+        let x = random(&mut rng, 3 * k);
+        let rotation = Some(Rotation::hadamard_mixed(k, 11));
+        let opts = LinearOptions {
+            rotation: rotation.clone(),
+            residual_activations: true,
+        };
+        let rows = |first: usize, buf: &mut [f32]| {
+            buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+            Ok::<(), Error>(())
+        };
+        let converting = engine(rt, 3)
+            .linear_from_rows(n, k, format, opts.clone(), rows)
+            .unwrap();
+        let want = converting.forward_vec(&x, 3).unwrap();
+        // Converted on one engine, stored as bytes, placed on an engine of another core count.
+        let c = engine(rt, 3)
+            .convert_from_rows(n, k, format, rotation.as_ref(), rows)
+            .unwrap();
+        let (values, scales) = (c.values_bytes().to_vec(), c.scales_bytes().to_vec());
+        let other = engine(rt, 1);
+        let mut stored = other.converted_zeroed(n, k, format).unwrap();
+        assert_eq!(stored.padded(), c.padded());
+        stored.values_bytes_mut().copy_from_slice(&values);
+        stored.scales_bytes_mut().copy_from_slice(&scales);
+        let placed = other.linear_from_converted(stored, opts.clone()).unwrap();
+        let got = placed.forward_vec(&x, 3).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{format} K={k} N={n}");
+
+        // What storage may hand back wrong is refused, naming the rule.
+        if format == WeightFormat::W8A8 {
+            let mut bad = other.converted_zeroed(n, k, format).unwrap();
+            bad.values_bytes_mut().copy_from_slice(&values);
+            bad.scales_bytes_mut().copy_from_slice(&scales);
+            bad.values_bytes_mut()[5] = 0x80; // i8::MIN
+            assert!(matches!(
+                other.linear_from_converted(bad, opts.clone()),
+                Err(Error::OutOfRange { index: 5, .. })
+            ));
+            let mut nan = other.converted_zeroed(n, k, format).unwrap();
+            nan.values_bytes_mut().copy_from_slice(&values);
+            nan.scales_bytes_mut()[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            assert!(matches!(
+                other.linear_from_converted(nan, opts.clone()),
+                Err(Error::OutOfRange { index: 0, .. })
+            ));
+            // Garbage in the padding never reaches the NPU: it is zeroed.
+            let mut padded = other.converted_zeroed(n, k, format).unwrap();
+            padded.values_bytes_mut().copy_from_slice(&values);
+            padded.scales_bytes_mut().copy_from_slice(&scales);
+            let (_, k_pad) = padded.padded();
+            if k_pad > k {
+                padded.values_bytes_mut()[k] = 100;
+            }
+            let last = padded.scales_bytes_mut().len();
+            if padded.padded().0 > n {
+                padded.scales_bytes_mut()[last - 4..].copy_from_slice(&7.0f32.to_le_bytes());
+            }
+            let lin = other.linear_from_converted(padded, opts).unwrap();
+            assert_eq!(bits(&lin.forward_vec(&x, 3).unwrap()), bits(&want));
+        }
+    }
+}

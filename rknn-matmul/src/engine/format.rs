@@ -10,6 +10,7 @@
 use half::f16;
 use rknn_chip::{ElemKind, MatmulType};
 
+use super::converted::Values;
 use super::glue;
 use super::out_cols::OutCols;
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
@@ -151,6 +152,13 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     /// The accumulator over K segments (exact i32, or f32).
     type Acc: AccElem;
 
+    /// Its converted weights in the format-free holder of
+    /// [`ConvertedWeights`](super::converted::ConvertedWeights).
+    fn wrap_values(b: Vec<Self::B>) -> Values;
+
+    /// Its converted weights back from the holder (`None` for another format's).
+    fn unwrap_values(v: Values) -> Option<Vec<Self::B>>;
+
     /// Values per prepared input row, for rows of `k` values padded to `k_pad`.
     fn input_ld(k: usize, k_pad: usize) -> usize;
 
@@ -224,6 +232,17 @@ impl EngineKind for I8xI8ToI32 {
 
     fn input_ld(_k: usize, k_pad: usize) -> usize {
         k_pad
+    }
+
+    fn wrap_values(b: Vec<i8>) -> Values {
+        Values::I8(b)
+    }
+
+    fn unwrap_values(v: Values) -> Option<Vec<i8>> {
+        match v {
+            Values::I8(b) => Some(b),
+            Values::F16(_) => None,
+        }
     }
 
     fn convert_rows(
@@ -312,6 +331,17 @@ impl EngineKind for F16xF16ToF32 {
 
     fn input_ld(k: usize, _k_pad: usize) -> usize {
         k
+    }
+
+    fn wrap_values(b: Vec<f16>) -> Values {
+        Values::F16(b)
+    }
+
+    fn unwrap_values(v: Values) -> Option<Vec<f16>> {
+        match v {
+            Values::F16(b) => Some(b),
+            Values::I8(_) => None,
+        }
     }
 
     fn convert_rows(

@@ -120,8 +120,20 @@ impl Linear {
         opts: LinearOptions,
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<Linear, E> {
+        opts.check(plan.k)?;
+        let (b, scales) = Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), rows)?;
+        Ok(Linear::place::<K>(inner, plan, b, scales, opts)?)
+    }
+
+    /// Converts the weights of the linear `plan` describes into format `K` (`b` [n_pad,
+    /// k_pad], `scales` [n_pad]): the rows come from `rows` ([`ROWS_PER_STEP`] at a time),
+    /// rotated by `rotation`.
+    pub(crate) fn convert<K: EngineKind, E: From<Error>>(
+        plan: &LinearPlan,
+        rotation: Option<&Rotation>,
+        rows: &mut RowSource<'_, E>,
+    ) -> std::result::Result<(Vec<K::B>, Vec<f32>), E> {
         let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
-        opts.check(k)?;
         let mut b = try_vec(
             plan.n_pad * k_pad,
             <K as crate::dtype::MatmulKind>::B::default(),
@@ -133,7 +145,7 @@ impl Linear {
             let count = ROWS_PER_STEP.min(n - first);
             let w = &mut buf[..count * k];
             rows(first, w)?;
-            if let Some(r) = &opts.rotation {
+            if let Some(r) = rotation {
                 r.apply_rows(w);
             }
             K::convert_rows(
@@ -145,7 +157,7 @@ impl Linear {
                 &mut scales[first..first + count],
             );
         }
-        Ok(Linear::place::<K>(inner, plan, b, scales, opts)?)
+        Ok((b, scales))
     }
 
     /// Places converted weights (`b` [n_pad, k_pad], `scales` [n_pad]) on the lanes.
@@ -201,9 +213,11 @@ impl Linear {
         let k_pad = plan.k_pad;
         let buckets: Arc<[usize]> = inner.cfg.buckets().into();
         let multi = rt.platform().has_core_mask();
-        // Each lane's copy of its weights, made before the round so that a host that cannot
-        // hold them is an error here. On failure, dropping `linear` gives back what was booked
-        // (and removes the shards that were built).
+        // The lanes share the converted weights, each packing its own rows into its contexts'
+        // memories (no host copy per lane: a linear's weights are held once beside the NPU's).
+        // On failure, dropping `linear` gives back what was booked (and removes the shards that
+        // were built).
+        let b = Arc::new(b);
         let mut specs = plan
             .shards
             .iter()
@@ -211,10 +225,8 @@ impl Linear {
             .map(|(i, p)| {
                 p.map(|p| -> Result<ShardSpec<K>> {
                     Ok(ShardSpec {
-                        b: try_copy(
-                            &b[p.n0 * k_pad..(p.n0 + p.width) * k_pad],
-                            "a shard's weights",
-                        )?,
+                        b: b.clone(),
+                        row0: p.n0,
                         ch_scales: scales[p.n0..p.n0 + p.width].to_vec(),
                         blocks: plan.blocks(&p),
                         k_pad,
@@ -501,17 +513,5 @@ pub(crate) fn try_vec<T: Clone>(len: usize, value: T, what: &'static str) -> Res
         bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
     })?;
     v.resize(len, value);
-    Ok(v)
-}
-
-/// A copy of `src`, or [`Error::HostAlloc`] (see [`try_vec`]).
-pub(crate) fn try_copy<T: Clone>(src: &[T], what: &'static str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(src.len())
-        .map_err(|_| Error::HostAlloc {
-            what,
-            bytes: (src.len() as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-        })?;
-    v.extend_from_slice(src);
     Ok(v)
 }

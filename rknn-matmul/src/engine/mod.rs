@@ -36,6 +36,7 @@
 //! (core, N block, segment) serves every bucket, so the weights are resident once.
 
 mod config;
+mod converted;
 mod emulator_cache;
 mod format;
 pub mod glue;
@@ -53,6 +54,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use config::{EngineConfig, LinearOptions, MAX_EXACT_K_W8A8, MAX_M_LIMIT};
+pub use converted::ConvertedWeights;
 pub use emulator_cache::DEFAULT_WARM_BYTES;
 pub use format::WeightFormat;
 pub use linear::Linear;
@@ -187,6 +189,18 @@ impl Engine {
         self.inner.warm.store(bytes, Ordering::Relaxed);
     }
 
+    /// The NPU memory its linears hold in each IOMMU domain (domain 0 first), in bytes: their
+    /// weights (B) and the A and C memories their contexts run with, as booked against
+    /// [`EngineConfig::iommu_domain_bytes`].
+    pub fn domain_bytes(&self) -> Vec<u64> {
+        self.inner
+            .domains
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .used()
+            .to_vec()
+    }
+
     /// The per-phase counters.
     pub fn stats(&self) -> Stats {
         self.inner.stats.snapshot()
@@ -274,6 +288,77 @@ impl Engine {
     {
         let plan = self.plan(n, k, format)?;
         with_format!(format, K => Linear::register::<K, E>(&self.inner, plan, opts, &mut rows))
+    }
+
+    /// Converts W [n, k] into `format` without making it resident, rotated by `rotation` (the
+    /// one the linear will run with), reading the rows a few at a time as
+    /// [`Engine::linear_from_rows`] does: the weights a program can store and later make
+    /// resident with [`Engine::linear_from_converted`], skipping the conversion.
+    pub fn convert_from_rows<E>(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        rotation: Option<&Rotation>,
+        mut rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<ConvertedWeights, E>
+    where
+        E: From<Error>,
+    {
+        let plan = self.plan(n, k, format)?;
+        LinearOptions {
+            rotation: rotation.cloned(),
+            residual_activations: false,
+        }
+        .check(k)?;
+        with_format!(format, K => {
+            let (b, scales) = Linear::convert::<K, E>(&plan, rotation, &mut rows)?;
+            Ok(ConvertedWeights::new::<K>(&plan, b, scales))
+        })
+    }
+
+    /// Zeroed converted weights of W [n, k] in `format`, padded as this engine's chip pads
+    /// them: to fill from storage ([`ConvertedWeights::values_bytes_mut`],
+    /// [`ConvertedWeights::scales_bytes_mut`]) and make resident with
+    /// [`Engine::linear_from_converted`].
+    pub fn converted_zeroed(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+    ) -> Result<ConvertedWeights> {
+        let plan = self.plan(n, k, format)?;
+        ConvertedWeights::zeroed(format, (n, k), (plan.n_pad, plan.k_pad))
+    }
+
+    /// Makes converted weights resident without converting them, each lane packing its rows
+    /// into its contexts' memories. `opts.rotation` must be the rotation the weights were
+    /// converted with. Weights filled from storage are checked first: padded as this engine's
+    /// chip pads them ([`Error::Length`] if not), int8 values in -127..=127 and finite scales
+    /// ([`Error::OutOfRange`]); their padding is zeroed.
+    pub fn linear_from_converted(
+        &self,
+        mut w: ConvertedWeights,
+        opts: LinearOptions,
+    ) -> Result<Linear> {
+        let plan = self.plan(w.n, w.k, w.format)?;
+        opts.check(w.k)?;
+        if w.padded() != (plan.n_pad, plan.k_pad) {
+            return Err(Error::Length {
+                what: "converted weights (n_pad × k_pad, as this engine's chip pads them)",
+                expected: plan.n_pad * plan.k_pad,
+                got: w.n_pad * w.k_pad,
+            });
+        }
+        w.check_and_clear_padding()?;
+        with_format!(w.format, K => {
+            let (b, scales) = w.into_parts::<K>().ok_or(Error::Length {
+                what: "converted weights of another format",
+                expected: plan.n_pad * plan.k_pad,
+                got: 0,
+            })?;
+            Linear::place::<K>(&self.inner, plan, b, scales, opts)
+        })
     }
 
     /// Makes already-quantised W8A8 weights resident: `q` [n, k] int8 (row = output channel,

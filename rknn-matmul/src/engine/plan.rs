@@ -216,6 +216,11 @@ impl DomainPlan {
             .sum()
     }
 
+    /// The bytes booked in each domain.
+    pub(crate) fn used(&self) -> &[u64] {
+        &self.used
+    }
+
     /// Gives back a dropped linear's B bytes (the lanes' shared A and C stay).
     pub(crate) fn release(&mut self, d: i32, b: u64) {
         if let Some(u) = usize::try_from(d).ok().and_then(|d| self.used.get_mut(d)) {

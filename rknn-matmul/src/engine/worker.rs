@@ -195,8 +195,11 @@ pub(crate) struct Shard<K: MatmulKind> {
 
 /// What a lane needs to build its part of a linear.
 pub(crate) struct ShardSpec<K: MatmulKind> {
-    /// The shard's weights: rows = output channels, each `k_pad` long.
-    pub(crate) b: Vec<K::B>,
+    /// The linear's weights, shared by its lanes: rows = output channels, each `k_pad` long;
+    /// this shard's are rows `row0..`.
+    pub(crate) b: Arc<Vec<K::B>>,
+    /// The shard's first row in `b`.
+    pub(crate) row0: usize,
     pub(crate) ch_scales: Vec<f32>,
     /// The shard's blocks, columns relative to the shard ([`super::plan::LinearPlan::blocks`]).
     pub(crate) blocks: Vec<ShardPlan>,
@@ -241,7 +244,8 @@ impl<K: EngineKind> ShardSpec<K> {
                         what: "a K segment's weights",
                         bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
                     })?;
-                let rows = &self.b[c0 * self.k_pad..(c0 + width) * self.k_pad];
+                let r0 = self.row0 + c0;
+                let rows = &self.b[r0 * self.k_pad..(r0 + width) * self.k_pad];
                 for row in rows.chunks_exact(self.k_pad) {
                     seg_w.extend_from_slice(&row[k0..k0 + ks]);
                 }

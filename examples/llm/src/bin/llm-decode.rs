@@ -20,7 +20,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,8 +65,14 @@ enum Reasoning {
 #[command(name = "llm-decode", version, args_override_self = true)]
 struct Args {
     /// The GGUF model file.
-    #[arg(short = 'm', long)]
-    model: PathBuf,
+    #[arg(short = 'm', long, required_unless_present_any = ["weight_cache_list", "weight_cache_clear"])]
+    model: Option<PathBuf>,
+    /// List the weight cache's files (least recently used first) and exit.
+    #[arg(long)]
+    weight_cache_list: bool,
+    /// Empty the weight cache and exit.
+    #[arg(long)]
+    weight_cache_clear: bool,
     /// The prompt text.
     #[arg(short = 'p', long, conflicts_with = "file")]
     prompt: Option<String>,
@@ -191,8 +197,12 @@ fn run(args: Args) -> Result<(), Error> {
     if args.chat && args.json {
         return Err("--json is not available with --chat".into());
     }
+    if args.weight_cache_list || args.weight_cache_clear {
+        return weight_cache_command(&args);
+    }
+    let model_path = args.model.clone().ok_or("no model: give -m MODEL.gguf")?;
     let t_load = Instant::now();
-    let file = GgufFile::open(&args.model)?;
+    let file = GgufFile::open(&model_path)?;
     if !args.tokenize {
         // An unsupported architecture is the first thing to report, before the vocabulary.
         rknn_llm::model::Config::from_gguf(&file)?;
@@ -231,7 +241,7 @@ fn run(args: Args) -> Result<(), Error> {
     };
     // This thread drives the model: as the pool's member 0 it runs each pass itself.
     let pool = host_pool(threads)?;
-    let mut model = load_model(&file, pool, &args)?;
+    let mut model = load_model(&model_path, &file, pool, &args)?;
     model.set_context(
         args.ctx_size
             .unwrap_or(DEFAULT_CTX_SIZE.min(model.config().n_ctx)),
@@ -347,6 +357,8 @@ fn run(args: Args) -> Result<(), Error> {
         let cores = engine.map_or(0, rknn_matmul::engine::Engine::workers);
         (rate(out.prompt_tokens, p), rate(out.decisions, d), cores)
     });
+    let memory = Memory::measure(&model, session.sequence().cache().cache_type());
+    eprintln!("{}", memory.line());
     if let Some((p, d, cores)) = modelled {
         eprintln!(
             "modelled RK3588 (cost model of the NPU time only, {cores} cores): prefill {p:.1} tok/s, decode {d:.1} tok/s"
@@ -383,6 +395,7 @@ fn run(args: Args) -> Result<(), Error> {
                 "n_ctx": model.n_ctx(),
                 "n_ctx_train": model.config().n_ctx,
                 "cache_type": session.sequence().cache().cache_type().name(),
+                "memory": memory.json(),
                 "matmul_s": stats.matmul.as_secs_f64(),
                 "attention_s": stats.attention.as_secs_f64(),
                 "other_s": stats.other.as_secs_f64(),
@@ -483,7 +496,12 @@ fn engine_json(e: &Engine) -> serde_json::Value {
 }
 
 /// Loads the model on the backend `args` name, with a progress bar on stderr.
-fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Result<Model, Error> {
+fn load_model(
+    path: &Path,
+    file: &GgufFile,
+    pool: Arc<rayon::ThreadPool>,
+    args: &Args,
+) -> Result<Model, Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
             "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
@@ -494,8 +512,11 @@ fn load_model(file: &GgufFile, pool: Arc<rayon::ThreadPool>, args: &Args) -> Res
         bar.set_length(total);
         bar.set_position(done);
     };
-    let model = backend::load_model(file, pool, &args.backend, &mut progress)?;
+    let (model, cache) = backend::load_model(path, file, pool, &args.backend, &mut progress)?;
     bar.finish_and_clear();
+    if let Some(c) = cache {
+        eprintln!("llm-decode: {c}");
+    }
     Ok(model)
 }
 
@@ -517,10 +538,114 @@ fn chat_template(
     if template.is_none() {
         eprintln!(
             "llm-decode: warning: {} has no chat template (tokenizer.chat_template): the prompt is plain text (--chat-template-file FILE gives one)",
-            args.model.display()
+            args.model.as_deref().unwrap_or(Path::new("")).display()
         );
     }
     Ok(template)
+}
+
+/// `--weight-cache-list` and `--weight-cache-clear`.
+fn weight_cache_command(args: &Args) -> Result<(), Error> {
+    let Some(cache) = args.backend.weight_cache()? else {
+        return Err(
+            "no weight cache (--no-weight-cache, or no home directory: give --weight-cache DIR)"
+                .into(),
+        );
+    };
+    if args.weight_cache_clear {
+        let (files, bytes) = cache.clear()?;
+        println!(
+            "removed {files} file(s), {:.1} MiB, from {}",
+            bytes as f64 / (1u64 << 20) as f64,
+            cache.dir().display()
+        );
+        return Ok(());
+    }
+    let entries = cache.entries()?;
+    let total: u64 = entries.iter().map(|e| e.bytes).sum();
+    println!(
+        "{}: {} file(s), {:.1} of {:.1} GiB (least recently used first)",
+        cache.dir().display(),
+        entries.len(),
+        total as f64 / (1u64 << 30) as f64,
+        cache.cap() as f64 / (1u64 << 30) as f64
+    );
+    for e in entries {
+        let what = match &e.key {
+            Ok(key) => key
+                .lines()
+                .filter(|l| {
+                    ["gguf=", "chip=", "weight format=", "rotation seed="]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(why) => format!("unusable: {why}"),
+        };
+        let age = e.used.elapsed().map_or(0, |d| d.as_secs());
+        println!(
+            "{:>9.1} MiB  used {age} s ago  {}  ({what})",
+            e.bytes as f64 / (1u64 << 20) as f64,
+            e.path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The process's resident memory against what the model holds.
+struct Memory {
+    footprint: rknn_llm::model::Footprint,
+    /// (current, peak) resident set, from /proc/self/status (Linux).
+    rss: Option<(u64, u64)>,
+}
+
+impl Memory {
+    fn measure(model: &Model, ty: rknn_llm::model::CacheType) -> Memory {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let kib = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            let v = line[key.len()..].trim().trim_end_matches("kB").trim();
+            v.parse::<u64>().ok().map(|k| k * 1024)
+        };
+        Memory {
+            footprint: model.footprint(ty),
+            rss: kib("VmRSS:").zip(kib("VmHWM:")),
+        }
+    }
+
+    fn line(&self) -> String {
+        let f = &self.footprint;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let rss = match self.rss {
+            Some((now, peak)) => format!(
+                "peak RSS {:.0} MiB ({:.2}× the model's), now {:.0} MiB",
+                mib(peak),
+                peak as f64 / f.total().max(1) as f64,
+                mib(now)
+            ),
+            None => "RSS unknown".into(),
+        };
+        format!(
+            "memory: {rss} | model: weights {:.0} MiB + host tensors {:.0} MiB + KV cache at -c {:.0} MiB",
+            mib(f.weights),
+            mib(f.host),
+            mib(f.kv)
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let f = &self.footprint;
+        json!({
+            "peak_rss_bytes": self.rss.map(|r| r.1),
+            "rss_bytes": self.rss.map(|r| r.0),
+            "weight_bytes": f.weights,
+            "host_tensor_bytes": f.host,
+            "kv_bytes": f.kv,
+            "model_bytes": f.total(),
+            "peak_rss_over_model": self.rss.map(|r| r.1 as f64 / f.total().max(1) as f64),
+        })
+    }
 }
 
 fn random_seed() -> u64 {

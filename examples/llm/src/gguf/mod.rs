@@ -19,6 +19,7 @@ mod value;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use dequant::{dequantize, dequantize_row_bytes};
 pub use error::GgufError;
@@ -181,10 +182,35 @@ impl Backing {
     }
 }
 
+/// Bytes of a [`GgufFile`] that outlive the borrow of the file ([`GgufFile::shared`]): the
+/// mapping stays open while they live.
+#[derive(Clone)]
+pub struct SharedBytes {
+    backing: Arc<Backing>,
+    start: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBytes")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.backing.bytes()[self.start..self.start + self.len]
+    }
+}
+
 /// An open GGUF file: parsed header, metadata and tensor directory, and the file's bytes
 /// (memory-mapped by [`GgufFile::open`]) for zero-copy tensor views.
 pub struct GgufFile {
-    backing: Backing,
+    backing: Arc<Backing>,
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
@@ -221,15 +247,15 @@ impl GgufFile {
         // memory-mapping model loader relies on. All parsing is bounds-checked against the
         // mapping's length, so even a concurrently modified file cannot make us read outside it.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Backing::Mmap(map))
+        Self::parse(Arc::new(Backing::Mmap(map)))
     }
 
     /// Reads a GGUF image held in memory (tests, embedded files).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::parse(Backing::Owned(bytes))
+        Self::parse(Arc::new(Backing::Owned(bytes)))
     }
 
-    fn parse(backing: Backing) -> Result<Self, GgufError> {
+    fn parse(backing: Arc<Backing>) -> Result<Self, GgufError> {
         let bytes = backing.bytes();
         let mut r = Reader { buf: bytes, pos: 0 };
         let magic = &bytes[..bytes.len().min(4)];
@@ -365,6 +391,46 @@ impl GgufFile {
     /// All tensors in file order.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
         self.tensors.iter().map(|info| self.view(info))
+    }
+
+    /// The header, metadata and tensor directory: every byte before the tensor data (what a
+    /// cache of converted weights hashes to know the file it was made from).
+    pub fn header_bytes(&self) -> &[u8] {
+        // In range: the data offset was checked against the file length when parsed.
+        &self.backing.bytes()[..self.data_offset as usize]
+    }
+
+    /// The bytes of `view` kept alive beyond the borrow of the file, without copying them (the
+    /// token embedding's quantised rows, read a row per token).
+    pub fn shared(&self, view: &TensorView<'_>) -> SharedBytes {
+        let start = (self.data_offset + view.info.offset) as usize;
+        SharedBytes {
+            backing: self.backing.clone(),
+            start,
+            len: view.data.len(),
+        }
+    }
+
+    /// Gives back to the system the memory pages that hold `view`'s bytes once they have been
+    /// converted: a mapped file's pages are dropped from this process's resident memory (they
+    /// are read from the file again if touched), so the weights are not held twice. Best
+    /// effort (nothing for a file held in memory, or where the system refuses).
+    pub fn release(&self, view: &TensorView<'_>) {
+        if let Backing::Mmap(map) = &*self.backing {
+            let start = (self.data_offset + view.info.offset) as usize;
+            // SAFETY: the mapping is a read-only shared mapping of a file. MADV_DONTNEED on it
+            // only drops pages from this process's page tables; a later access reads the same
+            // bytes from the file (or the page cache) again, so references into the range stay
+            // valid and see the same contents (the file is not modified while it is open, the
+            // contract of `open`). The range is within the mapping (checked when parsed).
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    view.data.len(),
+                )
+            };
+        }
     }
 
     fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {

@@ -57,6 +57,12 @@ pub trait LinearFactory {
         None
     }
 
+    /// Called once every linear is built, before the model is returned (a factory that writes
+    /// what it converted finishes the file here).
+    fn finish(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Converts the weight made of `parts` stacked along the output features (one tensor for
     /// most linears; q, k and v, or gate and up, for the fused linears that read the same
     /// input) for the linear `role`. Each part has dimensions `[in_features, out_i]` and any

@@ -8,7 +8,8 @@ use rknn_matmul::engine::Engine;
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
 use super::config::Config;
 use super::error::ModelError;
-use crate::gguf::{GgmlType, GgufFile, TensorView};
+use super::kv_cache::{CacheType, REWIND};
+use crate::gguf::{GgmlType, GgufFile, SharedBytes, TensorView};
 
 /// A weight matrix behind the seam, with its tensor name for error messages.
 pub(super) struct Projection {
@@ -58,7 +59,9 @@ pub struct Model {
     pub(super) config: Config,
     pub(super) embd_ty: GgmlType,
     pub(super) embd_row_bytes: usize,
-    pub(super) embd: Vec<u8>,
+    /// The token embedding's rows as the file stores them (quantised), kept in the file's
+    /// mapping: read a row per token, never copied.
+    pub(super) embd: SharedBytes,
     pub(super) layers: Vec<Layer>,
     pub(super) output_norm: Vec<f32>,
     pub(super) output: Projection,
@@ -76,6 +79,25 @@ impl std::fmt::Debug for Model {
             .field("config", &self.config)
             .field("backend", &self.backend_kind)
             .finish_non_exhaustive()
+    }
+}
+
+/// What a model holds in memory ([`Model::footprint`]), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// The weight matrices: the NPU memory the engine booked for them (with the A and C
+    /// memories their contexts run with), or their f32 copies on the host path.
+    pub weights: u64,
+    /// The host tensors: the token embedding's quantised rows, norms, biases.
+    pub host: u64,
+    /// The KV cache of one sequence of the model's context size, full.
+    pub kv: u64,
+}
+
+impl Footprint {
+    /// Their sum.
+    pub fn total(&self) -> u64 {
+        self.weights + self.host + self.kv
     }
 }
 
@@ -138,6 +160,11 @@ impl Model {
                     source,
                 })?;
             *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
+            // Converted: the file's pages of these weights are not needed again (the
+            // embedding's rows are read again a row per token, from the file).
+            for t in &views {
+                file.release(t);
+            }
             Ok(Projection { name, op })
         };
 
@@ -235,6 +262,10 @@ impl Model {
             )?),
             None => None,
         };
+        factory.finish().map_err(|source| ModelError::Backend {
+            tensor: "(finishing the weights)".into(),
+            source,
+        })?;
         progress(total, total);
 
         let backend_kind = output.op.kind();
@@ -242,7 +273,7 @@ impl Model {
             engine: factory.engine().cloned(),
             embd_ty: embd.ty(),
             embd_row_bytes: embd.row_bytes(),
-            embd: embd.data().to_vec(),
+            embd: file.shared(&embd),
             layers,
             output_norm,
             output,
@@ -287,6 +318,57 @@ impl Model {
     /// The engine the linears run on, if they run on the NPU (or its emulator).
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.as_ref()
+    }
+
+    /// What the model holds in memory, by kind, for a sequence of [`Model::n_ctx`] positions
+    /// whose cache stores `ty`: the budget a process's resident memory is measured against.
+    pub fn footprint(&self, ty: CacheType) -> Footprint {
+        let c = &self.config;
+        let vecs = |v: &[Option<&Vec<f32>>]| -> u64 {
+            v.iter().flatten().map(|x| x.len() as u64 * 4).sum()
+        };
+        let mut host =
+            self.embd.len() as u64 + vecs(&[Some(&self.output_norm), self.rope_freqs.as_ref()]);
+        let mut weights = 0u64;
+        let mut linear = |p: &Projection| {
+            weights += p.op.in_features() as u64 * p.op.out_features() as u64 * 4;
+        };
+        linear(&self.output);
+        for l in &self.layers {
+            host += vecs(&[
+                Some(&l.attn_norm),
+                l.q_norm.as_ref(),
+                l.k_norm.as_ref(),
+                l.attn_post_norm.as_ref(),
+                l.ffn_post_norm.as_ref(),
+                l.bq.as_ref(),
+                l.bk.as_ref(),
+                l.bv.as_ref(),
+                Some(&l.ffn_norm),
+            ]);
+            for p in [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down] {
+                linear(p);
+            }
+        }
+        // On the NPU the weights are what the engine booked (B, A and C); on the host, f32.
+        if let Some(e) = &self.engine {
+            weights = e.domain_bytes().iter().sum();
+        }
+        let elem = match ty {
+            CacheType::F32 => 4,
+            CacheType::F16 => 2,
+        };
+        let positions: u64 = (0..c.n_layer)
+            .map(|l| match c.window(l) {
+                Some(w) => self.n_ctx.min(2 * (w + REWIND)) as u64,
+                None => self.n_ctx as u64,
+            })
+            .sum();
+        Footprint {
+            weights,
+            host,
+            kv: positions * c.kv_dim() as u64 * 2 * elem,
+        }
     }
 
     /// The host pool its passes run on.

@@ -10,7 +10,9 @@
 //! * `ops.rs`: the host operations (RMSNorm, RoPE, attention, SwiGLU), `kernels.rs` their SIMD
 //!   kernels, `kv_cache.rs` the cache;
 //! * `backend.rs`: the seam ([`LinearOp`], [`LinearFactory`]); `host.rs` the f32 reference
-//!   backend, `npu.rs` the NPU backend (the engine of `rknn-matmul`).
+//!   backend, `npu.rs` the NPU backend (the engine of `rknn-matmul`);
+//! * `weight_cache/`: [`WeightCache`], the NPU backend's converted weights kept on disk, so
+//!   that only a model's first load converts.
 
 mod backend;
 mod config;
@@ -25,6 +27,7 @@ mod kv_cache;
 mod load;
 mod npu;
 mod ops;
+pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
 pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
@@ -34,5 +37,6 @@ pub use forward::{BatchItem, Logits, Sequence, Stats};
 pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::host_pool;
 pub use kv_cache::{CacheType, KvCache, REWIND};
-pub use load::{Model, Progress};
+pub use load::{Footprint, Model, Progress};
 pub use npu::{EngineFactory, EngineOptions, Residual};
+pub use weight_cache::{CacheOutcome, WeightCache};

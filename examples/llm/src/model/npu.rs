@@ -24,6 +24,7 @@
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat};
 
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+use super::weight_cache::CacheIo;
 use crate::gguf::TensorView;
 
 /// How the engine backend converts weights and treats activations. The defaults are what it
@@ -82,17 +83,45 @@ impl Residual {
     }
 }
 
-/// Builds engine linears from GGUF weights.
-#[derive(Debug)]
+/// Builds engine linears from GGUF weights, converting them, or reading them converted from
+/// a weight cache ([`Model::load_cached`](super::Model::load_cached)).
 pub struct EngineFactory {
     engine: Engine,
     opts: EngineOptions,
+    cache: Option<CacheIo>,
+}
+
+impl std::fmt::Debug for EngineFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineFactory")
+            .field("engine", &self.engine)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
 }
 
 impl EngineFactory {
     /// A factory that makes its linears resident on `engine`.
     pub fn new(engine: Engine, opts: EngineOptions) -> Self {
-        EngineFactory { engine, opts }
+        EngineFactory {
+            engine,
+            opts,
+            cache: None,
+        }
+    }
+
+    /// A factory that reads every linear's converted weights from `cache` instead.
+    pub(super) fn with_cache(engine: Engine, opts: EngineOptions, cache: CacheIo) -> Self {
+        EngineFactory {
+            engine,
+            opts,
+            cache: Some(cache),
+        }
+    }
+
+    /// Its cache's state after the load.
+    pub(super) fn into_cache(self) -> Option<CacheIo> {
+        self.cache
     }
 }
 
@@ -117,6 +146,7 @@ impl LinearFactory for EngineFactory {
             rotation: o.rotate.then(|| Rotation::hadamard_mixed(k, seed)),
             residual_activations: o.residual.applies(role),
         };
+        let name = parts.iter().map(|t| t.name()).collect::<Vec<_>>().join("+");
         // The parts' rows one after the other, a few at a time (the engine rotates and
         // converts each step), so no whole matrix is ever held in f32.
         let starts: Vec<usize> = parts
@@ -127,23 +157,41 @@ impl LinearFactory for EngineFactory {
                 Some(at)
             })
             .collect();
-        let linear = self
-            .engine
-            .linear_from_rows(n, k, o.format, opts, |first, buf| {
-                let mut row = first;
-                let mut filled = 0;
-                while filled < buf.len() {
-                    let part = starts.partition_point(|&s| s <= row) - 1;
-                    let tn = usize::try_from(parts[part].dims()[1])?;
-                    let local = row - starts[part];
-                    let rows = ((buf.len() - filled) / k).min(tn - local);
-                    parts[part].rows_to_f32(local, &mut buf[filled..filled + rows * k])?;
-                    filled += rows * k;
-                    row += rows;
-                }
-                Ok::<(), BackendError>(())
-            })?;
+        let rows = |first: usize, buf: &mut [f32]| {
+            let mut row = first;
+            let mut filled = 0;
+            while filled < buf.len() {
+                let part = starts.partition_point(|&s| s <= row) - 1;
+                let tn = usize::try_from(parts[part].dims()[1])?;
+                let local = row - starts[part];
+                let rows = ((buf.len() - filled) / k).min(tn - local);
+                parts[part].rows_to_f32(local, &mut buf[filled..filled + rows * k])?;
+                filled += rows * k;
+                row += rows;
+            }
+            Ok::<(), BackendError>(())
+        };
+        let engine = &self.engine;
+        let linear = match &mut self.cache {
+            None => engine.linear_from_rows(n, k, o.format, opts, rows)?,
+            Some(CacheIo::Read(cache)) => {
+                let w = cache.read(engine, &name, n, k, o.format)?;
+                engine.linear_from_converted(w, opts)?
+            }
+            Some(CacheIo::Write(cache)) => {
+                let w = engine.convert_from_rows(n, k, o.format, opts.rotation.as_ref(), rows)?;
+                cache.add(&name, &w);
+                engine.linear_from_converted(w, opts)?
+            }
+        };
         Ok(Box::new(linear))
+    }
+
+    fn finish(&mut self) -> Result<(), BackendError> {
+        if let Some(CacheIo::Write(cache)) = &mut self.cache {
+            cache.commit();
+        }
+        Ok(())
     }
 }
 

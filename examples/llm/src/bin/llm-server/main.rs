@@ -362,7 +362,16 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
         .num_threads(threads)
         .thread_name(|i| format!("llm-host-{i}"))
         .build()?;
-    let mut model = backend::load_model(&file, Arc::new(pool), &args.backend, &mut |_, _| {})?;
+    let (mut model, cache) = backend::load_model(
+        &args.model,
+        &file,
+        Arc::new(pool),
+        &args.backend,
+        &mut |_, _| {},
+    )?;
+    if let Some(c) = cache {
+        eprintln!("llm-server: {c}");
+    }
     model.set_context(slot_ctx)?;
     let model = Arc::new(model);
     let backend = backend_name(model.engine());

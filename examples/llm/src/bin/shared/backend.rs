@@ -3,13 +3,15 @@
 //!
 //! Included by both binaries with `#[path]`, so it is compiled into each of them.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::ValueEnum;
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{
-    CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, Model, Residual,
+    CacheOutcome, CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, Model, Residual,
+    WeightCache,
 };
 use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::{Platform, Runtime, RuntimeOptions};
@@ -101,9 +103,39 @@ pub struct BackendArgs {
     /// How the KV cache stores keys and values.
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
     pub cache_type: CacheTypeArg,
+    /// Directory of the converted-weight cache: the first load of a model on the NPU backend
+    /// converts its weights and writes them there, later loads read them (default:
+    /// $XDG_CACHE_HOME/rknn-llm/weights, else ~/.cache/rknn-llm/weights).
+    #[arg(long, value_name = "DIR")]
+    pub weight_cache: Option<PathBuf>,
+    /// Convert the weights on every load, neither reading nor writing the weight cache.
+    #[arg(long)]
+    pub no_weight_cache: bool,
+    /// The weight cache's size cap in GiB: when a new file takes it past, the least recently
+    /// used files go first.
+    #[arg(long, value_name = "GIB", default_value_t = (WeightCache::DEFAULT_CAP >> 30) as f64)]
+    pub weight_cache_cap: f64,
 }
 
 impl BackendArgs {
+    /// The weight cache the flags name (`None` with `--no-weight-cache`, or when no directory
+    /// is given and there is no home directory).
+    pub fn weight_cache(&self) -> Result<Option<WeightCache>, Error> {
+        if !(self.weight_cache_cap.is_finite() && self.weight_cache_cap >= 0.0) {
+            return Err(format!(
+                "--weight-cache-cap must be a size in GiB, not {}",
+                self.weight_cache_cap
+            )
+            .into());
+        }
+        if self.no_weight_cache {
+            return Ok(None);
+        }
+        let dir = self.weight_cache.clone().or_else(WeightCache::default_dir);
+        let cap = (self.weight_cache_cap * (1u64 << 30) as f64) as u64;
+        Ok(dir.map(|d| WeightCache::new(d, cap)))
+    }
+
     /// The KV cache type `--cache-type` names.
     pub fn cache_type(&self) -> CacheType {
         match self.cache_type {
@@ -150,16 +182,22 @@ pub fn open_engine(args: &BackendArgs) -> Result<Option<Engine>, Error> {
     Ok(Some(Engine::new(&rt, cfg)?))
 }
 
-/// Loads `file`'s model on the backend `args` name, its host work on `pool`; `progress` hears
-/// the bytes loaded so far and the total.
+/// Loads `file`'s model (opened from `path`) on the backend `args` name, its host work on
+/// `pool`, through the weight cache unless `--no-weight-cache`; `progress` hears the bytes
+/// loaded so far and the total. Returns how the weight cache was used (none on the f32 path).
 pub fn load_model(
+    path: &Path,
     file: &GgufFile,
     pool: Arc<rayon::ThreadPool>,
     args: &BackendArgs,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Model, Error> {
+) -> Result<(Model, Option<CacheOutcome>), Error> {
+    let cache = args.weight_cache()?;
     let model = match open_engine(args)? {
-        None => Model::load(file, &mut HostF32Factory::new(pool.clone()), pool, progress)?,
+        None => (
+            Model::load(file, &mut HostF32Factory::new(pool.clone()), pool, progress)?,
+            None,
+        ),
         Some(e) => {
             let opts = EngineOptions {
                 format: match args.wtype {
@@ -176,7 +214,16 @@ pub fn load_model(
                 },
                 seed: args.rotation_seed,
             };
-            Model::load(file, &mut EngineFactory::new(e, opts), pool, progress)?
+            match &cache {
+                Some(c) => {
+                    let (m, outcome) = Model::load_cached(path, file, e, opts, c, pool, progress)?;
+                    (m, Some(outcome))
+                }
+                None => (
+                    Model::load(file, &mut EngineFactory::new(e, opts), pool, progress)?,
+                    None,
+                ),
+            }
         }
     };
     Ok(model)

@@ -1,0 +1,230 @@
+//! A linear's weights converted to the engine's format but not yet resident: what
+//! [`Engine::convert_from_rows`](super::Engine::convert_from_rows) makes and
+//! [`Engine::linear_from_converted`](super::Engine::linear_from_converted) places on the NPU
+//! cores, so that a program can store the converted weights and make them resident again
+//! without converting (an LLM's converted-weight cache).
+//!
+//! The holder keeps the rows in the order the NPU sums them (row = output channel, padded to
+//! the chip's K and N alignment), before each context's native packing. The packing is a
+//! permutation the lanes do in parallel as they place a linear; keeping it out of the stored
+//! form lets one stored copy serve any number of cores and any context width.
+
+use half::f16;
+
+use super::format::{EngineKind, WeightFormat};
+use super::plan::LinearPlan;
+use crate::dtype::{Element, as_bytes, as_bytes_mut};
+use crate::error::{Error, Result};
+
+/// The values of converted weights, one buffer type per format.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Values {
+    /// W8A8: int8 in -127..=127.
+    I8(Vec<i8>),
+    /// F16.
+    F16(Vec<f16>),
+}
+
+/// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
+/// output channel, zero past `n` and `k`) and, for W8A8, one scale per output channel.
+///
+/// Made by [`Engine::convert_from_rows`](super::Engine::convert_from_rows) (with the rotation
+/// the linear will run with already applied) or, to fill from storage, by
+/// [`Engine::converted_zeroed`](super::Engine::converted_zeroed) and
+/// [`ConvertedWeights::values_bytes_mut`] / [`ConvertedWeights::scales_bytes_mut`]; made
+/// resident by [`Engine::linear_from_converted`](super::Engine::linear_from_converted), which
+/// checks what it is given.
+///
+/// ```
+/// # if !cfg!(feature = "emulator") { return Ok(()); } // the emulator is not compiled in
+/// use rknn_matmul::engine::{Engine, EngineConfig, LinearOptions, WeightFormat};
+/// use rknn_matmul::{Platform, Runtime};
+/// let engine = Engine::new(&Runtime::emulator(Platform::Rk3588)?, EngineConfig::default())?;
+/// let w = [1.0f32, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0];
+/// let rows = |first: usize, buf: &mut [f32]| {
+///     buf.copy_from_slice(&w[first * 4..first * 4 + buf.len()]);
+///     Ok::<(), rknn_matmul::Error>(())
+/// };
+/// let converted = engine.convert_from_rows(3, 4, WeightFormat::W8A8, None, rows)?;
+/// // Stored and read back as bytes, then made resident without converting again.
+/// let (values, scales) = (converted.values_bytes().to_vec(), converted.scales_bytes().to_vec());
+/// let mut again = engine.converted_zeroed(3, 4, WeightFormat::W8A8)?;
+/// again.values_bytes_mut().copy_from_slice(&values);
+/// again.scales_bytes_mut().copy_from_slice(&scales);
+/// let lin = engine.linear_from_converted(again, LinearOptions::default())?;
+/// assert_eq!(lin.forward_vec(&[1.0, 2.0, 3.0, 4.0], 1)?, [1.0, 4.0, -4.0]);
+/// # Ok::<(), rknn_matmul::Error>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct ConvertedWeights {
+    pub(crate) format: WeightFormat,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) n_pad: usize,
+    pub(crate) k_pad: usize,
+    pub(crate) values: Values,
+    pub(crate) scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for ConvertedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertedWeights")
+            .field("format", &self.format)
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("n_pad", &self.n_pad)
+            .field("k_pad", &self.k_pad)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConvertedWeights {
+    /// Zeroed weights of `n × k` padded to `n_pad × k_pad`, or [`Error::HostAlloc`].
+    pub(crate) fn zeroed(
+        format: WeightFormat,
+        (n, k): (usize, usize),
+        (n_pad, k_pad): (usize, usize),
+    ) -> Result<ConvertedWeights> {
+        let len = n_pad * k_pad;
+        let values = match format {
+            WeightFormat::W8A8 => Values::I8(super::linear::try_vec(len, 0, "converted weights")?),
+            WeightFormat::F16 => {
+                Values::F16(super::linear::try_vec(len, f16::ZERO, "converted weights")?)
+            }
+        };
+        let scales = vec![0.0; scales_len(format, n_pad)];
+        Ok(ConvertedWeights {
+            format,
+            n,
+            k,
+            n_pad,
+            k_pad,
+            values,
+            scales,
+        })
+    }
+
+    /// The weights `convert` made for `plan` in format `K`.
+    pub(crate) fn new<K: EngineKind>(
+        plan: &LinearPlan,
+        b: Vec<K::B>,
+        mut scales: Vec<f32>,
+    ) -> ConvertedWeights {
+        scales.truncate(scales_len(K::FORMAT, plan.n_pad));
+        ConvertedWeights {
+            format: K::FORMAT,
+            n: plan.n,
+            k: plan.k,
+            n_pad: plan.n_pad,
+            k_pad: plan.k_pad,
+            values: K::wrap_values(b),
+            scales,
+        }
+    }
+
+    /// The format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Output features (N).
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// Input features (K).
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+
+    /// `(n_pad, k_pad)`: the shape padded to the chip's alignment, as stored.
+    pub fn padded(&self) -> (usize, usize) {
+        (self.n_pad, self.k_pad)
+    }
+
+    /// The values' bytes, little-endian (int8 for W8A8, f16 for F16), `n_pad × k_pad` values.
+    pub fn values_bytes(&self) -> &[u8] {
+        match &self.values {
+            Values::I8(v) => as_bytes(v),
+            Values::F16(v) => as_bytes(v),
+        }
+    }
+
+    /// The values' bytes, to fill from storage (checked when made resident).
+    pub fn values_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.values {
+            Values::I8(v) => as_bytes_mut(v),
+            Values::F16(v) => as_bytes_mut(v),
+        }
+    }
+
+    /// The per-channel scales (`n_pad` for W8A8, none for F16).
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// The scales' bytes, little-endian f32.
+    pub fn scales_bytes(&self) -> &[u8] {
+        as_bytes(&self.scales)
+    }
+
+    /// The scales' bytes, to fill from storage (checked when made resident).
+    pub fn scales_bytes_mut(&mut self) -> &mut [u8] {
+        as_bytes_mut(&mut self.scales)
+    }
+
+    /// Checks values filled from outside (storage) and zeroes the padding, so that nothing
+    /// but the `n × k` weights and their scales reaches the NPU: int8 values in -127..=127
+    /// (the exactness bound of the K sum), finite scales.
+    pub(crate) fn check_and_clear_padding(&mut self) -> Result<()> {
+        let (n, k, k_pad) = (self.n, self.k, self.k_pad);
+        fn clear<T: Element>(v: &mut [T], n: usize, k: usize, k_pad: usize) {
+            for row in v[..n * k_pad].chunks_exact_mut(k_pad) {
+                row[k..].fill(T::default());
+            }
+            v[n * k_pad..].fill(T::default());
+        }
+        match &mut self.values {
+            Values::I8(v) => {
+                clear(v, n, k, k_pad);
+                if let Some(index) = v.iter().position(|&q| q == i8::MIN) {
+                    return Err(Error::OutOfRange {
+                        what: "converted weights",
+                        index,
+                        value: i8::MIN.into(),
+                        range: "-127..=127 (the exactness bound of the K sum assumes |q| <= 127)",
+                    });
+                }
+            }
+            Values::F16(v) => clear(v, n, k, k_pad),
+        }
+        if let Some(pad) = self.scales.get_mut(n..) {
+            pad.fill(0.0);
+        }
+        if let Some(index) = self.scales.iter().position(|s| !s.is_finite()) {
+            return Err(Error::OutOfRange {
+                what: "converted weight scales",
+                index,
+                value: 0,
+                range: "finite f32",
+            });
+        }
+        Ok(())
+    }
+
+    /// The values as `K`'s B elements (`None` if the format is not `K`'s).
+    pub(crate) fn into_parts<K: EngineKind>(self) -> Option<(Vec<K::B>, Vec<f32>)> {
+        let b = K::unwrap_values(self.values)?;
+        let mut scales = self.scales;
+        scales.resize(self.n_pad, 0.0);
+        Some((b, scales))
+    }
+}
+
+/// Scales stored per format: one per padded output channel for W8A8, none for F16.
+fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
+    match format {
+        WeightFormat::W8A8 => n_pad,
+        WeightFormat::F16 => 0,
+    }
+}
