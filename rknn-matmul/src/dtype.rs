@@ -215,3 +215,16 @@ pub(crate) fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
         )
     }
 }
+
+/// `bytes` as values of `T`, if they are aligned for `T` and whole values.
+pub(crate) fn from_bytes<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 || bytes.len() % size != 0 {
+        return None;
+    }
+    // SAFETY: the pointer is aligned for `T` and the length is a whole number of `T`s (both
+    // checked above); `T: Element` accepts every bit pattern (the trait's contract), so every
+    // value read is valid; the slice borrows `bytes`, so it lives as long as they do and
+    // nothing writes them meanwhile.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}

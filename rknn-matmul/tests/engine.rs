@@ -1018,3 +1018,112 @@ fn converted_weights_stored_and_placed_again_match_a_converting_load(rt: &Runtim
         }
     }
 }
+
+/// Converted weights held outside the engine (as a mapped file holds them), recording which
+/// rows the lanes say they placed.
+struct Held {
+    values: Vec<u8>,
+    scales: Vec<u8>,
+    placed: std::sync::Mutex<Vec<std::ops::Range<usize>>>,
+}
+
+impl rknn_matmul::engine::ConvertedBytes for Held {
+    fn values(&self) -> &[u8] {
+        &self.values
+    }
+    fn scales(&self) -> &[u8] {
+        &self.scales
+    }
+    fn placed(&self, rows: std::ops::Range<usize>) {
+        self.placed.lock().unwrap().push(rows);
+    }
+}
+
+backend_test!(weights_streamed_out_and_placed_from_bytes_match_a_converting_load);
+fn weights_streamed_out_and_placed_from_bytes_match_a_converting_load(rt: &Runtime) {
+    use rknn_matmul::engine::{LinearOptions, Rotation};
+    use std::sync::Arc;
+    let mut rng = fastrand::Rng::with_seed(8);
+    for (format, k, n) in [
+        (WeightFormat::W8A8, 8192 + 100, 300),
+        (WeightFormat::F16, 130, 33),
+    ] {
+        let w = random(&mut rng, n * k);
+        let x = random(&mut rng, 2 * k);
+        let rotation = Some(Rotation::hadamard_mixed(k, 5));
+        let opts = LinearOptions {
+            rotation: rotation.clone(),
+            residual_activations: false,
+        };
+        let rows = |first: usize, buf: &mut [f32]| {
+            buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+            Ok::<(), Error>(())
+        };
+        let e = engine(rt, 3);
+        let want = e
+            .linear_from_rows(n, k, format, opts.clone(), rows)
+            .unwrap()
+            .forward_vec(&x, 2)
+            .unwrap();
+        let (n_pad, k_pad) = e.converted_zeroed(n, k, format).unwrap().padded();
+        let row_bytes = k_pad * if format == WeightFormat::F16 { 2 } else { 1 };
+        let (mut values, mut scales, mut next) = (Vec::new(), Vec::new(), 0);
+        let padded = e
+            .convert_to(n, k, format, rotation.as_ref(), rows, |first, v, s| {
+                assert_eq!(first, next, "steps in order");
+                next += v.len() / row_bytes;
+                values.extend_from_slice(v);
+                scales.extend_from_slice(s);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(padded, (n_pad, k_pad));
+        assert_eq!(next, n_pad);
+        let held = Arc::new(Held {
+            values,
+            scales,
+            placed: Default::default(),
+        });
+        let lin = e
+            .linear_from_bytes(n, k, format, opts.clone(), held.clone())
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&lin.forward_vec(&x, 2).unwrap()),
+            bits(&want),
+            "{format}"
+        );
+        // Every row placed once, and said so.
+        let mut placed = held.placed.lock().unwrap().clone();
+        placed.sort_by_key(|r| r.start);
+        let covered: usize = placed.iter().map(|r| r.len()).sum();
+        assert_eq!(covered, n_pad, "{placed:?}");
+
+        // Wrong lengths and bad values are refused by name; a bad value found by a lane too.
+        let short = Arc::new(Held {
+            values: held.values[1..].to_vec(),
+            scales: held.scales.clone(),
+            placed: Default::default(),
+        });
+        assert!(matches!(
+            e.linear_from_bytes(n, k, format, opts.clone(), short),
+            Err(Error::Length { .. })
+        ));
+        if format == WeightFormat::W8A8 {
+            let mut v = held.values.clone();
+            v[k_pad * (n - 1) + 3] = 0x80;
+            let bad = Arc::new(Held {
+                values: v,
+                scales: held.scales.clone(),
+                placed: Default::default(),
+            });
+            let err = e
+                .linear_from_bytes(n, k, format, opts.clone(), bad)
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::OutOfRange { index, .. } if index == k_pad * (n - 1) + 3),
+                "{err}"
+            );
+        }
+    }
+}

@@ -171,6 +171,7 @@ fn a_file_changed_anywhere_is_reported_and_rebuilt_never_used() {
     let want = converting(&gguf, opts);
     let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
     let path = cache_file(&load(&gguf, &cache, opts).1);
+    assert_eq!(load(&gguf, &cache, opts).1, CacheOutcome::Hit(path.clone()));
     let good = std::fs::read(&path).unwrap();
     let marks = landmarks(&good);
     assert!(marks.len() > 60, "{} landmarks", marks.len());
@@ -206,6 +207,7 @@ fn a_truncated_file_is_reported_and_rebuilt() {
     let want = converting(&gguf, opts);
     let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
     let path = cache_file(&load(&gguf, &cache, opts).1);
+    assert_eq!(load(&gguf, &cache, opts).1, CacheOutcome::Hit(path.clone()));
     let good = std::fs::read(&path).unwrap();
     // At every landmark (the start of every section and of every part of the header,
     // directory and trailer), one byte further, and at the very ends.
@@ -253,6 +255,7 @@ fn a_file_made_for_another_chip_version_or_gguf_is_stale() {
     let want = converting(&gguf, opts);
     let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
     let path = cache_file(&load(&gguf, &cache, opts).1);
+    assert_eq!(load(&gguf, &cache, opts).1, CacheOutcome::Hit(path.clone()));
     // (field, what it says now, what another build or chip would have written)
     let edits = [
         ("chip", "chip=RK3588", "chip=RK3568"),

@@ -11,19 +11,10 @@
 
 use half::f16;
 
-use super::format::{EngineKind, WeightFormat};
+use super::format::{EngineKind, Values, WeightFormat};
 use super::plan::LinearPlan;
 use crate::dtype::{Element, as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
-
-/// The values of converted weights, one buffer type per format.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Values {
-    /// W8A8: int8 in -127..=127.
-    I8(Vec<i8>),
-    /// F16.
-    F16(Vec<f16>),
-}
 
 /// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
 /// output channel, zero past `n` and `k`) and, for W8A8, one scale per output channel.
@@ -87,10 +78,8 @@ impl ConvertedWeights {
     ) -> Result<ConvertedWeights> {
         let len = n_pad * k_pad;
         let values = match format {
-            WeightFormat::W8A8 => Values::I8(super::linear::try_vec(len, 0, "converted weights")?),
-            WeightFormat::F16 => {
-                Values::F16(super::linear::try_vec(len, f16::ZERO, "converted weights")?)
-            }
+            WeightFormat::W8A8 => Values::I8(try_vec(len, 0, "converted weights")?),
+            WeightFormat::F16 => Values::F16(try_vec(len, f16::ZERO, "converted weights")?),
         };
         let scales = vec![0.0; scales_len(format, n_pad)];
         Ok(ConvertedWeights {
@@ -221,10 +210,111 @@ impl ConvertedWeights {
     }
 }
 
+/// The scales of `format`'s converted weights of `n` output channels padded to `n_pad`,
+/// from their bytes: checked (their length, finite), padding zeroed, `n_pad` long.
+pub(crate) fn scales_from_bytes(
+    format: WeightFormat,
+    n: usize,
+    n_pad: usize,
+    bytes: &[u8],
+) -> Result<Vec<f32>> {
+    let want = scales_len(format, n_pad) * 4;
+    if bytes.len() != want {
+        return Err(Error::Length {
+            what: "converted weight scale bytes",
+            expected: want,
+            got: bytes.len(),
+        });
+    }
+    let mut scales: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if let Some(pad) = scales.get_mut(n..) {
+        pad.fill(0.0);
+    }
+    if let Some(index) = scales.iter().position(|s| !s.is_finite()) {
+        return Err(Error::OutOfRange {
+            what: "converted weight scales",
+            index,
+            value: 0,
+            range: "finite f32",
+        });
+    }
+    scales.resize(n_pad, 0.0);
+    Ok(scales)
+}
+
 /// Scales stored per format: one per padded output channel for W8A8, none for F16.
 fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
     match format {
         WeightFormat::W8A8 => n_pad,
         WeightFormat::F16 => 0,
     }
+}
+
+/// Converted weights held outside the engine, for instance in a mapped file: the layout of
+/// [`ConvertedWeights`] as bytes, which [`Engine::linear_from_bytes`](super::Engine::linear_from_bytes)
+/// places without a host copy, each lane packing its rows straight from them into its
+/// contexts' memories and then saying so ([`ConvertedBytes::placed`]), so that a mapped file
+/// can give back those pages at once: loading never holds a linear twice.
+pub trait ConvertedBytes: Send + Sync {
+    /// The values: `n_pad × k_pad` little-endian values of the format (int8, or f16 aligned to
+    /// 2 bytes), as [`ConvertedWeights::values_bytes`] lays them out.
+    fn values(&self) -> &[u8];
+
+    /// The scales: `n_pad` little-endian f32 for W8A8, none for F16.
+    fn scales(&self) -> &[u8];
+
+    /// Output channels `rows` are placed: their values are not read again.
+    fn placed(&self, rows: std::ops::Range<usize>) {
+        let _ = rows;
+    }
+}
+
+/// A linear's converted values as its lanes read them: all `n_pad × k_pad`, and a hint
+/// when a range of rows is placed.
+pub(crate) trait WeightRows<T>: Send + Sync {
+    /// Every value (empty if they cannot be viewed as `T`).
+    fn all(&self) -> &[T];
+
+    /// Rows `rows` are placed.
+    fn placed(&self, rows: std::ops::Range<usize>);
+}
+
+impl<T: Send + Sync> WeightRows<T> for Vec<T> {
+    fn all(&self) -> &[T] {
+        self
+    }
+
+    fn placed(&self, _rows: std::ops::Range<usize>) {}
+}
+
+/// [`ConvertedBytes`] viewed as values of `T`.
+pub(crate) struct External<T> {
+    pub(crate) bytes: std::sync::Arc<dyn ConvertedBytes>,
+    pub(crate) _values: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Element> WeightRows<T> for External<T> {
+    fn all(&self) -> &[T] {
+        crate::dtype::from_bytes(self.bytes.values()).unwrap_or(&[])
+    }
+
+    fn placed(&self, rows: std::ops::Range<usize>) {
+        self.bytes.placed(rows);
+    }
+}
+
+/// `len` copies of `value`, or [`Error::HostAlloc`] when the host cannot back them: weight
+/// buffers are sized by the caller's matrices, and on a small board running out must be an
+/// error, not an abort.
+pub(crate) fn try_vec<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::HostAlloc {
+        what,
+        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+    })?;
+    v.resize(len, value);
+    Ok(v)
 }

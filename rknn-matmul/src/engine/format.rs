@@ -10,7 +10,6 @@
 use half::f16;
 use rknn_chip::{ElemKind, MatmulType};
 
-use super::converted::Values;
 use super::glue;
 use super::out_cols::OutCols;
 use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
@@ -78,6 +77,15 @@ impl std::fmt::Display for WeightFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// The values of converted weights, one buffer type per format.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Values {
+    /// W8A8: int8 in -127..=127.
+    I8(Vec<i8>),
+    /// F16.
+    F16(Vec<f16>),
 }
 
 /// A forward's prepared activations, shared by the lanes: one buffer per input element type
@@ -158,6 +166,12 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
 
     /// Its converted weights back from the holder (`None` for another format's).
     fn unwrap_values(v: Values) -> Option<Vec<Self::B>>;
+
+    /// The values converted weights may hold, in words.
+    const VALUE_RANGE: &'static str;
+
+    /// The first converted value out of [`EngineKind::VALUE_RANGE`], with its value.
+    fn invalid_value(b: &[Self::B]) -> Option<(usize, i64)>;
 
     /// Values per prepared input row, for rows of `k` values padded to `k_pad`.
     fn input_ld(k: usize, k_pad: usize) -> usize;
@@ -243,6 +257,15 @@ impl EngineKind for I8xI8ToI32 {
             Values::I8(b) => Some(b),
             Values::F16(_) => None,
         }
+    }
+
+    const VALUE_RANGE: &'static str =
+        "-127..=127 (the exactness bound of the K sum assumes |q| <= 127)";
+
+    fn invalid_value(b: &[i8]) -> Option<(usize, i64)> {
+        b.iter()
+            .position(|&q| q == i8::MIN)
+            .map(|i| (i, i8::MIN.into()))
     }
 
     fn convert_rows(
@@ -342,6 +365,12 @@ impl EngineKind for F16xF16ToF32 {
             Values::F16(b) => Some(b),
             Values::I8(_) => None,
         }
+    }
+
+    const VALUE_RANGE: &'static str = "any f16";
+
+    fn invalid_value(_b: &[f16]) -> Option<(usize, i64)> {
+        None
     }
 
     fn convert_rows(

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::config::{EngineConfig, LinearOptions};
+use super::converted::{WeightRows, try_vec};
 use super::format::{EngineKind, InElem, Prepared, WeightFormat, with_format};
 use super::out_cols::OutCols;
 use super::plan::{DomainPlan, LinearPlan};
@@ -98,6 +99,10 @@ const LANE_PREPARE_MIN_ROWS: usize = 32;
 /// Where a linear's weight rows come from: `rows(first, buf)` fills `buf` with rows `first..`.
 pub(crate) type RowSource<'a, E> = dyn FnMut(usize, &mut [f32]) -> std::result::Result<(), E> + 'a;
 
+/// Where converted rows go, a step at a time: `sink(first, values, scales)`.
+pub(crate) type StepSink<'a, B, E> =
+    dyn FnMut(usize, &[B], &[f32]) -> std::result::Result<(), E> + 'a;
+
 /// Rows converted at a time (rotate, then quantise or convert) while a linear is made resident.
 pub(crate) const ROWS_PER_STEP: usize = 256;
 
@@ -122,7 +127,7 @@ impl Linear {
     ) -> std::result::Result<Linear, E> {
         opts.check(plan.k)?;
         let (b, scales) = Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), rows)?;
-        Ok(Linear::place::<K>(inner, plan, b, scales, opts)?)
+        Ok(Linear::place::<K>(inner, plan, Arc::new(b), scales, opts)?)
     }
 
     /// Converts the weights of the linear `plan` describes into format `K` (`b` [n_pad,
@@ -133,14 +138,39 @@ impl Linear {
         rotation: Option<&Rotation>,
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<(Vec<K::B>, Vec<f32>), E> {
-        let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
+        let k_pad = plan.k_pad;
         let mut b = try_vec(
             plan.n_pad * k_pad,
             <K as crate::dtype::MatmulKind>::B::default(),
             "converted weights",
         )?;
         let mut scales = vec![0f32; plan.n_pad];
-        let mut buf = try_vec(ROWS_PER_STEP.min(n) * k, 0f32, "a step of weight rows")?;
+        Linear::convert_steps::<K, E>(plan, rotation, rows, &mut |first, values, s| {
+            b[first * k_pad..][..values.len()].copy_from_slice(values);
+            scales[first..][..s.len()].copy_from_slice(s);
+            Ok(())
+        })?;
+        Ok((b, scales))
+    }
+
+    /// Converts as [`Linear::convert`], handing each step to `sink` instead of keeping it:
+    /// `sink(first, values, scales)` gets rows `first..` in order (`values` `k_pad` per row,
+    /// one scale per row), then the padding rows up to `n_pad` as zeros.
+    pub(crate) fn convert_steps<K: EngineKind, E: From<Error>>(
+        plan: &LinearPlan,
+        rotation: Option<&Rotation>,
+        rows: &mut RowSource<'_, E>,
+        sink: &mut StepSink<'_, K::B, E>,
+    ) -> std::result::Result<(), E> {
+        let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
+        let step = ROWS_PER_STEP.min(n);
+        let mut b = try_vec(
+            step * k_pad,
+            <K as crate::dtype::MatmulKind>::B::default(),
+            "a step of converted weights",
+        )?;
+        let mut scales = vec![0f32; step];
+        let mut buf = try_vec(step * k, 0f32, "a step of weight rows")?;
         for first in (0..n).step_by(ROWS_PER_STEP) {
             let count = ROWS_PER_STEP.min(n - first);
             let w = &mut buf[..count * k];
@@ -148,23 +178,23 @@ impl Linear {
             if let Some(r) = rotation {
                 r.apply_rows(w);
             }
-            K::convert_rows(
-                w,
-                count,
-                k,
-                k_pad,
-                &mut b[first * k_pad..(first + count) * k_pad],
-                &mut scales[first..first + count],
-            );
+            let (bs, ss) = (&mut b[..count * k_pad], &mut scales[..count]);
+            K::convert_rows(w, count, k, k_pad, bs, ss);
+            sink(first, bs, ss)?;
         }
-        Ok((b, scales))
+        if plan.n_pad > n {
+            let pad = plan.n_pad - n;
+            let zeros = vec![<K as crate::dtype::MatmulKind>::B::default(); pad * k_pad];
+            sink(n, &zeros, &vec![0.0; pad])?;
+        }
+        Ok(())
     }
 
     /// Places converted weights (`b` [n_pad, k_pad], `scales` [n_pad]) on the lanes.
     pub(crate) fn place<K: EngineKind>(
         inner: &Arc<Inner>,
         plan: LinearPlan,
-        b: Vec<K::B>,
+        b: Arc<dyn WeightRows<K::B>>,
         scales: Vec<f32>,
         opts: LinearOptions,
     ) -> Result<Linear> {
@@ -217,7 +247,6 @@ impl Linear {
         // memories (no host copy per lane: a linear's weights are held once beside the NPU's).
         // On failure, dropping `linear` gives back what was booked (and removes the shards that
         // were built).
-        let b = Arc::new(b);
         let mut specs = plan
             .shards
             .iter()
@@ -227,6 +256,7 @@ impl Linear {
                     Ok(ShardSpec {
                         b: b.clone(),
                         row0: p.n0,
+                        k: plan.k,
                         ch_scales: scales[p.n0..p.n0 + p.width].to_vec(),
                         blocks: plan.blocks(&p),
                         k_pad,
@@ -501,17 +531,4 @@ impl Drop for Linear {
 /// owns it again and no allocation happens in steady state.
 fn reuse<T: Clone + Default>(buf: &mut Arc<T>) -> &mut T {
     Arc::make_mut(buf)
-}
-
-/// `len` copies of `value`, or [`Error::HostAlloc`] when the host cannot back them: weight
-/// buffers are sized by the caller's matrices, and on a small board running out must be an
-/// error, not an abort.
-pub(crate) fn try_vec<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| Error::HostAlloc {
-        what,
-        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-    })?;
-    v.resize(len, value);
-    Ok(v)
 }

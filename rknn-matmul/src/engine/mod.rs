@@ -54,18 +54,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use config::{EngineConfig, LinearOptions, MAX_EXACT_K_W8A8, MAX_M_LIMIT};
-pub use converted::ConvertedWeights;
+pub use converted::{ConvertedBytes, ConvertedWeights};
 pub use emulator_cache::DEFAULT_WARM_BYTES;
 pub use format::WeightFormat;
 pub use linear::Linear;
 pub use rotation::{HADAMARD_BLOCK, Rotation};
 pub use stats::{Phase, PhaseStats, Stats};
 
-use crate::dtype::I8xI8ToI32;
+use crate::dtype::{self, I8xI8ToI32};
 use crate::error::{Error, Result};
 use crate::safe::runtime::Runtime;
+use converted::WeightRows;
+use converted::try_vec;
 use format::with_format;
-use linear::{Inner, Scratch, try_vec};
+use linear::{Inner, Scratch};
 use plan::{DomainPlan, LinearPlan};
 use scheduler::{Pool, Worker};
 use stats::Counters;
@@ -317,6 +319,43 @@ impl Engine {
         })
     }
 
+    /// Converts W [n, k] as [`Engine::convert_from_rows`] does, handing the converted rows to
+    /// `sink` a few at a time instead of keeping them (a program writing them to a file holds
+    /// no more than one step): `sink(first, values, scales)` gets rows `first..` in order, as
+    /// little-endian bytes laid out as [`ConvertedWeights`] lays them out (`values` padded to
+    /// `k_pad` per row; `scales` one f32 per row for W8A8, empty for F16), then the padding
+    /// rows up to `n_pad` as zeros. Returns `(n_pad, k_pad)`.
+    pub fn convert_to<E>(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        rotation: Option<&Rotation>,
+        mut rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
+        mut sink: impl FnMut(usize, &[u8], &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(usize, usize), E>
+    where
+        E: From<Error>,
+    {
+        let plan = self.plan(n, k, format)?;
+        LinearOptions {
+            rotation: rotation.cloned(),
+            residual_activations: false,
+        }
+        .check(k)?;
+        let keep_scales = format == WeightFormat::W8A8;
+        with_format!(format, K => Linear::convert_steps::<K, E>(
+            &plan,
+            rotation,
+            &mut rows,
+            &mut |first, values, scales| {
+                let scales = if keep_scales { scales } else { &[] };
+                sink(first, dtype::as_bytes(values), dtype::as_bytes(scales))
+            },
+        ))?;
+        Ok((plan.n_pad, plan.k_pad))
+    }
+
     /// Zeroed converted weights of W [n, k] in `format`, padded as this engine's chip pads
     /// them: to fill from storage ([`ConvertedWeights::values_bytes_mut`],
     /// [`ConvertedWeights::scales_bytes_mut`]) and make resident with
@@ -357,7 +396,50 @@ impl Engine {
                 expected: plan.n_pad * plan.k_pad,
                 got: 0,
             })?;
-            Linear::place::<K>(&self.inner, plan, b, scales, opts)
+            Linear::place::<K>(&self.inner, plan, Arc::new(b), scales, opts)
+        })
+    }
+
+    /// Makes converted weights held outside the engine resident (a mapped cache file), each
+    /// lane packing its rows straight from `bytes` into its contexts' memories: no host copy
+    /// of the linear is made. `bytes` holds W [n, k] in `format` laid out as
+    /// [`ConvertedWeights`] lays it out for this engine's chip ([`Engine::converted_zeroed`]
+    /// gives the padded shape), converted with `opts.rotation`. Checked as
+    /// [`Engine::linear_from_converted`] checks (lengths and alignment: [`Error::Length`];
+    /// values and scales: [`Error::OutOfRange`]); padding is packed as zeros.
+    pub fn linear_from_bytes(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        opts: LinearOptions,
+        bytes: Arc<dyn ConvertedBytes>,
+    ) -> Result<Linear> {
+        let plan = self.plan(n, k, format)?;
+        opts.check(k)?;
+        let (value_size, _) = format.bytes();
+        let values = plan.n_pad * plan.k_pad * value_size as usize;
+        if bytes.values().len() != values {
+            return Err(Error::Length {
+                what: "converted weight bytes (n_pad × k_pad values)",
+                expected: values,
+                got: bytes.values().len(),
+            });
+        }
+        let scales = converted::scales_from_bytes(format, n, plan.n_pad, bytes.scales())?;
+        with_format!(format, K => {
+            let rows = converted::External::<<K as dtype::MatmulKind>::B> {
+                bytes,
+                _values: std::marker::PhantomData,
+            };
+            if rows.all().len() * value_size as usize != values {
+                return Err(Error::Length {
+                    what: "converted weight bytes aligned for their values",
+                    expected: values,
+                    got: 0,
+                });
+            }
+            Linear::place::<K>(&self.inner, plan, Arc::new(rows), scales, opts)
         })
     }
 
@@ -411,7 +493,7 @@ impl Engine {
         }
         let mut sp = scales.to_vec();
         sp.resize(plan.n_pad, 0.0);
-        Linear::place::<I8xI8ToI32>(&self.inner, plan, qp, sp, opts)
+        Linear::place::<I8xI8ToI32>(&self.inner, plan, Arc::new(qp), sp, opts)
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicUsize;
 use rknn_chip::Layout;
 use rustc_hash::FxHashMap;
 
+use super::converted::WeightRows;
 use super::emulator_cache::EmulatorCache;
 use super::format::{
     AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, with_format,
@@ -197,9 +198,12 @@ pub(crate) struct Shard<K: MatmulKind> {
 pub(crate) struct ShardSpec<K: MatmulKind> {
     /// The linear's weights, shared by its lanes: rows = output channels, each `k_pad` long;
     /// this shard's are rows `row0..`.
-    pub(crate) b: Arc<Vec<K::B>>,
+    pub(crate) b: Arc<dyn WeightRows<K::B>>,
     /// The shard's first row in `b`.
     pub(crate) row0: usize,
+    /// The linear's input features: columns `k..k_pad` of every row are padding, packed as
+    /// zeros whatever `b` holds there.
+    pub(crate) k: usize,
     pub(crate) ch_scales: Vec<f32>,
     /// The shard's blocks, columns relative to the shard ([`super::plan::LinearPlan::blocks`]).
     pub(crate) blocks: Vec<ShardPlan>,
@@ -218,6 +222,7 @@ impl<K: EngineKind> ShardSpec<K> {
     /// one per block and K segment, and writes its weights into their B memories.
     pub(crate) fn build(self, rt: &Runtime, io: &mut LaneIo) -> Result<Box<dyn LaneShard>> {
         let mut blocks = Vec::with_capacity(self.blocks.len());
+        let all = self.b.all();
         let mut tiles = None;
         let mut seg_w = Vec::new();
         for block in &self.blocks {
@@ -245,9 +250,26 @@ impl<K: EngineKind> ShardSpec<K> {
                         bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
                     })?;
                 let r0 = self.row0 + c0;
-                let rows = &self.b[r0 * self.k_pad..(r0 + width) * self.k_pad];
+                let rows =
+                    all.get(r0 * self.k_pad..(r0 + width) * self.k_pad)
+                        .ok_or(Error::Length {
+                            what: "converted weights (n_pad × k_pad)",
+                            expected: (r0 + width) * self.k_pad,
+                            got: all.len(),
+                        })?;
+                if let Some((at, value)) = K::invalid_value(rows) {
+                    return Err(Error::OutOfRange {
+                        what: "converted weights",
+                        index: r0 * self.k_pad + at,
+                        value,
+                        range: K::VALUE_RANGE,
+                    });
+                }
+                // Columns past K are padding: zero, whatever the source holds there.
+                let real = self.k.saturating_sub(k0).min(ks);
                 for row in rows.chunks_exact(self.k_pad) {
-                    seg_w.extend_from_slice(&row[k0..k0 + ks]);
+                    seg_w.extend_from_slice(&row[k0..k0 + real]);
+                    seg_w.resize(seg_w.len() + ks - real, K::B::default());
                 }
                 let geo =
                     rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
@@ -274,6 +296,7 @@ impl<K: EngineKind> ShardSpec<K> {
                 };
                 segments.push(Segment { b, own, mm, k0, ks });
             }
+            self.b.placed(self.row0 + c0..self.row0 + c0 + width);
             blocks.push(Block {
                 segments,
                 c0,

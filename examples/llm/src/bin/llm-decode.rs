@@ -261,6 +261,7 @@ fn run(args: Args) -> Result<(), Error> {
     let mut session = Session::new(model.clone(), Arc::new(tok), sampling)?;
     session.set_cache_type(args.backend.cache_type());
     let load_time = t_load.elapsed();
+    let load_peak = Memory::rss().map(|r| r.1);
     let dump = match &args.dump_logits {
         Some(p) => Some(SharedFile::create(p)?),
         None => None,
@@ -357,7 +358,8 @@ fn run(args: Args) -> Result<(), Error> {
         let cores = engine.map_or(0, rknn_matmul::engine::Engine::workers);
         (rate(out.prompt_tokens, p), rate(out.decisions, d), cores)
     });
-    let memory = Memory::measure(&model, session.sequence().cache().cache_type());
+    let mut memory = Memory::measure(&model, session.sequence().cache().cache_type());
+    memory.load_peak = load_peak;
     eprintln!("{}", memory.line());
     if let Some((p, d, cores)) = modelled {
         eprintln!(
@@ -598,19 +600,27 @@ struct Memory {
     footprint: rknn_llm::model::Footprint,
     /// (current, peak) resident set, from /proc/self/status (Linux).
     rss: Option<(u64, u64)>,
+    /// The peak when the model had loaded.
+    load_peak: Option<u64>,
 }
 
 impl Memory {
-    fn measure(model: &Model, ty: rknn_llm::model::CacheType) -> Memory {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    /// (current, peak) resident set now, from /proc/self/status (Linux).
+    fn rss() -> Option<(u64, u64)> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
         let kib = |key: &str| -> Option<u64> {
             let line = status.lines().find(|l| l.starts_with(key))?;
             let v = line[key.len()..].trim().trim_end_matches("kB").trim();
             v.parse::<u64>().ok().map(|k| k * 1024)
         };
+        kib("VmRSS:").zip(kib("VmHWM:"))
+    }
+
+    fn measure(model: &Model, ty: rknn_llm::model::CacheType) -> Memory {
         Memory {
             footprint: model.footprint(ty),
-            rss: kib("VmRSS:").zip(kib("VmHWM:")),
+            rss: Memory::rss(),
+            load_peak: None,
         }
     }
 
@@ -619,9 +629,10 @@ impl Memory {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let rss = match self.rss {
             Some((now, peak)) => format!(
-                "peak RSS {:.0} MiB ({:.2}× the model's), now {:.0} MiB",
+                "peak RSS {:.0} MiB ({:.2}× the model's; {:.0} MiB by the end of loading), now {:.0} MiB",
                 mib(peak),
                 peak as f64 / f.total().max(1) as f64,
+                mib(self.load_peak.unwrap_or(0)),
                 mib(now)
             ),
             None => "RSS unknown".into(),
@@ -638,6 +649,7 @@ impl Memory {
         let f = &self.footprint;
         json!({
             "peak_rss_bytes": self.rss.map(|r| r.1),
+            "load_peak_rss_bytes": self.load_peak,
             "rss_bytes": self.rss.map(|r| r.0),
             "weight_bytes": f.weights,
             "host_tensor_bytes": f.host,

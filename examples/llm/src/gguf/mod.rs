@@ -94,6 +94,9 @@ impl TensorInfo {
 pub struct TensorView<'a> {
     info: &'a TensorInfo,
     data: &'a [u8],
+    /// The file's bytes, and where `data` starts in them.
+    backing: &'a Backing,
+    start: usize,
 }
 
 impl<'a> TensorView<'a> {
@@ -128,6 +131,32 @@ impl<'a> TensorView<'a> {
         // and that rows are whole blocks.
         let bs = self.info.ty.block_size() as u64;
         (self.info.row_len() / bs * self.info.ty.type_size() as u64) as usize
+    }
+
+    /// Gives back to the system the memory pages of rows `first..first + count` once they
+    /// have been converted: a mapped file's pages are dropped from this process's resident
+    /// memory (they are read from the file again if touched), so the weights are not held
+    /// twice while a model loads. Best effort (nothing for a file held in memory, or where the
+    /// system refuses).
+    pub fn release_rows(&self, first: usize, count: usize) {
+        let rb = self.row_bytes();
+        let (Some(at), Some(len)) = (first.checked_mul(rb), count.checked_mul(rb)) else {
+            return;
+        };
+        if at.saturating_add(len) > self.data.len() {
+            return;
+        }
+        if let Backing::Mmap(map) = self.backing {
+            // SAFETY: the mapping is a read-only shared mapping of a file. MADV_DONTNEED on it
+            // only drops pages from this process's page tables; a later access reads the same
+            // bytes from the file (or the page cache) again, so references into the range stay
+            // valid and see the same contents (the file is not modified while it is open, the
+            // contract of `open`). The range is within the mapping (checked above and when
+            // the directory was parsed).
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.start + at, len)
+            };
+        }
     }
 
     /// Dequantizes the whole tensor to a new vector of f32.
@@ -171,6 +200,15 @@ impl<'a> TensorView<'a> {
 enum Backing {
     Mmap(memmap2::Mmap),
     Owned(Vec<u8>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backing::Mmap(m) => write!(f, "Mmap({} bytes)", m.len()),
+            Backing::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+        }
+    }
 }
 
 impl Backing {
@@ -412,32 +450,21 @@ impl GgufFile {
     }
 
     /// Gives back to the system the memory pages that hold `view`'s bytes once they have been
-    /// converted: a mapped file's pages are dropped from this process's resident memory (they
-    /// are read from the file again if touched), so the weights are not held twice. Best
-    /// effort (nothing for a file held in memory, or where the system refuses).
+    /// converted ([`TensorView::release_rows`] of all its rows).
     pub fn release(&self, view: &TensorView<'_>) {
-        if let Backing::Mmap(map) = &*self.backing {
-            let start = (self.data_offset + view.info.offset) as usize;
-            // SAFETY: the mapping is a read-only shared mapping of a file. MADV_DONTNEED on it
-            // only drops pages from this process's page tables; a later access reads the same
-            // bytes from the file (or the page cache) again, so references into the range stay
-            // valid and see the same contents (the file is not modified while it is open, the
-            // contract of `open`). The range is within the mapping (checked when parsed).
-            let _ = unsafe {
-                map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    start,
-                    view.data.len(),
-                )
-            };
-        }
+        view.release_rows(0, view.info.n_rows() as usize);
     }
 
     fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
         // In range and representable: checked against the file length when parsed.
         let start = (self.data_offset + info.offset) as usize;
         let data = &self.backing.bytes()[start..start + info.n_bytes as usize];
-        TensorView { info, data }
+        TensorView {
+            info,
+            data,
+            backing: &self.backing,
+            start,
+        }
     }
 }
 

@@ -24,7 +24,6 @@
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat};
 
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
-use super::weight_cache::CacheIo;
 use crate::gguf::TensorView;
 
 /// How the engine backend converts weights and treats activations. The defaults are what it
@@ -88,7 +87,32 @@ impl Residual {
 pub struct EngineFactory {
     engine: Engine,
     opts: EngineOptions,
-    cache: Option<CacheIo>,
+    store: Option<Box<dyn WeightStore>>,
+}
+
+/// A linear's weight rows as f32, a few at a time: `rows(first, buf)` fills `buf` with rows
+/// `first..` (whole rows of `in_features`).
+pub(super) type Rows<'a> = dyn FnMut(usize, &mut [f32]) -> Result<(), BackendError> + 'a;
+
+/// Where an [`EngineFactory`] gets and keeps converted weights instead of converting each
+/// load: the weight cache ([`super::weight_cache`]).
+pub(super) trait WeightStore {
+    /// Makes linear `name` ([n, k] in `format`, running with `opts`) resident, from the
+    /// store or by converting `rows` into it.
+    #[allow(clippy::too_many_arguments)] // The linear's description.
+    fn linear(
+        &mut self,
+        engine: &Engine,
+        name: &str,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        opts: LinearOptions,
+        rows: &mut Rows<'_>,
+    ) -> Result<Linear, BackendError>;
+
+    /// Every linear is built.
+    fn finish(&mut self);
 }
 
 impl std::fmt::Debug for EngineFactory {
@@ -106,22 +130,21 @@ impl EngineFactory {
         EngineFactory {
             engine,
             opts,
-            cache: None,
+            store: None,
         }
     }
 
-    /// A factory that reads every linear's converted weights from `cache` instead.
-    pub(super) fn with_cache(engine: Engine, opts: EngineOptions, cache: CacheIo) -> Self {
+    /// A factory whose linears come from, or are converted into, `store`.
+    pub(super) fn with_store(
+        engine: Engine,
+        opts: EngineOptions,
+        store: Box<dyn WeightStore>,
+    ) -> Self {
         EngineFactory {
             engine,
             opts,
-            cache: Some(cache),
+            store: Some(store),
         }
-    }
-
-    /// Its cache's state after the load.
-    pub(super) fn into_cache(self) -> Option<CacheIo> {
-        self.cache
     }
 }
 
@@ -157,7 +180,7 @@ impl LinearFactory for EngineFactory {
                 Some(at)
             })
             .collect();
-        let rows = |first: usize, buf: &mut [f32]| {
+        let mut rows = |first: usize, buf: &mut [f32]| {
             let mut row = first;
             let mut filled = 0;
             while filled < buf.len() {
@@ -166,30 +189,23 @@ impl LinearFactory for EngineFactory {
                 let local = row - starts[part];
                 let rows = ((buf.len() - filled) / k).min(tn - local);
                 parts[part].rows_to_f32(local, &mut buf[filled..filled + rows * k])?;
+                // Converted: this step's pages of the file are not needed again.
+                parts[part].release_rows(local, rows);
                 filled += rows * k;
                 row += rows;
             }
             Ok::<(), BackendError>(())
         };
-        let engine = &self.engine;
-        let linear = match &mut self.cache {
-            None => engine.linear_from_rows(n, k, o.format, opts, rows)?,
-            Some(CacheIo::Read(cache)) => {
-                let w = cache.read(engine, &name, n, k, o.format)?;
-                engine.linear_from_converted(w, opts)?
-            }
-            Some(CacheIo::Write(cache)) => {
-                let w = engine.convert_from_rows(n, k, o.format, opts.rotation.as_ref(), rows)?;
-                cache.add(&name, &w);
-                engine.linear_from_converted(w, opts)?
-            }
+        let linear = match &mut self.store {
+            None => self.engine.linear_from_rows(n, k, o.format, opts, rows)?,
+            Some(store) => store.linear(&self.engine, &name, n, k, o.format, opts, &mut rows)?,
         };
         Ok(Box::new(linear))
     }
 
     fn finish(&mut self) -> Result<(), BackendError> {
-        if let Some(CacheIo::Write(cache)) = &mut self.cache {
-            cache.commit();
+        if let Some(store) = &mut self.store {
+            store.finish();
         }
         Ok(())
     }

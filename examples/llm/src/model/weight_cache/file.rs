@@ -3,37 +3,46 @@
 //!
 //! ```text
 //! magic "RKLLMWC\n" | version u32 | key length u32 | key (UTF-8 lines "field=value") | key XXH3 u64
-//! section*          (each linear: its values, then its scales)
+//! section*          (each linear, at a multiple of 64 bytes: its values, then its scales)
 //! directory         count u32, then per linear: name length u32, name, format u8,
 //!                   n, k, n_pad, k_pad, offset, values bytes, scales bytes, XXH3 (u64 each)
 //! trailer           directory offset u64 | directory length u64 | directory XXH3 u64 | "RKWCEND\n"
 //! ```
 //!
-//! Integers are little-endian. The writer streams sections to a temporary file and renames it
-//! into place only once the trailer is written and synced, so a crash leaves no half file under
-//! the cache's name; the reader checks every length against the file's before it allocates,
-//! and each section's checksum before its weights are used.
+//! Integers are little-endian. The writer streams each linear's converted rows to a temporary
+//! file as they are converted and renames it into place only once the trailer is written and
+//! synced, so a crash leaves no half file under the cache's name. The reader maps the file,
+//! checks every length against the file's before it allocates or reads, and each section's
+//! checksum before its weights are placed. Either way the NPU's lanes pack a linear straight
+//! from the mapped section, whose pages are dropped from the process's memory as soon as they
+//! are read: a load never holds a linear twice.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use rknn_matmul::engine::{ConvertedWeights, WeightFormat};
+use memmap2::{Mmap, MmapOptions, UncheckedAdvice};
+use rknn_matmul::engine::{ConvertedBytes, WeightFormat};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use super::key::{LAYOUT_VERSION, difference};
 
 /// The file's first bytes.
 pub(super) const MAGIC: &[u8; 8] = b"RKLLMWC\n";
 /// The trailer's last bytes.
 const END: &[u8; 8] = b"RKWCEND\n";
-/// The layout of the file and of the converted weights in it. Changing either changes this.
-pub const LAYOUT_VERSION: u32 = 1;
 /// The largest key this reader accepts (a key is a few hundred bytes).
 const MAX_KEY: u64 = 1 << 20;
 /// The trailer's length.
 const TRAILER: u64 = 32;
 /// Bytes of the fixed head before the key.
 const HEAD: u64 = 16;
+/// Sections start at multiples of this (values of any format are aligned in a mapping).
+const ALIGN: u64 = 64;
+/// Bytes checked per step before their pages are given back.
+const VERIFY_STEP: usize = 8 << 20;
 
 /// Why a cache file cannot be used: one line for the user, then it is rebuilt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +77,59 @@ pub(super) struct Entry {
     values: u64,
     scales: u64,
     hash: u64,
+}
+
+/// Gives back the pages of `map[range]`: they leave this process's resident memory and are
+/// read from the file again if touched.
+fn release(map: &Mmap, range: Range<usize>) {
+    // SAFETY: `map` is a read-only shared mapping of a cache file. MADV_DONTNEED only drops
+    // its pages from this process's page tables; a later access reads the same bytes from the
+    // file (or the page cache) again, so references into the range stay valid and see the same
+    // contents: cache files are never modified in place (the writer publishes them by rename
+    // and removing one unlinks it). An out-of-range request is refused by memmap2, not made.
+    let _ =
+        unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, range.start, range.len()) };
+}
+
+/// One linear's converted weights in a mapped cache file: what the engine's lanes pack from.
+pub(super) struct Section {
+    map: Arc<Mmap>,
+    values: Range<usize>,
+    scales: Range<usize>,
+    /// Bytes per row of values.
+    row: usize,
+}
+
+impl ConvertedBytes for Section {
+    fn values(&self) -> &[u8] {
+        &self.map[self.values.clone()]
+    }
+
+    fn scales(&self) -> &[u8] {
+        &self.map[self.scales.clone()]
+    }
+
+    fn placed(&self, rows: Range<usize>) {
+        let at = self.values.start + rows.start * self.row;
+        release(&self.map, at..at + rows.len() * self.row);
+    }
+}
+
+impl Section {
+    /// Checks the bytes against `hash`, a step at a time, giving their pages back as it goes.
+    fn verify(&self, hash: u64) -> bool {
+        let mut h = Xxh3::new();
+        for r in [self.values.clone(), self.scales.clone()] {
+            let mut at = r.start;
+            while at < r.end {
+                let end = (at + VERIFY_STEP).min(r.end);
+                h.update(&self.map[at..end]);
+                release(&self.map, at..end);
+                at = end;
+            }
+        }
+        h.digest() == hash
+    }
 }
 
 fn format_code(f: WeightFormat) -> u8 {
@@ -113,6 +175,35 @@ pub(super) struct Writer {
     entries: Vec<Entry>,
 }
 
+/// A section being written ([`Writer::begin`]).
+pub(super) struct Pending {
+    name: String,
+    format: WeightFormat,
+    n: u64,
+    k: u64,
+    offset: u64,
+    values: u64,
+    scales: Vec<u8>,
+    hash: Xxh3,
+}
+
+impl Pending {
+    /// Takes the next converted rows (values and their scales, as the engine hands them out).
+    pub(super) fn rows(
+        &mut self,
+        w: &mut Writer,
+        values: &[u8],
+        scales: &[u8],
+    ) -> std::io::Result<()> {
+        let out = w.out.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        out.write_all(values)?;
+        self.hash.update(values);
+        self.values += values.len() as u64;
+        self.scales.extend_from_slice(scales);
+        Ok(())
+    }
+}
+
 impl Writer {
     /// Starts `path` (its directory created if needed) with `key`.
     pub(super) fn create(path: &Path, key: &str) -> std::io::Result<Writer> {
@@ -122,49 +213,86 @@ impl Writer {
             .file_name()
             .map_or_else(Default::default, |n| n.to_string_lossy());
         let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        let h = head(key);
+        // Readable too: each section is mapped back from it to be placed.
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         let mut w = Writer {
             tmp,
             path: path.to_path_buf(),
-            out: None,
-            offset: h.len() as u64,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            offset: 0,
             entries: Vec::new(),
         };
-        out.write_all(&h)?;
-        w.out = Some(out);
+        let h = head(key);
+        w.write(&h)?;
         Ok(w)
     }
 
-    /// Appends linear `name`'s converted weights.
-    pub(super) fn add(&mut self, name: &str, w: &ConvertedWeights) -> std::io::Result<()> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
         let out = self.out.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
-        let (values, scales) = (w.values_bytes(), w.scales_bytes());
-        out.write_all(values)?;
-        out.write_all(scales)?;
-        let mut h = Xxh3::new();
-        h.update(values);
-        h.update(scales);
-        let (n_pad, k_pad) = w.padded();
-        self.entries.push(Entry {
+        out.write_all(b)?;
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    /// Starts linear `name`'s section ([n, k] in `format`).
+    pub(super) fn begin(
+        &mut self,
+        name: &str,
+        format: WeightFormat,
+        n: usize,
+        k: usize,
+    ) -> std::io::Result<Pending> {
+        let pad = self.offset.next_multiple_of(ALIGN) - self.offset;
+        self.write(&vec![0; pad as usize])?;
+        Ok(Pending {
             name: name.to_owned(),
-            format: w.format(),
-            n: w.out_features() as u64,
-            k: w.in_features() as u64,
+            format,
+            n: n as u64,
+            k: k as u64,
+            offset: self.offset,
+            values: 0,
+            scales: Vec::new(),
+            hash: Xxh3::new(),
+        })
+    }
+
+    /// Ends section `p` (padded to `n_pad × k_pad`) and maps it back from the file for the
+    /// engine to place.
+    pub(super) fn end(
+        &mut self,
+        mut p: Pending,
+        (n_pad, k_pad): (usize, usize),
+    ) -> std::io::Result<Section> {
+        let scales = std::mem::take(&mut p.scales);
+        p.hash.update(&scales);
+        let out = self.out.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        out.write_all(&scales)?;
+        out.flush()?;
+        self.offset = p.offset + p.values + scales.len() as u64;
+        let e = Entry {
+            name: p.name,
+            format: p.format,
+            n: p.n,
+            k: p.k,
             n_pad: n_pad as u64,
             k_pad: k_pad as u64,
-            offset: self.offset,
-            values: values.len() as u64,
+            offset: p.offset,
+            values: p.values,
             scales: scales.len() as u64,
-            hash: h.digest(),
-        });
-        self.offset += (values.len() + scales.len()) as u64;
-        Ok(())
+            hash: p.hash.digest(),
+        };
+        let section = map_section(out.get_ref(), &e)?;
+        self.entries.push(e);
+        Ok(section)
     }
 
     /// Writes the directory and trailer, syncs, and renames the file into place.
     pub(super) fn commit(mut self) -> std::io::Result<PathBuf> {
-        let mut out = self.out.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
         let mut dir = Vec::new();
         dir.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for e in &self.entries {
@@ -177,15 +305,22 @@ impl Writer {
                 dir.extend_from_slice(&v.to_le_bytes());
             }
         }
-        out.write_all(&dir)?;
-        for v in [self.offset, dir.len() as u64, xxh3_64(&dir)] {
-            out.write_all(&v.to_le_bytes())?;
+        let dir_at = self.offset;
+        self.write(&dir)?;
+        let mut trailer = Vec::with_capacity(TRAILER as usize);
+        for v in [dir_at, dir.len() as u64, xxh3_64(&dir)] {
+            trailer.extend_from_slice(&v.to_le_bytes());
         }
-        out.write_all(END)?;
+        trailer.extend_from_slice(END);
+        self.write(&trailer)?;
+        let out = self.out.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
+        let synced = file.sync_all();
         drop(file);
-        std::fs::rename(&self.tmp, &self.path)?;
+        if let Err(e) = synced.and_then(|()| std::fs::rename(&self.tmp, &self.path)) {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(e);
+        }
         // The rename is durable once the directory is synced (best effort: not every file
         // system lets a directory be opened).
         if let Some(d) = self.path.parent().and_then(|d| File::open(d).ok()) {
@@ -193,6 +328,30 @@ impl Writer {
         }
         Ok(self.path.clone())
     }
+}
+
+/// Maps entry `e`'s section of `file` (its bytes written and flushed).
+fn map_section(file: &File, e: &Entry) -> std::io::Result<Section> {
+    let page = 4096u64;
+    let start = e.offset - e.offset % page;
+    let len = e.offset + e.values + e.scales - start;
+    // SAFETY: a read-only mapping of a file this process is writing and has flushed up to the
+    // end of the section; nothing rewrites those bytes (the writer only appends) and the file
+    // is not truncated while the mapping lives (it is renamed into place or removed, which
+    // leaves the mapped inode intact).
+    let map = unsafe {
+        MmapOptions::new()
+            .offset(start)
+            .len(usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?)
+            .map(file)?
+    };
+    let at = (e.offset - start) as usize;
+    Ok(Section {
+        map: Arc::new(map),
+        values: at..at + e.values as usize,
+        scales: at + e.values as usize..(len as usize),
+        row: (e.values / e.n_pad.max(1)) as usize,
+    })
 }
 
 impl Drop for Writer {
@@ -203,18 +362,10 @@ impl Drop for Writer {
     }
 }
 
-/// An open cache file whose head, key, directory and trailer have been checked.
+/// An open, mapped cache file whose head, key, directory and trailer have been checked.
 pub(super) struct Reader {
-    file: File,
+    map: Arc<Mmap>,
     entries: Vec<Entry>,
-}
-
-/// Reads `len` bytes at `at`, which the caller checked are inside the file.
-fn read_at(file: &File, at: u64, len: u64, what: &str) -> Result<Vec<u8>, Invalid> {
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, at)
-        .map_err(|e| Invalid::Io(format!("{what}: {e}")))?;
-    Ok(buf)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -225,24 +376,37 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
 }
 
-/// The key a file at `path` was written with, after checking its head (for listing).
-pub(super) fn read_key(file: &File, len: u64) -> Result<String, Invalid> {
+/// Maps the cache file `file`.
+fn map(file: &File) -> Result<Mmap, Invalid> {
+    // SAFETY: a read-only mapping of a cache file, which is never modified in place (the
+    // writer publishes a complete file by rename; removing one unlinks it, and the mapping
+    // keeps the inode). Every read from it is bounds-checked against its length.
+    unsafe { Mmap::map(file) }.map_err(|e| Invalid::Io(e.to_string()))
+}
+
+/// The key of the cache file `file`, after checking its head (for listing).
+pub(super) fn read_key(file: &File) -> Result<String, Invalid> {
+    parse_key(&map(file)?)
+}
+
+/// The key in the head of `b`, checked.
+fn parse_key(b: &[u8]) -> Result<String, Invalid> {
+    let len = b.len() as u64;
     if len < HEAD {
         return Err(Invalid::Truncated(format!(
             "{len} bytes, not even a header"
         )));
     }
-    let h = read_at(file, 0, HEAD, "header")?;
-    if &h[..8] != MAGIC {
+    if &b[..8] != MAGIC {
         return Err(Invalid::Format("not a weight cache file".into()));
     }
-    let version = u32_at(&h, 8);
+    let version = u32_at(b, 8);
     if version != LAYOUT_VERSION {
         return Err(Invalid::Format(format!(
             "layout version {version}, this build reads {LAYOUT_VERSION}"
         )));
     }
-    let key_len = u64::from(u32_at(&h, 12));
+    let key_len = u64::from(u32_at(b, 12));
     if key_len > MAX_KEY {
         return Err(Invalid::Corrupt(format!(
             "a key of {key_len} bytes (at most {MAX_KEY})"
@@ -251,46 +415,46 @@ pub(super) fn read_key(file: &File, len: u64) -> Result<String, Invalid> {
     if HEAD + key_len + 8 + TRAILER > len {
         return Err(Invalid::Truncated("in the header".into()));
     }
-    let rest = read_at(file, HEAD, key_len + 8, "key")?;
-    let (key, sum) = rest.split_at(key_len as usize);
-    let mut whole = h;
-    whole.extend_from_slice(key);
-    if xxh3_64(&whole) != u64_at(sum, 0) {
+    let end = (HEAD + key_len) as usize;
+    if xxh3_64(&b[..end]) != u64_at(b, end) {
         return Err(Invalid::Corrupt("header checksum".into()));
     }
-    String::from_utf8(key.to_vec()).map_err(|_| Invalid::Corrupt("key is not UTF-8".into()))
+    String::from_utf8(b[HEAD as usize..end].to_vec())
+        .map_err(|_| Invalid::Corrupt("key is not UTF-8".into()))
 }
 
 impl Reader {
-    /// Opens `path` and checks it was written with `key`; the first difference is the error.
+    /// Opens and maps `path` and checks it was written with `key`; the first difference is
+    /// the error.
     pub(super) fn open(path: &Path, key: &str) -> Result<Reader, Invalid> {
         let file = File::open(path).map_err(|e| Invalid::Io(e.to_string()))?;
-        let len = file
-            .metadata()
-            .map_err(|e| Invalid::Io(e.to_string()))?
-            .len();
-        let found = read_key(&file, len)?;
+        let map = map(&file)?;
+        let found = parse_key(&map)?;
         if found != key {
-            return Err(Invalid::Stale(super::key::difference(key, &found)));
+            return Err(Invalid::Stale(difference(key, &found)));
         }
+        let len = map.len() as u64;
         let data_start = HEAD + key.len() as u64 + 8;
-        let t = read_at(&file, len - TRAILER, TRAILER, "trailer")?;
+        let t = &map[(len - TRAILER) as usize..];
         if &t[24..] != END {
             return Err(Invalid::Truncated("no trailer at the end".into()));
         }
-        let (dir_at, dir_len, dir_sum) = (u64_at(&t, 0), u64_at(&t, 8), u64_at(&t, 16));
+        let (dir_at, dir_len, dir_sum) = (u64_at(t, 0), u64_at(t, 8), u64_at(t, 16));
         if dir_at < data_start || dir_at.checked_add(dir_len) != Some(len - TRAILER) {
             return Err(Invalid::Truncated(format!(
                 "the trailer's directory at {dir_at}+{dir_len} does not end where it starts, at {}",
                 len - TRAILER
             )));
         }
-        let dir = read_at(&file, dir_at, dir_len, "directory")?;
-        if xxh3_64(&dir) != dir_sum {
+        let dir = &map[dir_at as usize..(len - TRAILER) as usize];
+        if xxh3_64(dir) != dir_sum {
             return Err(Invalid::Corrupt("directory checksum".into()));
         }
-        let entries = parse_directory(&dir, data_start, dir_at)?;
-        Ok(Reader { file, entries })
+        let entries = parse_directory(dir, data_start, dir_at)?;
+        Ok(Reader {
+            map: Arc::new(map),
+            entries,
+        })
     }
 
     /// The entry of linear `name`.
@@ -298,29 +462,19 @@ impl Reader {
         self.entries.iter().find(|e| e.name == name)
     }
 
-    /// Reads `e`'s weights into `w` (zeroed, of `e`'s padded shape) and checks its checksum.
-    pub(super) fn read_into(&self, e: &Entry, w: &mut ConvertedWeights) -> Result<(), Invalid> {
-        let (values, scales) = (w.values_bytes_mut().len(), w.scales_bytes_mut().len());
-        if (values as u64, scales as u64) != (e.values, e.scales) {
-            return Err(Invalid::Stale(format!(
-                "{}: {}+{} bytes stored, the engine pads it to {values}+{scales}",
-                e.name, e.values, e.scales
-            )));
-        }
-        let io = |what: &str, err: std::io::Error| Invalid::Io(format!("{} {what}: {err}", e.name));
-        self.file
-            .read_exact_at(w.values_bytes_mut(), e.offset)
-            .map_err(|err| io("values", err))?;
-        self.file
-            .read_exact_at(w.scales_bytes_mut(), e.offset + e.values)
-            .map_err(|err| io("scales", err))?;
-        let mut h = Xxh3::new();
-        h.update(w.values_bytes());
-        h.update(w.scales_bytes());
-        if h.digest() != e.hash {
+    /// `e`'s section, its checksum checked (its pages given back as they are read).
+    pub(super) fn section(&self, e: &Entry) -> Result<Section, Invalid> {
+        let (at, values) = (e.offset as usize, e.values as usize);
+        let s = Section {
+            map: self.map.clone(),
+            values: at..at + values,
+            scales: at + values..at + values + e.scales as usize,
+            row: (e.values / e.n_pad.max(1)) as usize,
+        };
+        if !s.verify(e.hash) {
             return Err(Invalid::Corrupt(format!("checksum of {}", e.name)));
         }
-        Ok(())
+        Ok(s)
     }
 }
 
@@ -366,8 +520,9 @@ fn parse_directory(dir: &[u8], start: u64, end: u64) -> Result<Vec<Entry>, Inval
         let stop = offset
             .checked_add(values)
             .and_then(|o| o.checked_add(scales));
-        if offset != next || stop.is_none_or(|s| s > end) {
-            return Err(bad(format!("{name}: at {offset}, expected at {next}")));
+        let expected = next.next_multiple_of(ALIGN);
+        if offset != expected || stop.is_none_or(|s| s > end) {
+            return Err(bad(format!("{name}: at {offset}, expected at {expected}")));
         }
         next = stop.unwrap_or(end);
         entries.push(Entry {

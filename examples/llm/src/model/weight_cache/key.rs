@@ -6,8 +6,11 @@ use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::super::npu::EngineOptions;
-use super::file::LAYOUT_VERSION;
 use crate::gguf::GgufFile;
+
+/// The layout of the cache file and of the converted weights in it. Changing either changes
+/// this.
+pub const LAYOUT_VERSION: u32 = 1;
 
 /// The version of the converting code (the crate's, and its conversion's): a build that
 /// converts differently never reads another's files.

@@ -24,16 +24,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rknn_matmul::engine::{ConvertedWeights, Engine, WeightFormat};
+use rknn_matmul::engine::{Engine, Linear, LinearOptions, WeightFormat};
 
 use super::backend::BackendError;
 use super::error::ModelError;
 use super::load::{Model, Progress};
-use super::npu::{EngineFactory, EngineOptions};
+use super::npu::{EngineFactory, EngineOptions, Rows, WeightStore};
 use crate::gguf::GgufFile;
-pub use file::{Invalid, LAYOUT_VERSION};
-use file::{Reader, Writer};
-pub use key::CONVERTER;
+pub use file::Invalid;
+use file::{Reader, Section, Writer};
+pub use key::{CONVERTER, LAYOUT_VERSION};
 
 /// The suffix of cache files.
 const SUFFIX: &str = "rkwc";
@@ -153,7 +153,7 @@ impl WeightCache {
             };
             let meta = f.metadata()?;
             out.push(CacheEntry {
-                key: file::read_key(&f, meta.len()),
+                key: file::read_key(&f),
                 bytes: meta.len(),
                 used: meta.modified()?,
                 path,
@@ -217,30 +217,46 @@ impl WeightCache {
     }
 }
 
-/// A load's use of its cache file, inside the engine factory.
-pub(super) enum CacheIo {
-    /// Reading a checked file.
-    Read(CacheRead),
-    /// Writing what is converted.
-    Write(CacheWrite),
+/// How a load with a cache went, kept by the caller while the factory owns the store.
+#[derive(Default)]
+struct Report {
+    /// Reading: the first reason the file could not be used.
+    invalid: Option<Invalid>,
+    /// Writing: why it stopped, and the file once committed.
+    write_failed: Option<String>,
+    written: Option<PathBuf>,
 }
 
-/// Reading: the file, and the first reason it could not be used.
-pub(super) struct CacheRead {
+type Shared = Arc<std::sync::Mutex<Report>>;
+
+fn lock(r: &Shared) -> std::sync::MutexGuard<'_, Report> {
+    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reads every linear from a checked cache file.
+struct ReadStore {
     reader: Reader,
-    failed: Option<Invalid>,
+    report: Shared,
 }
 
-impl CacheRead {
-    /// The converted weights of linear `name` ([n, k] in `format`), checked.
-    pub(super) fn read(
+impl ReadStore {
+    fn fail(&self, why: Invalid) -> BackendError {
+        lock(&self.report).invalid.get_or_insert(why.clone());
+        Box::new(why)
+    }
+}
+
+impl WeightStore for ReadStore {
+    fn linear(
         &mut self,
         engine: &Engine,
         name: &str,
         n: usize,
         k: usize,
         format: WeightFormat,
-    ) -> Result<ConvertedWeights, BackendError> {
+        opts: LinearOptions,
+        _rows: &mut Rows<'_>,
+    ) -> Result<Linear, BackendError> {
         let Some(e) = self.reader.entry(name) else {
             return Err(self.fail(Invalid::Stale(format!("it has no {name}"))));
         };
@@ -251,54 +267,90 @@ impl CacheRead {
             );
             return Err(self.fail(Invalid::Stale(why)));
         }
-        let mut w = engine.converted_zeroed(n, k, format)?;
-        if w.padded() != (e.n_pad as usize, e.k_pad as usize) {
-            let why = format!(
-                "{name} is padded to {}×{}, this engine pads to {:?}",
-                e.n_pad,
-                e.k_pad,
-                w.padded()
-            );
-            return Err(self.fail(Invalid::Stale(why)));
-        }
-        let e = e.clone();
-        match self.reader.read_into(&e, &mut w) {
-            Ok(()) => Ok(w),
-            Err(inv) => Err(self.fail(inv)),
-        }
+        let section = match self.reader.section(e) {
+            Ok(s) => s,
+            Err(why) => return Err(self.fail(why)),
+        };
+        // Lengths and padding are the engine's to check: a file padded for another chip is
+        // refused there, as stale.
+        engine
+            .linear_from_bytes(n, k, format, opts, Arc::new(section))
+            .map_err(|err| match err {
+                rknn_matmul::Error::Length { .. } => {
+                    self.fail(Invalid::Stale(format!("{name}: {err}")))
+                }
+                other => Box::new(other) as BackendError,
+            })
     }
 
-    fn fail(&mut self, why: Invalid) -> BackendError {
-        self.failed.get_or_insert(why.clone());
-        Box::new(why)
-    }
+    fn finish(&mut self) {}
 }
 
-/// Writing: the file being written (none once writing failed), and why it failed.
-pub(super) struct CacheWrite {
+/// Converts every linear into a new cache file as it goes, and places it from there.
+struct WriteStore {
     writer: Option<Writer>,
-    failed: Option<String>,
-    written: Option<PathBuf>,
+    report: Shared,
 }
 
-impl CacheWrite {
-    /// Appends linear `name`; a failure stops writing (the load goes on converting).
-    pub(super) fn add(&mut self, name: &str, w: &ConvertedWeights) {
-        if let Some(wr) = &mut self.writer {
-            if let Err(e) = wr.add(name, w) {
-                self.failed.get_or_insert(e.to_string());
-                self.writer = None;
+impl WeightStore for WriteStore {
+    fn linear(
+        &mut self,
+        engine: &Engine,
+        name: &str,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        opts: LinearOptions,
+        rows: &mut Rows<'_>,
+    ) -> Result<Linear, BackendError> {
+        if let Some(w) = &mut self.writer {
+            let mut io: Option<std::io::Error> = None;
+            let mut written = || -> Result<Section, BackendError> {
+                let mut p = w.begin(name, format, n, k).map_err(|e| {
+                    io = Some(std::io::Error::new(e.kind(), e.to_string()));
+                    Box::new(e) as BackendError
+                })?;
+                let padded = engine.convert_to(
+                    n,
+                    k,
+                    format,
+                    opts.rotation.as_ref(),
+                    &mut *rows,
+                    |_, values, scales| {
+                        p.rows(w, values, scales).map_err(|e| {
+                            io = Some(std::io::Error::new(e.kind(), e.to_string()));
+                            Box::new(e) as BackendError
+                        })
+                    },
+                )?;
+                w.end(p, padded).map_err(|e| {
+                    io = Some(std::io::Error::new(e.kind(), e.to_string()));
+                    Box::new(e) as BackendError
+                })
+            };
+            match written() {
+                Ok(section) => {
+                    return Ok(engine.linear_from_bytes(n, k, format, opts, Arc::new(section))?);
+                }
+                Err(e) if io.is_none() => return Err(e),
+                Err(_) => {
+                    let why = io.map_or_else(String::new, |e| e.to_string());
+                    lock(&self.report).write_failed.get_or_insert(why);
+                    self.writer = None;
+                }
             }
         }
+        engine.linear_from_rows(n, k, format, opts, rows)
     }
 
-    /// Finishes the file.
-    pub(super) fn commit(&mut self) {
-        if let Some(wr) = self.writer.take() {
-            match wr.commit() {
-                Ok(p) => self.written = Some(p),
+    fn finish(&mut self) {
+        if let Some(w) = self.writer.take() {
+            let done = w.commit();
+            let mut r = lock(&self.report);
+            match done {
+                Ok(p) => r.written = Some(p),
                 Err(e) => {
-                    self.failed.get_or_insert(e.to_string());
+                    r.write_failed.get_or_insert(e.to_string());
                 }
             }
         }
@@ -329,17 +381,17 @@ impl Model {
         if at.exists() {
             match Reader::open(&at, &text) {
                 Ok(reader) => {
-                    let read = CacheIo::Read(CacheRead {
+                    let report = Shared::default();
+                    let store = ReadStore {
                         reader,
-                        failed: None,
-                    });
-                    let mut factory = EngineFactory::with_cache(engine.clone(), opts, read);
-                    let loaded = Model::load(file, &mut factory, pool.clone(), progress);
-                    let failed = match factory.into_cache() {
-                        Some(CacheIo::Read(r)) => r.failed,
-                        _ => None,
+                        report: report.clone(),
                     };
-                    match (loaded, failed) {
+                    let mut factory =
+                        EngineFactory::with_store(engine.clone(), opts, Box::new(store));
+                    let loaded = Model::load(file, &mut factory, pool.clone(), progress);
+                    drop(factory);
+                    let invalid = lock(&report).invalid.take();
+                    match (loaded, invalid) {
                         (Ok(model), _) => {
                             mark_used(&at);
                             return Ok((model, CacheOutcome::Hit(at)));
@@ -351,23 +403,23 @@ impl Model {
                 Err(why) => stale = Some(why),
             }
         }
-        let (writer, failed) = match Writer::create(&at, &text) {
-            Ok(w) => (Some(w), None),
-            Err(e) => (None, Some(e.to_string())),
+        let report = Shared::default();
+        let writer = match Writer::create(&at, &text) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                lock(&report).write_failed = Some(e.to_string());
+                None
+            }
         };
-        let write = CacheIo::Write(CacheWrite {
+        let store = WriteStore {
             writer,
-            failed,
-            written: None,
-        });
-        let mut factory = EngineFactory::with_cache(engine, opts, write);
-        let model = Model::load(file, &mut factory, pool, progress)?;
-        let Some(CacheIo::Write(w)) = factory.into_cache() else {
-            return Err(ModelError::Unsupported {
-                what: "a weight cache the factory did not keep".into(),
-            });
+            report: report.clone(),
         };
-        let outcome = match (w.written, w.failed, stale) {
+        let mut factory = EngineFactory::with_store(engine, opts, Box::new(store));
+        let model = Model::load(file, &mut factory, pool, progress)?;
+        drop(factory);
+        let r = std::mem::take(&mut *lock(&report));
+        let outcome = match (r.written, r.write_failed, stale) {
             (Some(p), _, None) => CacheOutcome::Written(p),
             (Some(p), _, Some(reason)) => CacheOutcome::Rebuilt { path: p, reason },
             (None, reason, _) => CacheOutcome::NotWritten {
