@@ -35,6 +35,16 @@
 //! Layout (native or normal B) and quantisation granularity do not appear: the field measured
 //! no difference between them. The f16 and int4 rates are not calibrated (no field figure
 //! exists); their peaks are assumptions, marked as such in [`RK3588`].
+//!
+//! # Whole decoders
+//!
+//! [`CostModel::decoder_pass`] costs every linear of a decoder ([`DecoderShape`]: the
+//! campaign's 9B stand-in [`CAMPAIGN_9B`], and the public shapes [`QWEN2_0_5B`],
+//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`]) term by term ([`NpuTerms`]);
+//! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
+//! prefill rates and the time to the first token. The calibration is frozen: the constants
+//! are those of the table in `docs/npu-matmul-performance.md`, and a test fails when one
+//! changes.
 
 use std::time::Duration;
 
@@ -199,9 +209,11 @@ impl CostModel {
         let mut total = PassCost::default();
         let mut linear = |n: usize, k: usize, m: usize, count: usize| {
             let one = self.linear(n, k, m, cores, t);
-            total.npu_s += count as f64 * one.npu_s;
+            let c = count as f64;
+            total.npu_s += c * one.npu_s;
             total.runs_per_core += count as u64 * one.runs_per_core;
-            total.weight_bytes += count as f64 * one.weight_bytes;
+            total.weight_bytes += c * one.weight_bytes;
+            total.terms.add(&one.terms, c);
         };
         for (n, k) in d.layer_linears() {
             linear(n, k, rows, d.layers);
@@ -230,11 +242,30 @@ impl CostModel {
             t,
             busy_cores: cores,
         });
+        // The run's time past its fixed cost, given to the term that set it; a memory-bound
+        // body is shared between B (the weights, streamed `passes` times) and A and C by bytes.
+        let body = one.total_s - one.call_s;
+        let b_bytes = one.passes as f64 * (ks * shard) as f64 * t.b.bits() as f64 / 8.0;
+        let mut terms = NpuTerms {
+            call_s: one.call_s,
+            ..NpuTerms::default()
+        };
+        match one.bound {
+            Bound::Memory => {
+                terms.weights_s = body * b_bytes / one.bytes;
+                terms.activations_s = body - terms.weights_s;
+            }
+            Bound::Compute => terms.compute_s = body,
+            Bound::KCliff => terms.k_cliff_s = body,
+        }
+        let mut total = NpuTerms::default();
+        total.add(&terms, segs as f64);
         PassCost {
             // Every core runs its shard at once: the linear takes as long as one shard.
             npu_s: segs as f64 * one.total_s,
             runs_per_core: segs as u64,
             weight_bytes: (k * n) as f64 * t.b.bits() as f64 / 8.0,
+            terms: total,
         }
     }
 }
@@ -309,7 +340,8 @@ impl RunCost {
     }
 }
 
-/// The modelled NPU cost of one forward pass ([`CostModel::decoder_pass`]).
+/// The modelled NPU cost of one forward pass ([`CostModel::decoder_pass`]) or of one linear
+/// ([`CostModel::linear`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PassCost {
     /// NPU time of the pass, seconds (the cores run their shards at once).
@@ -318,6 +350,56 @@ pub struct PassCost {
     pub runs_per_core: u64,
     /// Weight bytes of the linears.
     pub weight_bytes: f64,
+    /// `npu_s` term by term (the terms add up to it).
+    pub terms: NpuTerms,
+}
+
+/// Modelled NPU time split by what set it, seconds. Each run's fixed cost is `call_s`; the
+/// rest of the run goes to the term that bound it ([`Bound`]), a memory-bound run's shared
+/// between the weights (B) and the activations (A and C) in proportion to their bytes. K
+/// segments have no term of their own: each segment is one more run (its fixed cost) and
+/// one more C written (activations).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NpuTerms {
+    /// The fixed cost of every run.
+    pub call_s: f64,
+    /// Streaming the weights (B) in memory-bound runs.
+    pub weights_s: f64,
+    /// Moving A and C in memory-bound runs.
+    pub activations_s: f64,
+    /// Compute-bound runs.
+    pub compute_s: f64,
+    /// Runs with K above the chip's segment (none when the linears are split as the engine
+    /// splits them).
+    pub k_cliff_s: f64,
+}
+
+impl NpuTerms {
+    /// Adds `times` × `other`.
+    pub fn add(&mut self, other: &NpuTerms, times: f64) {
+        self.call_s += times * other.call_s;
+        self.weights_s += times * other.weights_s;
+        self.activations_s += times * other.activations_s;
+        self.compute_s += times * other.compute_s;
+        self.k_cliff_s += times * other.k_cliff_s;
+    }
+
+    /// The terms with their names: "per-run fixed cost", "weight reads", "activations (A, C)",
+    /// "compute", "K cliff".
+    pub fn named(&self) -> [(&'static str, f64); 5] {
+        [
+            ("per-run fixed cost", self.call_s),
+            ("weight reads", self.weights_s),
+            ("activations (A, C)", self.activations_s),
+            ("compute", self.compute_s),
+            ("K cliff", self.k_cliff_s),
+        ]
+    }
+
+    /// The sum of the terms.
+    pub fn total(&self) -> f64 {
+        self.named().iter().map(|(_, s)| s).sum()
+    }
 }
 
 /// The linear layers of a llama-style decoder, for [`CostModel::decoder_pass`].
@@ -337,6 +419,10 @@ pub struct DecoderShape {
     pub kv_dim: usize,
     /// Vocabulary (N of the output projection).
     pub vocab: usize,
+    /// The output projection is the token embedding (`tie_word_embeddings`): the model holds
+    /// one vocab × hidden matrix instead of two. Every decoded token still reads it whole, as
+    /// the output projection; only the model's size changes.
+    pub tied_embeddings: bool,
 }
 
 impl DecoderShape {
@@ -354,10 +440,33 @@ impl DecoderShape {
         ]
     }
 
-    /// Weights of all linears, the output projection included.
+    /// Weights of all linears, the output projection included: what the NPU reads per decoded
+    /// token.
     pub fn weights(&self) -> u64 {
         let block: usize = self.layer_linears().iter().map(|(n, k)| n * k).sum();
         (self.layers * block + self.vocab * self.hidden) as u64
+    }
+
+    /// Weights of every matrix the model holds: [`DecoderShape::weights`], and the token
+    /// embedding unless it is the output projection ([`DecoderShape::tied_embeddings`]). Norms
+    /// and biases are not counted.
+    pub fn parameters(&self) -> u64 {
+        let embedding = if self.tied_embeddings {
+            0
+        } else {
+            self.vocab * self.hidden
+        };
+        self.weights() + embedding as u64
+    }
+
+    /// Activation elements a pass over `rows` rows moves between the host and the NPU: every
+    /// linear's input (rows × K, quantised and packed by the host) and output (rows × N,
+    /// collected by it), the output projection's over `head_rows` rows. What the host glue of
+    /// [`host::prefill_s`] scales with.
+    pub fn activations(&self, rows: usize, head_rows: usize) -> f64 {
+        let block: usize = self.layer_linears().iter().map(|(n, k)| n + k).sum();
+        let head = self.vocab + self.hidden;
+        (rows * self.layers * block + head_rows * head) as f64
     }
 }
 
@@ -374,12 +483,74 @@ pub const CAMPAIGN_9B: DecoderShape = DecoderShape {
     q_dim: 4096,
     kv_dim: 1024,
     vocab: 151_936,
+    // Not published; the bytes a token reads do not depend on it.
+    tied_embeddings: false,
+};
+
+/// Qwen2-0.5B, from its `config.json`: hidden 896, 24 layers, 14 heads and 2 key/value heads
+/// of 64, intermediate 4864, vocabulary 151 936, tied embeddings (494.0 M parameters).
+pub const QWEN2_0_5B: DecoderShape = DecoderShape {
+    name: "Qwen2-0.5B",
+    layers: 24,
+    hidden: 896,
+    n_ff: 4864,
+    q_dim: 14 * 64,
+    kv_dim: 2 * 64,
+    vocab: 151_936,
+    tied_embeddings: true,
+};
+
+/// TinyLlama-1.1B (`TinyLlama-1.1B-Chat-v1.0`), from its `config.json`: hidden 2048, 22
+/// layers, 32 heads and 4 key/value heads of 64, intermediate 5632, vocabulary 32 000, separate
+/// embedding and output projection (1.10 G parameters).
+pub const TINYLLAMA_1_1B: DecoderShape = DecoderShape {
+    name: "TinyLlama-1.1B",
+    layers: 22,
+    hidden: 2048,
+    n_ff: 5632,
+    q_dim: 32 * 64,
+    kv_dim: 4 * 64,
+    vocab: 32_000,
+    tied_embeddings: false,
+};
+
+/// Qwen2.5-1.5B, from its `config.json`: hidden 1536, 28 layers, 12 heads and 2 key/value heads
+/// of 128, intermediate 8960 (above RK3588's 8192-row K segment: the down projection runs in
+/// two segments), vocabulary 151 936, tied embeddings (1.54 G parameters).
+pub const QWEN2_5_1_5B: DecoderShape = DecoderShape {
+    name: "Qwen2.5-1.5B",
+    layers: 28,
+    hidden: 1536,
+    n_ff: 8960,
+    q_dim: 12 * 128,
+    kv_dim: 2 * 128,
+    vocab: 151_936,
+    tied_embeddings: true,
+};
+
+/// Llama-3-8B (`Meta-Llama-3-8B`), from its `config.json`: hidden 4096, 32 layers, 32 heads
+/// and 8 key/value heads of 128, intermediate 14336 (two K segments for the down projection),
+/// vocabulary 128 256, separate embedding and output projection (8.03 G parameters).
+pub const LLAMA3_8B: DecoderShape = DecoderShape {
+    name: "Llama-3-8B",
+    layers: 32,
+    hidden: 4096,
+    n_ff: 14336,
+    q_dim: 32 * 128,
+    kv_dim: 8 * 128,
+    vocab: 128_256,
+    tied_embeddings: false,
 };
 
 /// Host time around the NPU in the campaign's LLM runs, which the NPU model does not describe.
-/// Every number is derived from the campaign's own measurements; the derivations are in
-/// `docs/npu-matmul-performance.md`.
+/// Every number is derived from the campaign's own measurements (its 9B Q8_0 model, E5 build,
+/// four host threads); the derivations are in `docs/npu-matmul-performance.md`. How host time
+/// scales to other shapes is an assumption, one per phase: decode keeps the campaign's share
+/// of the token ([`host::decode_s`]), prefill scales with the activations the host quantises
+/// and collects ([`host::prefill_s`]).
 pub mod host {
+    use super::{CAMPAIGN_9B, DecoderShape};
+
     /// Share of decode time outside `rknn_matmul_run`: 7.8 % (the campaign's instrumented
     /// decode: prepare A, run, collect C).
     pub const DECODE_SHARE: f64 = 0.078;
@@ -389,39 +560,110 @@ pub mod host {
     /// Host seconds per decoded token in the build of the core-scaling runs: 7.8 % of the
     /// one-core token (1 / 0.89 tok/s).
     pub const DECODE_SCALING_BUILD_S: f64 = 0.078 / 0.89;
+    /// Decode speed-up from pinning the host threads to the four Cortex-A76 cores: +12.8 %
+    /// (the campaign's tg128, same binary: 3.35 tok/s pinned against 2.97 unpinned). An
+    /// end-to-end ratio, applied to the whole decode rate: the pinned token (0.299 s) is
+    /// shorter than the model's NPU time alone (0.311 s), so no speed-up of the host share
+    /// alone reproduces it.
+    pub const A76_PINNED_DECODE_SPEEDUP: f64 = 1.128;
+    /// Prefill speed-up from the same pinning: +18.9 % (pp512: 51.37 tok/s pinned against
+    /// 43.22 unpinned). An end-to-end ratio, applied to the whole prefill rate.
+    pub const A76_PINNED_PREFILL_SPEEDUP: f64 = 1.189;
+
+    /// Host seconds around a decoded token whose NPU time is `npu_s`: the campaign's share,
+    /// `npu_s · DECODE_SHARE / (1 − DECODE_SHARE)`. It scales with the NPU time, so it never
+    /// dominates a token.
+    pub fn decode_s(npu_s: f64) -> f64 {
+        npu_s * DECODE_SHARE / (1.0 - DECODE_SHARE)
+    }
+
+    /// Host seconds around a prefill pass of `rows` tokens of `d` (the output projection over
+    /// the last row): [`PREFILL_512_S`] per the activations of the campaign's 512-token pass
+    /// ([`DecoderShape::activations`] of [`CAMPAIGN_9B`]), times this pass's. The campaign's
+    /// host phases are quantising and packing A and collecting C, both per element; for the
+    /// 9B at 512 rows this is [`PREFILL_512_S`] itself (3.6 ns per element).
+    pub fn prefill_s(d: &DecoderShape, rows: usize) -> f64 {
+        PREFILL_512_S * (d.activations(rows, 1) / CAMPAIGN_9B.activations(512, 1))
+    }
 }
 
-/// The model's prediction for the campaign's 9B Q8_0 model on RK3588 (three cores, W8A8).
+/// The model's prediction for a decoder on RK3588 (three cores, W8A8), for the campaign's 9B
+/// ([`CostModel::predict_llm`]) or any shape and prompt ([`CostModel::predict_llm_prompt`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LlmPrediction {
+    /// Tokens of the prefill pass (512 for [`CostModel::predict_llm`]).
+    pub prompt: usize,
+    /// The NPU cost of one decoded token, term by term.
+    pub decode: PassCost,
+    /// The NPU cost of the prefill pass, term by term (the output projection over its last
+    /// row).
+    pub prefill: PassCost,
     /// NPU seconds per decoded token.
     pub decode_npu_s: f64,
+    /// Host seconds per decoded token ([`host::decode_s`]).
+    pub decode_host_s: f64,
     /// Decode tokens per second if the NPU were all there is.
     pub decode_npu_only_tok_s: f64,
     /// Decode tokens per second with the campaign's host share ([`host::DECODE_SHARE`]).
     pub decode_tok_s: f64,
-    /// NPU seconds per 512-token prefill pass.
+    /// Decode tokens per second with the host threads pinned to the A76 cores
+    /// ([`host::A76_PINNED_DECODE_SPEEDUP`]).
+    pub decode_pinned_tok_s: f64,
+    /// NPU seconds of the prefill pass.
     pub prefill_npu_s: f64,
+    /// Host seconds of the prefill pass ([`host::prefill_s`]).
+    pub prefill_host_s: f64,
     /// Prefill tokens per second if the NPU were all there is.
     pub prefill_npu_only_tok_s: f64,
-    /// Prefill tokens per second with the campaign's host time ([`host::PREFILL_512_S`]).
+    /// Prefill tokens per second with the host time ([`host::prefill_s`]).
     pub prefill_tok_s: f64,
+    /// Prefill tokens per second with the host threads pinned to the A76 cores
+    /// ([`host::A76_PINNED_PREFILL_SPEEDUP`]).
+    pub prefill_pinned_tok_s: f64,
+}
+
+impl LlmPrediction {
+    /// Time to the first token, seconds: the prefill pass, NPU and host. The first token comes
+    /// out of the prefill's logits (of the last prompt row), so no decode step is added.
+    pub fn ttft_s(&self) -> f64 {
+        self.prefill_npu_s + self.prefill_host_s
+    }
+
+    /// Time to the first token with the host threads pinned to the A76 cores.
+    pub fn ttft_pinned_s(&self) -> f64 {
+        self.prompt as f64 / self.prefill_pinned_tok_s
+    }
 }
 
 impl CostModel {
     /// The prediction for a decoder run W8A8 on all cores: decode at M = 1, prefill of 512
     /// tokens, with the campaign's host time added for the end-to-end figures.
     pub fn predict_llm(&self, d: &DecoderShape) -> LlmPrediction {
+        self.predict_llm_prompt(d, 512)
+    }
+
+    /// [`CostModel::predict_llm`] with a prefill of `prompt` tokens.
+    pub fn predict_llm_prompt(&self, d: &DecoderShape, prompt: usize) -> LlmPrediction {
         let t = MatmulType::I8_I8_I32;
-        let decode = self.decoder_pass(d, 1, 1, self.cores, t).npu_s;
-        let prefill = self.decoder_pass(d, 512, 1, self.cores, t).npu_s;
+        let decode = self.decoder_pass(d, 1, 1, self.cores, t);
+        let prefill = self.decoder_pass(d, prompt, 1, self.cores, t);
+        let (dn, pn) = (decode.npu_s, prefill.npu_s);
+        let (dh, ph) = (host::decode_s(dn), host::prefill_s(d, prompt));
+        let rows = prompt as f64;
         LlmPrediction {
-            decode_npu_s: decode,
-            decode_npu_only_tok_s: 1.0 / decode,
-            decode_tok_s: (1.0 - host::DECODE_SHARE) / decode,
-            prefill_npu_s: prefill,
-            prefill_npu_only_tok_s: 512.0 / prefill,
-            prefill_tok_s: 512.0 / (prefill + host::PREFILL_512_S),
+            prompt,
+            decode,
+            prefill,
+            decode_npu_s: dn,
+            decode_host_s: dh,
+            decode_npu_only_tok_s: 1.0 / dn,
+            decode_tok_s: 1.0 / (dn + dh),
+            decode_pinned_tok_s: host::A76_PINNED_DECODE_SPEEDUP / (dn + dh),
+            prefill_npu_s: pn,
+            prefill_host_s: ph,
+            prefill_npu_only_tok_s: rows / pn,
+            prefill_tok_s: rows / (pn + ph),
+            prefill_pinned_tok_s: host::A76_PINNED_PREFILL_SPEEDUP * rows / (pn + ph),
         }
     }
 }
@@ -462,7 +704,7 @@ pub fn calibration(model: &CostModel) -> Vec<CalibrationPoint> {
     const PEAK: &str = "campaign mm_peak (librknnrt 2.3.2, NPU 1.0 GHz), fact sheet §9";
     const CONC: &str = "campaign mm_concurrent (times creation too), fact sheet §9";
     const E5: &str = "campaign results table, E5 build (llama-bench, 4 threads)";
-    const PIN: &str = "campaign thread pinning, A76 cores (host time scaled as E5's)";
+    const PIN: &str = "campaign thread pinning, A76 cores (E5 prediction × pinned speed-up)";
     const SCALE: &str = "campaign NPU core scaling (Amdahl-matched build)";
     let i8 = MatmulType::I8_I8_I32;
     let tops = |m: usize, k: usize, n: usize, busy: usize| {
@@ -564,13 +806,19 @@ pub fn calibration(model: &CostModel) -> Vec<CalibrationPoint> {
             42.1,
             p.prefill_tok_s,
         ),
-        pt("9B Q8_0 decode, pinned", PIN, "tok/s", 3.35, p.decode_tok_s),
+        pt(
+            "9B Q8_0 decode, pinned",
+            PIN,
+            "tok/s",
+            3.35,
+            p.decode_pinned_tok_s,
+        ),
         pt(
             "9B Q8_0 prefill, pinned",
             PIN,
             "tok/s",
             51.37,
-            p.prefill_tok_s,
+            p.prefill_pinned_tok_s,
         ),
         scaling(pt(
             "9B Q8_0 prefill, one NPU core",

@@ -49,6 +49,84 @@ fn every_calibration_point_is_within_its_tolerance() {
 }
 
 #[test]
+fn the_calibration_is_frozen() {
+    // Frozen calibration: changing it needs a re-validation against the table in
+    // docs/npu-matmul-performance.md. (An exhaustive literal: a new field fails to compile
+    // here until it is frozen too.)
+    let frozen = CostModel {
+        platform: Platform::Rk3588,
+        call_s: 50e-6,
+        peak_i8: 2.0e12,
+        peak_f16: 1.0e12,
+        peak_i4: 4.0e12,
+        a_block_bytes: 131_072.0,
+        core_bw: 11.2e9,
+        ddr_bw: 30.3e9,
+        k_segment: Some(8192),
+        cliff_ops: 21.5e9,
+        cores: 3,
+    };
+    assert_eq!(RK3588, frozen);
+    // Frozen calibration: changing it needs a re-validation against the table in
+    // docs/npu-matmul-performance.md.
+    assert_eq!(cost::host::DECODE_SHARE, 0.078);
+    assert_eq!(cost::host::PREFILL_512_S, 0.203 * 512.0 / 18.28);
+    assert_eq!(cost::host::DECODE_SCALING_BUILD_S, 0.078 / 0.89);
+    assert_eq!(cost::host::A76_PINNED_DECODE_SPEEDUP, 1.128);
+    assert_eq!(cost::host::A76_PINNED_PREFILL_SPEEDUP, 1.189);
+    // Frozen calibration: the 9B stand-in the decode bandwidth was fitted with.
+    let d = CAMPAIGN_9B;
+    assert_eq!(
+        (d.layers, d.hidden, d.n_ff, d.q_dim, d.kv_dim, d.vocab),
+        (36, 4096, 15360, 4096, 1024, 151_936)
+    );
+}
+
+#[test]
+fn the_seeds_board_figures_are_reproduced_without_refitting() {
+    // The campaign's measured figures, each against the calibrated model as it stands.
+    let within = |what: &str, modelled: f64, measured: f64| {
+        let error = (modelled - measured) / measured;
+        println!(
+            "{what:<40} measured {measured:>7.3} modelled {modelled:>7.3} error {:+5.1} %",
+            100.0 * error
+        );
+        assert!(
+            error.abs() <= TOLERANCE,
+            "{what}: {modelled} against {measured}"
+        );
+    };
+    let p = RK3588.predict_llm(&CAMPAIGN_9B);
+    within("9B Q8_0 tg128, unpinned", p.decode_tok_s, 2.98);
+    within("9B Q8_0 tg128, A76-pinned", p.decode_pinned_tok_s, 3.35);
+    within("9B Q8_0 pp512, unpinned", p.prefill_tok_s, 42.1);
+    within("9B Q8_0 pp512, A76-pinned", p.prefill_pinned_tok_s, 51.37);
+    let t = MatmulType::I8_I8_I32;
+    within(
+        "i8 4096³, one core (TOPS)",
+        run(4096, 4096, 4096, t, 1).tops(),
+        0.69,
+    );
+    within(
+        "i8 4096³, three cores (TOPS)",
+        3.0 * run(4096, 4096, 4096, t, 3).tops(),
+        1.83,
+    );
+    let cliff = run(512, 15360, 4096, t, 1);
+    within("K = 15360 cliff (TOPS)", cliff.tops(), 0.02);
+    within(
+        "K = 15360 over 4096³ run time (×)",
+        cliff.total_s / run(4096, 4096, 4096, t, 1).total_s,
+        14.0,
+    );
+    // Pinning only ever speeds things up, and the host part of the 9B's prefill is the
+    // campaign's measured host time itself.
+    assert!(p.decode_pinned_tok_s > p.decode_tok_s && p.prefill_pinned_tok_s > p.prefill_tok_s);
+    assert_eq!(p.prefill_host_s, cost::host::PREFILL_512_S);
+    assert_eq!(p.prompt, 512);
+}
+
+#[test]
 fn the_field_figures_come_out_of_the_formula() {
     // i8 4096³ on one core, worked by hand from the documented formula: 32 rows of 4096 bytes
     // fill the 128 KiB block, so B (16 MiB) streams 128 times; A (16 MiB) and C (64 MiB of

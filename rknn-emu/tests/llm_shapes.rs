@@ -1,0 +1,231 @@
+//! Structural facts the cost model must get right for the public decoder shapes it is compared
+//! with RKLLM on (docs/npu-matmul-performance.md, "The RKLLM table"): no predicted figure is
+//! asserted here, only what follows from the shapes and the model's own rules.
+
+use rknn_chip::MatmulType;
+use rknn_emu::cost::{
+    self, CAMPAIGN_9B, DecoderShape, LLAMA3_8B, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, TINYLLAMA_1_1B,
+};
+
+/// A model's `config.json` values, as published.
+struct Config {
+    shape: DecoderShape,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    n_ff: usize,
+    vocab: usize,
+    tied: bool,
+    /// q, k and v biases (Qwen2).
+    qkv_bias: bool,
+    /// The parameter count of the published checkpoint (its safetensors index).
+    parameters: u64,
+}
+
+const CONFIGS: [Config; 4] = [
+    Config {
+        shape: QWEN2_0_5B,
+        hidden: 896,
+        layers: 24,
+        heads: 14,
+        kv_heads: 2,
+        head_dim: 64,
+        n_ff: 4864,
+        vocab: 151_936,
+        tied: true,
+        qkv_bias: true,
+        parameters: 494_032_768,
+    },
+    Config {
+        shape: TINYLLAMA_1_1B,
+        hidden: 2048,
+        layers: 22,
+        heads: 32,
+        kv_heads: 4,
+        head_dim: 64,
+        n_ff: 5632,
+        vocab: 32_000,
+        tied: false,
+        qkv_bias: false,
+        parameters: 1_100_048_384,
+    },
+    Config {
+        shape: QWEN2_5_1_5B,
+        hidden: 1536,
+        layers: 28,
+        heads: 12,
+        kv_heads: 2,
+        head_dim: 128,
+        n_ff: 8960,
+        vocab: 151_936,
+        tied: true,
+        qkv_bias: true,
+        parameters: 1_543_714_304,
+    },
+    Config {
+        shape: LLAMA3_8B,
+        hidden: 4096,
+        layers: 32,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        n_ff: 14336,
+        vocab: 128_256,
+        tied: false,
+        qkv_bias: false,
+        parameters: 8_030_261_248,
+    },
+];
+
+const W8A8: MatmulType = MatmulType::I8_I8_I32;
+
+#[test]
+fn the_shapes_are_the_published_configs() {
+    for c in &CONFIGS {
+        let d = &c.shape;
+        let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        assert_eq!(
+            (d.hidden, d.layers, d.n_ff, d.vocab, d.tied_embeddings),
+            (c.hidden, c.layers, c.n_ff, c.vocab, c.tied),
+            "{}",
+            d.name
+        );
+        assert_eq!((d.q_dim, d.kv_dim), (q, kv), "{}", d.name);
+        // The matrices, norms (two per block and the final one) and biases add up to the
+        // published checkpoint's parameter count: the shape is the model, and the embedding is
+        // counted once exactly when it is tied.
+        let bias = if c.qkv_bias { q + 2 * kv } else { 0 };
+        let small = (c.layers * (2 * c.hidden + bias) + c.hidden) as u64;
+        assert_eq!(d.parameters() + small, c.parameters, "{}", d.name);
+    }
+}
+
+#[test]
+fn a_decoded_token_reads_every_matrix_once() {
+    for c in &CONFIGS {
+        let d = &c.shape;
+        let (h, f, q, kv) = (d.hidden, d.n_ff, d.q_dim, d.kv_dim);
+        // q, k, v, o, gate, up, down per block, and the output projection.
+        let block = h * q + 2 * h * kv + q * h + 3 * h * f;
+        let matrices = (d.layers * block + d.vocab * h) as u64;
+        assert_eq!(d.weights(), matrices, "{}", d.name);
+        let pass = RK3588.decoder_pass(d, 1, 1, 3, W8A8);
+        // W8A8: one byte per weight, whatever the padding of the shards.
+        assert_eq!(pass.weight_bytes, matrices as f64, "{}", d.name);
+        // A tied model reads its embedding as the output projection: everything it holds
+        // streams per token. An untied one holds an embedding the NPU never reads (a row
+        // lookup on the host).
+        let embedding = (d.vocab * h) as u64;
+        if d.tied_embeddings {
+            assert_eq!(d.parameters(), d.weights(), "{}", d.name);
+        } else {
+            assert_eq!(d.parameters(), d.weights() + embedding, "{}", d.name);
+        }
+        // The model streams at least the weights once per token: the weight-read term is no
+        // less than the bytes at the DDR rate (shards are padded, never trimmed).
+        assert!(
+            pass.terms.weights_s >= pass.weight_bytes / RK3588.ddr_bw,
+            "{}",
+            d.name
+        );
+    }
+}
+
+#[test]
+fn runs_per_token_follow_the_k_segments() {
+    let seg = RK3588.k_segment.expect("RK3588 splits K");
+    for c in &CONFIGS {
+        let d = &c.shape;
+        // 7 linears per block, the down projection in ceil(n_ff / segment) runs, and the head.
+        let down = d.n_ff.div_ceil(seg) as u64;
+        let want = d.layers as u64 * (6 + down) + 1;
+        let pass = RK3588.decoder_pass(d, 1, 1, 3, W8A8);
+        assert_eq!(pass.runs_per_core, want, "{}", d.name);
+        // Every run pays the fixed cost once, and nothing falls off the K cliff.
+        let fixed = want as f64 * RK3588.call_s;
+        assert!(
+            (pass.terms.call_s - fixed).abs() <= 1e-12 * fixed,
+            "{}",
+            d.name
+        );
+        assert_eq!(pass.terms.k_cliff_s, 0.0, "{}", d.name);
+        // The terms add up to the pass.
+        let (a, b) = (pass.terms.total(), pass.npu_s);
+        assert!((a - b).abs() <= 1e-9 * b, "{}: {a} vs {b}", d.name);
+    }
+    // Qwen2.5-1.5B's and Llama-3-8B's down projections (K = 8960, 14336) are the ones split.
+    let split: Vec<_> = CONFIGS
+        .iter()
+        .filter(|c| c.n_ff > seg)
+        .map(|c| c.shape.name)
+        .collect();
+    assert_eq!(split, ["Qwen2.5-1.5B", "Llama-3-8B"]);
+}
+
+#[test]
+fn predictions_are_finite_and_ordered_by_size() {
+    let mut shapes: Vec<DecoderShape> = CONFIGS.iter().map(|c| c.shape).collect();
+    shapes.push(CAMPAIGN_9B);
+    shapes.sort_by_key(|d| d.weights());
+    let at = |d: &DecoderShape| RK3588.predict_llm_prompt(d, 128);
+    for pair in shapes.windows(2) {
+        let (small, big) = (at(&pair[0]), at(&pair[1]));
+        let names = (pair[0].name, pair[1].name);
+        // More weights per token: slower decode, longer time to the first token.
+        assert!(big.decode_tok_s < small.decode_tok_s, "{names:?}");
+        assert!(big.ttft_s() > small.ttft_s(), "{names:?}");
+        assert!(big.decode_npu_s > small.decode_npu_s, "{names:?}");
+    }
+    for d in &shapes {
+        for prompt in [1, 64, 128, 512] {
+            let p = RK3588.predict_llm_prompt(d, prompt);
+            let all = [
+                p.decode_npu_s,
+                p.decode_host_s,
+                p.decode_tok_s,
+                p.decode_pinned_tok_s,
+                p.prefill_npu_s,
+                p.prefill_host_s,
+                p.prefill_tok_s,
+                p.prefill_pinned_tok_s,
+                p.ttft_s(),
+                p.ttft_pinned_s(),
+            ];
+            assert!(all.iter().all(|x| x.is_finite() && *x > 0.0), "{p:?}");
+            // Host time only adds; pinning only removes; TTFT is the prefill pass, no decode
+            // step (the first token is the prefill's last row's).
+            assert!(p.decode_tok_s < p.decode_npu_only_tok_s);
+            assert!(p.prefill_tok_s < p.prefill_npu_only_tok_s);
+            assert!(p.ttft_pinned_s() < p.ttft_s());
+            let pass = RK3588.decoder_pass(d, prompt, 1, 3, W8A8);
+            assert_eq!(p.prefill, pass);
+            assert_eq!(p.ttft_s(), pass.npu_s + p.prefill_host_s);
+            assert_eq!(p.prefill_tok_s, prompt as f64 / p.ttft_s());
+        }
+    }
+}
+
+#[test]
+fn host_glue_scales_with_the_activations() {
+    let h = |d: &DecoderShape, rows| cost::host::prefill_s(d, rows);
+    // The campaign's own pass is its measured host time.
+    assert_eq!(h(&CAMPAIGN_9B, 512), cost::host::PREFILL_512_S);
+    for c in &CONFIGS {
+        let d = &c.shape;
+        // Twice the rows, twice the block activations (the head runs one row either way).
+        let head = (d.vocab + d.hidden) as f64;
+        assert_eq!(
+            d.activations(256, 1) - head,
+            2.0 * (d.activations(128, 1) - head)
+        );
+        assert!(h(d, 256) > h(d, 128) && h(d, 256) < 2.0 * h(d, 128) + 1e-12);
+        // Per row, a smaller hidden size moves fewer activations than the campaign's 9B.
+        assert!(h(d, 512) < cost::host::PREFILL_512_S, "{}", d.name);
+    }
+    // Decode host time is the campaign's share of the token.
+    let p = RK3588.predict_llm_prompt(&QWEN2_0_5B, 128);
+    let share = p.decode_host_s / (p.decode_host_s + p.decode_npu_s);
+    assert!((share - cost::host::DECODE_SHARE).abs() < 1e-12);
+}
