@@ -8,11 +8,16 @@
 //! Every "ours" figure is a MODEL (`rknn_emu::cost`, calibrated to the field campaign's 9B),
 //! not a measurement: three NPU cores, W8A8, the NPU at 1 GHz, decode at M = 1, TTFT the
 //! prefill pass of the prompt (the first token comes out of its last row's logits) with the
-//! campaign's host glue, unpinned and with the campaign's A76-pinned speed-up.
+//! campaign's host glue, unpinned and with the campaign's A76-pinned speed-up. The first
+//! columns cost the campaign's layout (the calibrated one); the "engine layout" columns cost
+//! the same shapes laid out as this project's engine lays them out (`Layout::Engine`: fused
+//! qkv and gate-up, contexts of at most 8192 columns, residual activations on the down
+//! projections and the head), with the same per-run cost. A second table splits the engine
+//! layout's TTFT into NPU and host glue, with and without the down projections' residual rows.
 
 use rknn_emu::cost::{
-    DecoderShape, LLAMA3_8B, LlmPrediction, NpuTerms, QWEN2_0_5B, QWEN2_5_1_5B, RK3588,
-    TINYLLAMA_1_1B,
+    DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_8B, Layout, LlmPrediction, NpuTerms,
+    QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
 };
 
 /// A row: the shape, RKLLM's prompt length, and RKLLM's published decode tok/s and TTFT (ms).
@@ -69,13 +74,18 @@ fn dominant(terms: &NpuTerms, host_s: f64) -> String {
 fn main() {
     println!(
         "| model | prompt | decode tok/s: ours (A76-pinned) | RKLLM | TTFT ms: ours (A76-pinned) \
-         | RKLLM | decode: largest terms | TTFT: largest terms | runs per core per token |"
+         | RKLLM | decode: largest terms | TTFT: largest terms | runs per core per token \
+         | engine layout: decode tok/s (A76-pinned) | engine layout: TTFT ms (A76-pinned) \
+         | engine layout: runs per core per token |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|---|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
+    let engine = Layout::Engine(ENGINE_LAYOUT);
     for r in &ROWS {
         let p: LlmPrediction = RK3588.predict_llm_prompt(&r.shape, r.prompt);
+        let e: LlmPrediction = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &engine);
         println!(
-            "| {} | {} | {:.2} ({:.2}) | {:.2} | {:.0} ({:.0}) | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.2} ({:.2}) | {:.2} | {:.0} ({:.0}) | {:.0} | {} | {} | {} \
+             | {:.2} ({:.2}) | {:.0} ({:.0}) | {} |",
             r.shape.name,
             r.prompt,
             p.decode_tok_s,
@@ -87,6 +97,37 @@ fn main() {
             dominant(&p.decode.terms, p.decode_host_s),
             dominant(&p.prefill.terms, p.prefill_host_s),
             p.decode.runs_per_core,
+            e.decode_tok_s,
+            e.decode_pinned_tok_s,
+            1e3 * e.ttft_s(),
+            1e3 * e.ttft_pinned_s(),
+            e.decode.runs_per_core,
+        );
+    }
+    // What the engine layout's TTFT is made of, and what the residual activations of the
+    // down projections add to it (the head's residual row is one row of A per prompt).
+    let head_only = Layout::Engine(EngineLayout {
+        residual: Residual::Output,
+        ..ENGINE_LAYOUT
+    });
+    println!();
+    println!(
+        "| model | engine layout: TTFT ms | NPU ms | host glue ms | residual on the head only: \
+         TTFT ms | NPU ms | host glue ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in &ROWS {
+        let e = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &engine);
+        let h = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &head_only);
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            r.shape.name,
+            1e3 * e.ttft_s(),
+            1e3 * e.prefill_npu_s,
+            1e3 * e.prefill_host_s,
+            1e3 * h.ttft_s(),
+            1e3 * h.prefill_npu_s,
+            1e3 * h.prefill_host_s,
         );
     }
 }

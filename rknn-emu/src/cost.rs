@@ -42,9 +42,12 @@
 //! campaign's 9B stand-in [`CAMPAIGN_9B`], and the public shapes [`QWEN2_0_5B`],
 //! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`]) term by term ([`NpuTerms`]);
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
-//! prefill rates and the time to the first token. The calibration is frozen: the constants
-//! are those of the table in `docs/npu-matmul-performance.md`, and a test fails when one
-//! changes.
+//! prefill rates and the time to the first token. Both cost the campaign's llama.cpp graph,
+//! the calibrated one; [`CostModel::decoder_pass_in`] and [`CostModel::predict_llm_prompt_in`]
+//! cost the same decoder in another [`Layout`]: this project's engine's ([`EngineLayout`]:
+//! fused linears, contexts of at most 8192 columns, residual activations), with the same
+//! per-run cost, nothing refitted. The calibration is frozen: the constants are those of the
+//! table in `docs/npu-matmul-performance.md`, and a test fails when one changes.
 
 use std::time::Duration;
 
@@ -193,8 +196,9 @@ impl CostModel {
         }
     }
 
-    /// The modelled NPU time of one forward pass of a decoder over `rows` rows (tokens), with
-    /// every linear split as the engine splits it: N in `cores` shards (one context per core,
+    /// The modelled NPU time of one forward pass of a decoder over `rows` rows (tokens), in
+    /// the campaign's layout ([`Layout::Campaign`], the calibrated one), every linear split as
+    /// [`CostModel::linear`] splits it: N in `cores` shards (one context per core,
     /// all running at once), K in segments of at most the chip's segment size. The output
     /// projection runs over `head_rows` rows (llama.cpp computes the logits of the last prompt
     /// token only during prefill). Host work (quantisation, attention, sampling) is not in it.
@@ -224,9 +228,11 @@ impl CostModel {
 }
 
 impl CostModel {
-    /// The modelled NPU time of one linear y[M, N] = x[M, K] × W[N, K]ᵀ split as the engine
-    /// splits it: N in `cores` shards aligned to 32 (one context per core, all running at once),
-    /// K in segments of at most the chip's segment size, run one after another on each core.
+    /// The modelled NPU time of one linear y[M, N] = x[M, K] × W[N, K]ᵀ split as the
+    /// campaign's graph splits it: N in `cores` shards aligned to 32 (one context per core, all
+    /// running at once), K in equal segments of at most the chip's segment size, run one after
+    /// another on each core. [`CostModel::engine_linear`] splits it as this project's engine
+    /// does.
     pub fn linear(&self, n: usize, k: usize, m: usize, cores: usize, t: MatmulType) -> PassCost {
         let cores = cores.clamp(1, self.cores.max(1));
         let shard = n.div_ceil(cores).next_multiple_of(32);
@@ -242,22 +248,7 @@ impl CostModel {
             t,
             busy_cores: cores,
         });
-        // The run's time past its fixed cost, given to the term that set it; a memory-bound
-        // body is shared between B (the weights, streamed `passes` times) and A and C by bytes.
-        let body = one.total_s - one.call_s;
-        let b_bytes = one.passes as f64 * (ks * shard) as f64 * t.b.bits() as f64 / 8.0;
-        let mut terms = NpuTerms {
-            call_s: one.call_s,
-            ..NpuTerms::default()
-        };
-        match one.bound {
-            Bound::Memory => {
-                terms.weights_s = body * b_bytes / one.bytes;
-                terms.activations_s = body - terms.weights_s;
-            }
-            Bound::Compute => terms.compute_s = body,
-            Bound::KCliff => terms.k_cliff_s = body,
-        }
+        let terms = NpuTerms::of_run(&one, ks * shard, t);
         let mut total = NpuTerms::default();
         total.add(&terms, segs as f64);
         PassCost {
@@ -268,6 +259,115 @@ impl CostModel {
             terms: total,
         }
     }
+}
+
+impl CostModel {
+    /// [`CostModel::decoder_pass`] with the decoder laid out as `layout` says: the campaign's
+    /// (exactly [`CostModel::decoder_pass`]) or this project's engine's
+    /// ([`EngineLayout::block_linears`] per block and [`EngineLayout::head`] over `head_rows`
+    /// rows, none when it is 0, each costed by [`CostModel::engine_linear`] on `cores` lanes).
+    pub fn decoder_pass_in(
+        &self,
+        d: &DecoderShape,
+        rows: usize,
+        head_rows: usize,
+        cores: usize,
+        t: MatmulType,
+        layout: &Layout,
+    ) -> PassCost {
+        let e = match layout {
+            Layout::Campaign => return self.decoder_pass(d, rows, head_rows, cores, t),
+            Layout::Engine(e) => e,
+        };
+        let mut total = PassCost::default();
+        for l in e.block_linears(d) {
+            total.add(&self.engine_linear(&l, rows, cores, t, e), d.layers as u64);
+        }
+        total.add(&self.engine_linear(&e.head(d), head_rows, cores, t, e), 1);
+        total
+    }
+
+    /// The modelled NPU time of one linear of the engine over `rows` input rows, split as the
+    /// engine's plan splits it (`rknn-matmul/src/engine/plan.rs`): the shape padded to the
+    /// chip's alignment for B's element type, N over `lanes` lanes in whole aligned blocks (as
+    /// equal as they go), each lane's columns into contexts of at most
+    /// [`EngineLayout::max_n_per_context`] columns (as equal as they go), K in segments of the
+    /// chip's segment size and the rest; the rows in chunks of at most
+    /// [`EngineLayout::max_m`] rows of A, each run at its bucket's M
+    /// ([`EngineLayout::context_m`]), two rows of A per input row when the linear is
+    /// [`EngineLinear::residual`]. Each lane runs its contexts one after another, the lanes at
+    /// once: the linear takes as long as the slowest lane, whose runs and terms it reports.
+    /// Zero rows cost nothing (a head that computes no logits).
+    pub fn engine_linear(
+        &self,
+        l: &EngineLinear,
+        rows: usize,
+        lanes: usize,
+        t: MatmulType,
+        e: &EngineLayout,
+    ) -> PassCost {
+        if rows == 0 {
+            return PassCost::default();
+        }
+        let lanes = lanes.clamp(1, self.cores.max(1));
+        let (ka, na) = self.platform.alignment(t.b).unwrap_or((1, 1));
+        let k_pad = l.k.next_multiple_of(ka);
+        let seg = self
+            .k_segment
+            .map(|s| s - s % ka)
+            .filter(|&s| s > 0)
+            .unwrap_or(k_pad)
+            .max(1);
+        let segments: Vec<usize> = (0..k_pad)
+            .step_by(seg)
+            .map(|k0| seg.min(k_pad - k0))
+            .collect();
+        let n_block = (e.max_n_per_context - e.max_n_per_context % na).max(na);
+        let shards = split_evenly(l.n.div_ceil(na), lanes);
+        let busy = shards.iter().filter(|&&b| b > 0).count().max(1);
+        let per = l.rows_per_input_row();
+        let chunk = (e.max_m / per).max(1);
+        let ms: Vec<usize> = (0..rows)
+            .step_by(chunk)
+            .map(|r0| e.context_m(chunk.min(rows - r0) * per))
+            .collect();
+        let mut slowest = PassCost::default();
+        for &units in shards.iter().filter(|&&b| b > 0) {
+            let blocks = split_evenly(units, (units * na).div_ceil(n_block));
+            let mut lane = PassCost::default();
+            for &m in &ms {
+                for &width in &blocks {
+                    for &ks in &segments {
+                        let n = width * na;
+                        let one = self.run(&Run {
+                            m,
+                            k: ks,
+                            n,
+                            t,
+                            busy_cores: busy,
+                        });
+                        lane.npu_s += one.total_s;
+                        lane.runs_per_core += 1;
+                        lane.terms.add(&NpuTerms::of_run(&one, ks * n, t), 1.0);
+                    }
+                }
+            }
+            if lane.npu_s > slowest.npu_s {
+                slowest = lane;
+            }
+        }
+        slowest.weight_bytes = (l.k * l.n) as f64 * t.b.bits() as f64 / 8.0;
+        slowest
+    }
+}
+
+/// `units` split into `parts` counts as equal as they go, the first ones one larger (the
+/// engine's `plan_shards`).
+fn split_evenly(units: usize, parts: usize) -> Vec<usize> {
+    let parts = parts.max(1);
+    (0..parts)
+        .map(|i| units / parts + usize::from(i < units % parts))
+        .collect()
 }
 
 /// One run to cost.
@@ -354,6 +454,17 @@ pub struct PassCost {
     pub terms: NpuTerms,
 }
 
+impl PassCost {
+    /// Adds `times` × `other`.
+    fn add(&mut self, other: &PassCost, times: u64) {
+        let c = times as f64;
+        self.npu_s += c * other.npu_s;
+        self.runs_per_core += times * other.runs_per_core;
+        self.weight_bytes += c * other.weight_bytes;
+        self.terms.add(&other.terms, c);
+    }
+}
+
 /// Modelled NPU time split by what set it, seconds. Each run's fixed cost is `call_s`; the
 /// rest of the run goes to the term that bound it ([`Bound`]), a memory-bound run's shared
 /// between the weights (B) and the activations (A and C) in proportion to their bytes. K
@@ -375,6 +486,27 @@ pub struct NpuTerms {
 }
 
 impl NpuTerms {
+    /// The terms of one run whose B holds `b_elems` elements of `t.b`: its fixed cost, and the
+    /// time past it given to the term that set it; a memory-bound body is shared between B
+    /// (the weights, streamed `passes` times) and A and C by bytes.
+    fn of_run(one: &RunCost, b_elems: usize, t: MatmulType) -> NpuTerms {
+        let body = one.total_s - one.call_s;
+        let b_bytes = one.passes as f64 * b_elems as f64 * t.b.bits() as f64 / 8.0;
+        let mut terms = NpuTerms {
+            call_s: one.call_s,
+            ..NpuTerms::default()
+        };
+        match one.bound {
+            Bound::Memory => {
+                terms.weights_s = body * b_bytes / one.bytes;
+                terms.activations_s = body - terms.weights_s;
+            }
+            Bound::Compute => terms.compute_s = body,
+            Bound::KCliff => terms.k_cliff_s = body,
+        }
+        terms
+    }
+
     /// Adds `times` × `other`.
     pub fn add(&mut self, other: &NpuTerms, times: f64) {
         self.call_s += times * other.call_s;
@@ -542,6 +674,172 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
     tied_embeddings: false,
 };
 
+/// How a decoder's linears are laid out on the NPU ([`CostModel::decoder_pass_in`],
+/// [`CostModel::predict_llm_prompt_in`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The field campaign's llama.cpp graph, the one the model is calibrated on: seven linears
+    /// per block (q, k, v, o, gate, up, down), N split over the cores in 32-column shards, one
+    /// context per core and K segment, one row of A per token
+    /// ([`CostModel::decoder_pass`]).
+    Campaign,
+    /// This project's LLM engine ([`EngineLayout`]; [`ENGINE_LAYOUT`] is its default).
+    Engine(EngineLayout),
+}
+
+impl Layout {
+    /// "campaign" or "engine".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Layout::Campaign => "campaign",
+            Layout::Engine(_) => "engine",
+        }
+    }
+}
+
+/// How this project's LLM engine lays a decoder out (`examples/llm/src/model/load.rs`, the
+/// `rknn_matmul` engine's plans): q, k and v fused into one linear, gate and up into another,
+/// o and down separate, the output head one linear; every linear's N over the lanes and each
+/// lane's share in contexts of at most [`EngineLayout::max_n_per_context`] columns
+/// ([`CostModel::engine_linear`]); the linears of [`EngineLayout::residual`] take two rows of
+/// A per input row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLayout {
+    /// The widest context, in columns (`EngineConfig::max_n_per_context`; the default is the
+    /// chip's measured largest N, 8192 on RK3588).
+    pub max_n_per_context: usize,
+    /// The most rows of A one context runs (`EngineConfig::max_m`, default 512): a forward
+    /// over more is run in chunks.
+    pub max_m: usize,
+    /// Prompt tokens per forward pass (`GenerateParams::batch` of the LLM example, default
+    /// 128); only the last pass computes logits, of its last row.
+    pub prefill_batch: usize,
+    /// Which linears quantise each input row twice (the LLM example's
+    /// `EngineOptions::residual`, default [`Residual::OutputAndDown`]).
+    pub residual: Residual,
+}
+
+/// The engine's defaults on RK3588: contexts of at most 8192 columns, 512 rows of A,
+/// prefill in passes of 128 tokens, residual activations on the head and the down projections.
+pub const ENGINE_LAYOUT: EngineLayout = EngineLayout {
+    max_n_per_context: 8192,
+    max_m: 512,
+    prefill_batch: 128,
+    residual: Residual::OutputAndDown,
+};
+
+/// Which linears quantise each input row twice, as itself and as the residual of the first
+/// quantisation, and so run two rows of A per input row (the LLM example's `Residual`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// None.
+    None,
+    /// The output head only.
+    Output,
+    /// The output head and the down projections (the engine's default).
+    OutputAndDown,
+    /// Every linear.
+    All,
+}
+
+impl Residual {
+    /// Whether a linear of `role` has residual activations.
+    pub fn applies(self, role: LinearRole) -> bool {
+        match self {
+            Residual::None => false,
+            Residual::Output => role == LinearRole::Output,
+            Residual::OutputAndDown => matches!(role, LinearRole::Output | LinearRole::Down),
+            Residual::All => true,
+        }
+    }
+}
+
+/// The linears of the engine's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearRole {
+    /// q, k and v fused: N = q_dim + 2 · kv_dim, K = hidden.
+    Qkv,
+    /// The attention output (o): N = hidden, K = q_dim.
+    AttnOutput,
+    /// gate and up fused: N = 2 · n_ff, K = hidden.
+    GateUp,
+    /// The down projection: N = hidden, K = n_ff.
+    Down,
+    /// The output head: N = vocab, K = hidden.
+    Output,
+}
+
+/// One linear of the engine's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLinear {
+    /// What it is.
+    pub role: LinearRole,
+    /// Output columns.
+    pub n: usize,
+    /// Input columns (the reduction).
+    pub k: usize,
+    /// Each input row is quantised twice and runs as two rows of A.
+    pub residual: bool,
+}
+
+impl EngineLinear {
+    /// Rows of A per input row: 2 with residual activations, else 1.
+    pub fn rows_per_input_row(&self) -> usize {
+        1 + usize::from(self.residual)
+    }
+}
+
+impl EngineLayout {
+    fn linear(&self, role: LinearRole, n: usize, k: usize) -> EngineLinear {
+        EngineLinear {
+            role,
+            n,
+            k,
+            residual: self.residual.applies(role),
+        }
+    }
+
+    /// The linears of one block of `d`: qkv, o, gate-up, down.
+    pub fn block_linears(&self, d: &DecoderShape) -> [EngineLinear; 4] {
+        let (h, f) = (d.hidden, d.n_ff);
+        [
+            self.linear(LinearRole::Qkv, d.q_dim + 2 * d.kv_dim, h),
+            self.linear(LinearRole::AttnOutput, h, d.q_dim),
+            self.linear(LinearRole::GateUp, 2 * f, h),
+            self.linear(LinearRole::Down, h, f),
+        ]
+    }
+
+    /// The output head of `d`.
+    pub fn head(&self, d: &DecoderShape) -> EngineLinear {
+        self.linear(LinearRole::Output, d.vocab, d.hidden)
+    }
+
+    /// The context M the engine runs `m` rows of A at (`EngineConfig::bucket`): `m` itself up
+    /// to 32, 64 up to 64, else `m` rounded up to a multiple of 128; at most
+    /// [`EngineLayout::max_m`].
+    pub fn context_m(&self, m: usize) -> usize {
+        let bucket = if m <= 32 {
+            m.max(1)
+        } else if m <= 64 {
+            64
+        } else {
+            m.div_ceil(128) * 128
+        };
+        bucket.min(self.max_m)
+    }
+
+    /// Activation elements a forward over `rows` rows moves between the host and the NPU in
+    /// this layout ([`DecoderShape::activations`] for the campaign's): every linear's input
+    /// (quantised once per fused linear, twice with residual activations) and output, the
+    /// head's over `head_rows` rows.
+    pub fn activations(&self, d: &DecoderShape, rows: usize, head_rows: usize) -> f64 {
+        let moved = |l: &EngineLinear, rows: usize| l.rows_per_input_row() * rows * (l.k + l.n);
+        let block: usize = self.block_linears(d).iter().map(|l| moved(l, rows)).sum();
+        (d.layers * block + moved(&self.head(d), head_rows)) as f64
+    }
+}
+
 /// Host time around the NPU in the campaign's LLM runs, which the NPU model does not describe.
 /// Every number is derived from the campaign's own measurements (its 9B Q8_0 model, E5 build,
 /// four host threads); the derivations are in `docs/npu-matmul-performance.md`. How host time
@@ -549,7 +847,7 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
 /// of the token ([`host::decode_s`]), prefill scales with the activations the host quantises
 /// and collects ([`host::prefill_s`]).
 pub mod host {
-    use super::{CAMPAIGN_9B, DecoderShape};
+    use super::{CAMPAIGN_9B, DecoderShape, EngineLayout};
 
     /// Share of decode time outside `rknn_matmul_run`: 7.8 % (the campaign's instrumented
     /// decode: prepare A, run, collect C).
@@ -584,6 +882,15 @@ pub mod host {
     /// 9B at 512 rows this is [`PREFILL_512_S`] itself (3.6 ns per element).
     pub fn prefill_s(d: &DecoderShape, rows: usize) -> f64 {
         PREFILL_512_S * (d.activations(rows, 1) / CAMPAIGN_9B.activations(512, 1))
+    }
+
+    /// [`prefill_s`] for `d` laid out as the engine `e` lays it out: the campaign's rate per
+    /// activation element, times the elements of the engine's linears
+    /// ([`EngineLayout::activations`]: fused inputs quantised once, residual ones twice). The
+    /// engine's own glue per element has not been measured on a board: this is the
+    /// campaign's.
+    pub fn prefill_engine_s(d: &DecoderShape, rows: usize, e: &EngineLayout) -> f64 {
+        PREFILL_512_S * (e.activations(d, rows, 1) / CAMPAIGN_9B.activations(512, 1))
     }
 }
 
@@ -647,8 +954,54 @@ impl CostModel {
         let t = MatmulType::I8_I8_I32;
         let decode = self.decoder_pass(d, 1, 1, self.cores, t);
         let prefill = self.decoder_pass(d, prompt, 1, self.cores, t);
+        LlmPrediction::new(prompt, decode, prefill, host::prefill_s(d, prompt))
+    }
+
+    /// [`CostModel::predict_llm_prompt`] with the decoder laid out as `layout` says: the
+    /// campaign's (the same figures, bit for bit) or this project's engine's, whose prompt
+    /// runs in forwards of [`EngineLayout::prefill_batch`] tokens (the last one computing the
+    /// logits of its last row) and whose host glue is the campaign's rate per activation
+    /// element of its own linears ([`host::prefill_engine_s`]).
+    pub fn predict_llm_prompt_in(
+        &self,
+        d: &DecoderShape,
+        prompt: usize,
+        layout: &Layout,
+    ) -> LlmPrediction {
+        let e = match layout {
+            Layout::Campaign => return self.predict_llm_prompt(d, prompt),
+            Layout::Engine(e) => e,
+        };
+        let t = MatmulType::I8_I8_I32;
+        let decode = self.decoder_pass_in(d, 1, 1, self.cores, t, layout);
+        let mut prefill = PassCost::default();
+        let batch = e.prefill_batch.max(1);
+        let mut done = 0;
+        while done < prompt {
+            let rows = batch.min(prompt - done);
+            done += rows;
+            let head = usize::from(done == prompt);
+            prefill.add(
+                &self.decoder_pass_in(d, rows, head, self.cores, t, layout),
+                1,
+            );
+        }
+        LlmPrediction::new(
+            prompt,
+            decode,
+            prefill,
+            host::prefill_engine_s(d, prompt, e),
+        )
+    }
+}
+
+impl LlmPrediction {
+    /// The prediction from the NPU cost of a decoded token and of the prefill pass and the
+    /// prefill's host seconds: decode host time is [`host::decode_s`], the pinned rates the
+    /// campaign's speed-ups.
+    fn new(prompt: usize, decode: PassCost, prefill: PassCost, ph: f64) -> LlmPrediction {
         let (dn, pn) = (decode.npu_s, prefill.npu_s);
-        let (dh, ph) = (host::decode_s(dn), host::prefill_s(d, prompt));
+        let dh = host::decode_s(dn);
         let rows = prompt as f64;
         LlmPrediction {
             prompt,

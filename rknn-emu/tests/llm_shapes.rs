@@ -4,7 +4,8 @@
 
 use rknn_chip::MatmulType;
 use rknn_emu::cost::{
-    self, CAMPAIGN_9B, DecoderShape, LLAMA3_8B, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, TINYLLAMA_1_1B,
+    self, CAMPAIGN_9B, DecoderShape, ENGINE_LAYOUT, EngineLayout, EngineLinear, LLAMA3_8B, Layout,
+    LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
 };
 
 /// A model's `config.json` values, as published.
@@ -228,4 +229,153 @@ fn host_glue_scales_with_the_activations() {
     let p = RK3588.predict_llm_prompt(&QWEN2_0_5B, 128);
     let share = p.decode_host_s / (p.decode_host_s + p.decode_npu_s);
     assert!((share - cost::host::DECODE_SHARE).abs() < 1e-12);
+}
+
+const ENGINE: Layout = Layout::Engine(ENGINE_LAYOUT);
+
+/// Contexts one lane holds of a linear of `n` columns and `k` rows in the engine's layout,
+/// on the widest lane: N in 32-column blocks over three lanes, the lane's columns in contexts
+/// of at most `max_n` columns, K in segments of at most `seg` rows.
+fn engine_contexts(n: usize, k: usize, max_n: usize, seg: usize) -> u64 {
+    let lane = n.div_ceil(32).div_ceil(3) * 32;
+    (lane.div_ceil(max_n) * k.div_ceil(seg)) as u64
+}
+
+#[test]
+fn the_engine_layout_fuses_and_splits_as_the_engine_does() {
+    let seg = RK3588.k_segment.expect("RK3588 splits K");
+    let max_n = ENGINE_LAYOUT.max_n_per_context;
+    assert_eq!(max_n, 8192);
+    for c in &CONFIGS {
+        let d = &c.shape;
+        let (h, f, q, kv) = (d.hidden, d.n_ff, d.q_dim, d.kv_dim);
+        let block: u64 = [(q + 2 * kv, h), (h, q), (2 * f, h), (h, f)]
+            .iter()
+            .map(|&(n, k)| engine_contexts(n, k, max_n, seg))
+            .sum();
+        let head = engine_contexts(d.vocab, h, max_n, seg);
+        let want = d.layers as u64 * block + head;
+        let engine = RK3588.decoder_pass_in(d, 1, 1, 3, W8A8, &ENGINE);
+        let campaign = RK3588.decoder_pass(d, 1, 1, 3, W8A8);
+        assert_eq!(engine.runs_per_core, want, "{}", d.name);
+        // Fewer runs than the campaign's seven linears and one head run per core.
+        assert!(engine.runs_per_core < campaign.runs_per_core, "{}", d.name);
+        // The same matrices, only fused: the same weight bytes per token.
+        assert_eq!(engine.weight_bytes, campaign.weight_bytes, "{}", d.name);
+        assert_eq!(engine.weight_bytes, d.weights() as f64, "{}", d.name);
+        // Every run pays the fixed cost once, none falls off the K cliff, the terms add up.
+        let fixed = want as f64 * RK3588.call_s;
+        assert!((engine.terms.call_s - fixed).abs() <= 1e-12 * fixed);
+        assert_eq!(engine.terms.k_cliff_s, 0.0, "{}", d.name);
+        let (a, b) = (engine.terms.total(), engine.npu_s);
+        assert!((a - b).abs() <= 1e-9 * b, "{}: {a} vs {b}", d.name);
+    }
+    // Qwen2-0.5B: every linear of a block fits one context per lane (the fused gate-up's
+    // 9728 columns are 3264 per lane), and the head is ceil(50 656 / 8192) contexts.
+    let d = &QWEN2_0_5B;
+    let head = (d.vocab.div_ceil(32).div_ceil(3) * 32).div_ceil(max_n) as u64;
+    let engine = RK3588.decoder_pass_in(d, 1, 1, 3, W8A8, &ENGINE);
+    assert_eq!(engine.runs_per_core, d.layers as u64 * 4 + head);
+}
+
+#[test]
+fn residual_activations_double_the_rows_of_down_and_the_head() {
+    let e = &ENGINE_LAYOUT;
+    for c in &CONFIGS {
+        let d = &c.shape;
+        let roles: Vec<_> = e.block_linears(d).iter().map(|l| l.role).collect();
+        assert_eq!(
+            roles,
+            [
+                LinearRole::Qkv,
+                LinearRole::AttnOutput,
+                LinearRole::GateUp,
+                LinearRole::Down
+            ]
+        );
+        let residual: Vec<_> = e.block_linears(d).iter().map(|l| l.residual).collect();
+        assert_eq!(residual, [false, false, false, true], "{}", d.name);
+        assert!(e.head(d).residual);
+        // A residual linear over `rows` input rows costs what the same linear without them
+        // costs over twice the rows: M doubles, nothing else changes.
+        for l in [e.block_linears(d)[3], e.head(d)] {
+            let plain = EngineLinear {
+                residual: false,
+                ..l
+            };
+            for rows in [1, 64, 128] {
+                let twice = RK3588.engine_linear(&l, rows, 3, W8A8, e);
+                assert_eq!(
+                    twice,
+                    RK3588.engine_linear(&plain, 2 * rows, 3, W8A8, e),
+                    "{}",
+                    d.name
+                );
+                assert_ne!(twice, RK3588.engine_linear(&plain, rows, 3, W8A8, e));
+            }
+        }
+        // The pass is its linears: down and the head at two rows per token.
+        let sum = |rows: usize, layout: &EngineLayout| {
+            let lin = |l: &EngineLinear, r| RK3588.engine_linear(l, r, 3, W8A8, layout).npu_s;
+            let block: f64 = layout.block_linears(d).iter().map(|l| lin(l, rows)).sum();
+            d.layers as f64 * block + lin(&layout.head(d), 1)
+        };
+        for rows in [1, 128] {
+            let pass = RK3588.decoder_pass_in(d, rows, 1, 3, W8A8, &ENGINE);
+            let want = sum(rows, e);
+            assert!((pass.npu_s - want).abs() <= 1e-12 * want, "{}", d.name);
+        }
+        // Without residual activations no linear runs more rows than it has inputs, and
+        // the pass is no dearer.
+        let none = EngineLayout {
+            residual: Residual::None,
+            ..*e
+        };
+        let plain = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &Layout::Engine(none));
+        let with = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &ENGINE);
+        assert!(plain.npu_s < with.npu_s, "{}", d.name);
+        assert_eq!(plain.runs_per_core, with.runs_per_core, "{}", d.name);
+        // The host glue counts the second row too: fused inputs once, residual ones twice.
+        let (h, f, q, kv) = (d.hidden, d.n_ff, d.q_dim, d.kv_dim);
+        let block = (h + q + 2 * kv) + (q + h) + (h + 2 * f) + 2 * (f + h);
+        let want = (128 * d.layers * block + 2 * (h + d.vocab)) as f64;
+        assert_eq!(e.activations(d, 128, 1), want, "{}", d.name);
+    }
+}
+
+#[test]
+fn the_campaign_layout_is_the_calibrated_path() {
+    for c in &CONFIGS {
+        let d = &c.shape;
+        for prompt in [1, 64, 128, 512] {
+            let p = RK3588.predict_llm_prompt_in(d, prompt, &Layout::Campaign);
+            assert_eq!(p, RK3588.predict_llm_prompt(d, prompt), "{}", d.name);
+            assert_eq!(
+                RK3588.decoder_pass_in(d, prompt, 1, 3, W8A8, &Layout::Campaign),
+                RK3588.decoder_pass(d, prompt, 1, 3, W8A8)
+            );
+            // The engine's prompt runs in forwards of 128 tokens, the head over the last
+            // row of the last one.
+            let e = RK3588.predict_llm_prompt_in(d, prompt, &ENGINE);
+            let forwards = prompt.div_ceil(ENGINE_LAYOUT.prefill_batch);
+            let per_forward = RK3588
+                .decoder_pass_in(d, 1, 0, 3, W8A8, &ENGINE)
+                .runs_per_core;
+            let head = RK3588
+                .decoder_pass_in(d, 1, 1, 3, W8A8, &ENGINE)
+                .runs_per_core
+                - per_forward;
+            assert_eq!(
+                e.prefill.runs_per_core,
+                forwards as u64 * per_forward + head,
+                "{}",
+                d.name
+            );
+            assert_eq!(
+                e.prefill_host_s,
+                cost::host::prefill_engine_s(d, prompt, &ENGINE_LAYOUT)
+            );
+            assert!(e.ttft_s().is_finite() && e.decode_tok_s.is_finite());
+        }
+    }
 }
