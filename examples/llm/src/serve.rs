@@ -330,11 +330,10 @@ impl std::fmt::Debug for Batcher {
 impl Batcher {
     /// Starts the batcher's thread with `config.slots` empty slots over `model`.
     ///
-    /// The thread runs inside the model's pool (so that each pass runs on it directly), which
-    /// must therefore take work from other threads: an ordinary rayon pool of at least one
-    /// thread. A [`host_pool`](crate::model::host_pool) counts its calling thread as a member,
-    /// which takes part only while that thread is inside the pool; a `host_pool(1)` built on
-    /// a thread that then waits for the batcher would never run it.
+    /// The thread waits for requests on its own and runs its passes inside the model's pool
+    /// while it has work (so that each pass runs on it directly), so the pool must take work
+    /// from other threads: an ordinary rayon pool, or a [`host_pool`](crate::model::host_pool)
+    /// whose calling thread is not the one waiting for the batcher.
     pub fn start(
         model: Arc<Model>,
         tokenizer: Arc<Tokenizer>,
@@ -394,7 +393,7 @@ impl Batcher {
         let pool = model.pool().clone();
         let thread = std::thread::Builder::new()
             .name("rknn-llm-batcher".into())
-            .spawn(move || pool.install(|| worker.run()))
+            .spawn(move || worker.run(&pool))
             .map_err(|e| ServeError::Config(format!("starting the batcher's thread: {e}")))?;
         Ok(Batcher {
             tx: Mutex::new(tx),
@@ -601,28 +600,42 @@ enum Ended {
 }
 
 impl Worker {
-    fn run(&mut self) {
+    /// Waits for work outside the model's pool, and runs it inside: a thread blocked on the
+    /// channel must not hold one of the pool's workers (the pool's other users, and the
+    /// passes' own parallel work, need them all).
+    fn run(&mut self, pool: &rayon::ThreadPool) {
         loop {
-            let busy = !self.queue.is_empty() || self.slots.iter().any(|s| s.job.is_some());
-            let cmd = if busy {
-                self.rx.try_recv().ok()
-            } else {
-                // Nothing to do: sleep until a command (or every handle is gone).
-                match self.rx.recv() {
-                    Ok(cmd) => Some(cmd),
-                    Err(_) => return,
-                }
-            };
-            match cmd {
-                Some(Cmd::Submit(job)) => {
-                    self.queue.push_back(job);
-                    continue; // take every waiting command before the next pass
-                }
-                Some(Cmd::Stop) => {
+            // Nothing to do: sleep until a command (or every handle is gone).
+            match self.rx.recv() {
+                Ok(Cmd::Submit(job)) => self.queue.push_back(job),
+                Ok(Cmd::Stop) | Err(_) => {
                     self.stop_all();
                     return;
                 }
-                None => {}
+            }
+            if !pool.install(|| self.run_busy()) {
+                return;
+            }
+        }
+    }
+
+    /// Runs passes until nothing is left to do (true) or it is told to stop (false).
+    fn run_busy(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Cmd::Submit(job)) => {
+                    self.queue.push_back(job);
+                    continue; // take every waiting command before the next pass
+                }
+                Ok(Cmd::Stop) => {
+                    self.stop_all();
+                    return false;
+                }
+                Err(_) => {}
+            }
+            let busy = !self.queue.is_empty() || self.slots.iter().any(|s| s.job.is_some());
+            if !busy {
+                return true;
             }
             self.admit();
             self.step();

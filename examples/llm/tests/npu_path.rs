@@ -379,3 +379,36 @@ fn the_demo_model_fits_the_handle_budget_on_three_cores() {
     assert!(live + contexts <= budget, "{live} + {contexts} > {budget}");
     drop(model);
 }
+
+/// A model larger than one IOMMU domain (an 8B model's 7 GiB of W8A8 is two of RK3588's
+/// 4 GiB domains) spreads over as many as it needs and gives the logits of one domain: tried
+/// at small scale, the tiny model (0.8 MB of NPU memory) over domains of 768 KiB (its head alone needs 0.74 MB with its A and C).
+#[test]
+fn a_model_spread_over_many_iommu_domains_gives_the_same_logits() {
+    let file = GgufFile::open(common::fixtures().join("llm/tiny-llama.gguf")).unwrap();
+    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+    let logits = |domain: u64| {
+        let cfg = EngineConfig {
+            iommu_domain_bytes: domain,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(&rt, cfg).unwrap();
+        let mut f = EngineFactory::new(engine.clone(), EngineOptions::default());
+        let mut run =
+            common::Run::new(Model::load(&file, &mut f, pool(2), &mut |_, _| {}).unwrap());
+        let out: Vec<u32> = run
+            .forward(&[1, 5, 9, 2], 0, Logits::All)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        (out, engine.domain_bytes())
+    };
+    let (one, used_one) = logits(EngineConfig::default().iommu_domain_bytes);
+    let (many, used_many) = logits(768 << 10);
+    assert_eq!(used_one.len(), 1, "{used_one:?}");
+    assert!(used_many.len() > 1, "{used_many:?}");
+    assert!(used_many.iter().all(|&b| b <= 768 << 10), "{used_many:?}");
+    assert!(used_many.iter().sum::<u64>() >= used_one[0]);
+    assert_eq!(one, many);
+}

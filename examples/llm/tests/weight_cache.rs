@@ -356,3 +356,51 @@ fn the_cap_removes_the_least_recently_used_files_and_clear_empties() {
     assert!(cache.entries().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn llm_decode_caches_lists_and_clears() {
+    let (dir, gguf) = workdir("cli", "tiny-llama");
+    let cache = dir.join("cache");
+    let run = |extra: &[&str]| {
+        let mut cmd = common::llm_decode();
+        cmd.arg("-m").arg(&gguf);
+        cmd.args(["-p", "Hello", "-n", "8", "--temp", "0", "-t", "2", "--json"]);
+        cmd.arg("--weight-cache").arg(&cache).args(extra);
+        common::run_json(cmd, &[])
+    };
+    let first = run(&[]);
+    let second = run(&[]);
+    let off = run(&["--no-weight-cache"]);
+    let outcome = |j: &serde_json::Value| j["stats"]["weight_cache"]["outcome"].clone();
+    assert_eq!(outcome(&first), "written");
+    assert_eq!(outcome(&second), "hit");
+    assert!(off["stats"]["weight_cache"].is_null());
+    assert_eq!(first["generated_ids"], second["generated_ids"]);
+    assert_eq!(first["generated_ids"], off["generated_ids"]);
+    // The footprint is reported, and the weights are in it.
+    let mem = &second["stats"]["memory"];
+    assert!(mem["peak_rss_bytes"].as_u64().unwrap() > mem["weight_bytes"].as_u64().unwrap());
+    assert!(mem["weight_bytes"].as_u64().unwrap() > 0);
+
+    let text = |args: &[&str]| {
+        let out = common::llm_decode()
+            .arg("--weight-cache")
+            .arg(&cache)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listed = text(&["--weight-cache-list"]);
+    assert!(listed.contains("1 file(s)"), "{listed}");
+    assert!(listed.contains("tiny-llama.gguf"), "{listed}");
+    let cleared = text(&["--weight-cache-clear"]);
+    assert!(cleared.starts_with("removed 1 file(s)"), "{cleared}");
+    assert!(text(&["--weight-cache-list"]).contains("0 file(s)"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,7 +19,7 @@
 //! text, with a warning.
 
 use std::fs::File;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufRead, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use serde_json::json;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, encode_prompt};
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{Model, host_pool};
+use rknn_llm::model::{CacheOutcome, Model, host_pool};
 use rknn_llm::perplexity::perplexity;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Generation, Session, rate};
@@ -241,7 +241,7 @@ fn run(args: Args) -> Result<(), Error> {
     };
     // This thread drives the model: as the pool's member 0 it runs each pass itself.
     let pool = host_pool(threads)?;
-    let mut model = load_model(&model_path, &file, pool, &args)?;
+    let (mut model, weight_cache) = load_model(&model_path, &file, pool, &args)?;
     model.set_context(
         args.ctx_size
             .unwrap_or(DEFAULT_CTX_SIZE.min(model.config().n_ctx)),
@@ -398,6 +398,11 @@ fn run(args: Args) -> Result<(), Error> {
                 "n_ctx_train": model.config().n_ctx,
                 "cache_type": session.sequence().cache().cache_type().name(),
                 "memory": memory.json(),
+                "weight_cache": weight_cache.as_ref().map(|c| json!({
+                    "outcome": c.name(),
+                    "path": c.path().display().to_string(),
+                    "line": c.to_string(),
+                })),
                 "matmul_s": stats.matmul.as_secs_f64(),
                 "attention_s": stats.attention.as_secs_f64(),
                 "other_s": stats.other.as_secs_f64(),
@@ -488,6 +493,11 @@ fn engine_json(e: &Engine) -> serde_json::Value {
         "cores": e.workers(),
         "max_n_per_context": e.max_n_per_context(),
         "shares_io_memories": e.shares_io_memories(),
+        "iommu_domain_bytes": e.domain_bytes(),
+        "handles": {
+            "live": e.runtime().handle_budget().live(),
+            "budget": e.runtime().handle_budget().budget(),
+        },
         "forwards": s.forwards,
         "quantize": phase(&s.quantize),
         "pack": phase(&s.pack),
@@ -503,7 +513,7 @@ fn load_model(
     file: &GgufFile,
     pool: Arc<rayon::ThreadPool>,
     args: &Args,
-) -> Result<Model, Error> {
+) -> Result<(Model, Option<CacheOutcome>), Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
             "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
@@ -516,10 +526,14 @@ fn load_model(
     };
     let (model, cache) = backend::load_model(path, file, pool, &args.backend, &mut progress)?;
     bar.finish_and_clear();
-    if let Some(c) = cache {
-        eprintln!("llm-decode: {c}");
+    // Where the weights came from, on a terminal (as the progress bar); a cache that could not
+    // be used or written is a warning wherever stderr goes.
+    if let Some(c) = &cache {
+        if c.is_warning() || std::io::stderr().is_terminal() {
+            eprintln!("llm-decode: {c}");
+        }
     }
-    Ok(model)
+    Ok((model, cache))
 }
 
 /// The chat template: `--chat-template-file`'s, else the model's; `None` (with a warning)

@@ -67,14 +67,24 @@ pub fn llm_decode() -> std::process::Command {
     };
     let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
     let mut words = runner.split_whitespace();
-    match words.next() {
+    let mut cmd = match words.next() {
         None => std::process::Command::new(exe),
         Some(program) => {
             let mut cmd = std::process::Command::new(program);
             cmd.args(words).arg(exe);
             cmd
         }
-    }
+    };
+    cmd.env("XDG_CACHE_HOME", test_cache_home());
+    cmd
+}
+
+/// The cache directory the tests' binaries use (their converted-weight cache goes under it),
+/// in cargo's scratch space instead of the user's home: shared by every test of a run, so the
+/// tests exercise cached loads too.
+#[allow(dead_code)] // Not every test binary spawns one.
+pub fn test_cache_home() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("xdg-cache")
 }
 
 /// The drop-in `librknnrt.so` cargo built for these tests (a dev-dependency), beside the test

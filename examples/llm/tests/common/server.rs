@@ -42,14 +42,16 @@ pub fn serial() -> MutexGuard<'static, ()> {
 pub fn command(exe: &str) -> Command {
     let runner = runner().unwrap_or_default();
     let mut words = runner.split_whitespace();
-    match words.next() {
+    let mut cmd = match words.next() {
         None => Command::new(exe),
         Some(program) => {
             let mut cmd = Command::new(program);
             cmd.args(words).arg(exe);
             cmd
         }
-    }
+    };
+    cmd.env("XDG_CACHE_HOME", crate::common::test_cache_home());
+    cmd
 }
 
 /// The committed tiny llama model (no chat template; f32 is instant on it).

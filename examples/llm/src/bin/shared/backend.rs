@@ -100,6 +100,14 @@ pub struct BackendArgs {
     /// refuses a memory of another context).
     #[arg(long)]
     pub npu_no_shared_io: bool,
+    /// NPU cores to use (default: all the chip has; on the emulator no more than this
+    /// machine's CPUs, since each emulated core is a busy thread).
+    #[arg(long, value_name = "N")]
+    pub npu_cores: Option<usize>,
+    /// Bytes one IOMMU domain holds, in MiB (default 4096, RK3588's driver): weights beyond it
+    /// go to the next domain.
+    #[arg(long, value_name = "MIB")]
+    pub npu_domain_mib: Option<u64>,
     /// How the KV cache stores keys and values.
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
     pub cache_type: CacheTypeArg,
@@ -174,10 +182,19 @@ pub fn open_engine(args: &BackendArgs) -> Result<Option<Engine>, Error> {
         }
     };
     let rt = Runtime::open(backend, opts)?;
+    let defaults = EngineConfig::default();
+    let domain = match args.npu_domain_mib {
+        Some(mib) => mib
+            .checked_mul(1 << 20)
+            .ok_or_else(|| format!("--npu-domain-mib {mib} does not fit in bytes"))?,
+        None => defaults.iommu_domain_bytes,
+    };
     let cfg = EngineConfig {
+        cores: args.npu_cores,
         max_n_per_context: args.npu_max_n,
         share_io_memories: !args.npu_no_shared_io,
-        ..EngineConfig::default()
+        iommu_domain_bytes: domain,
+        ..defaults
     };
     Ok(Some(Engine::new(&rt, cfg)?))
 }

@@ -84,6 +84,35 @@ pub enum CacheOutcome {
     },
 }
 
+impl CacheOutcome {
+    /// `"hit"`, `"written"`, `"rebuilt"` or `"not written"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CacheOutcome::Hit(_) => "hit",
+            CacheOutcome::Written(_) => "written",
+            CacheOutcome::Rebuilt { .. } => "rebuilt",
+            CacheOutcome::NotWritten { .. } => "not written",
+        }
+    }
+
+    /// The cache file (read, written, or that would have been written).
+    pub fn path(&self) -> &Path {
+        match self {
+            CacheOutcome::Hit(p) | CacheOutcome::Written(p) => p,
+            CacheOutcome::Rebuilt { path, .. } | CacheOutcome::NotWritten { path, .. } => path,
+        }
+    }
+
+    /// Whether the user should hear of it even when not watching a terminal: the file was
+    /// not usable, or could not be written.
+    pub fn is_warning(&self) -> bool {
+        matches!(
+            self,
+            CacheOutcome::Rebuilt { .. } | CacheOutcome::NotWritten { .. }
+        )
+    }
+}
+
 impl std::fmt::Display for CacheOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Writes a random-weight GGUF with the exact tensor shapes and metadata of a named model, to
+measure load time, memory and speed at real sizes without downloading the weights (issue 32).
+
+Every 2-D weight is Q8_0 (gguf.quants.quantize of seeded random normals), every norm weight and
+bias F32, in llama.cpp's tensor names and the order its converter writes them (token_embd,
+blk.0 ... blk.N-1, output_norm, output). The tokenizer is real: every `tokenizer.*` key is
+copied from llama.cpp's vocabulary file of the model's family (~/.cache/rknpu-rs/llama.cpp/vocab/,
+from scripts/llama-cpp.sh), and when the embedding has more rows than the vocabulary has tokens
+the token list is padded as llama.cpp's converter pads it ("[PAD{id}]", type UNUSED, score
+-1000), so that the tokenizer's n_vocab equals the embedding's rows.
+
+Weights: every linear is N(0, (gain / sqrt(fan_in))^2), gain 2 by default (each projection
+doubles the RMS of its normalised input; with gain 1 the attention is nearly uniform, every
+position's state collapses onto the same direction with depth, and greedy decoding repeats 1-3
+tokens: 3-7 distinct of 16 on the Qwen and TinyLlama shapes, against 16 of 16 with gain 2); the
+embedding is N(0, 0.02^2) (--embd-std; larger makes a tied model repeat its input token);
+norm weights are 1.0; Q/K/V biases N(0, 0.02^2). Logits stay O(1) (std ~0.6-2) and finite.
+Each tensor has its own seeded generator (seed, tensor index), so the bytes do not depend on
+the chunking.
+
+The file is written tensor by tensor, in chunks of rows (about 4M values each): peak memory is
+one chunk plus the metadata, whatever the model's size (~95 MB; the 8B file is ~8.5 GB). It
+writes ~50-60 MB/s on one core (numpy's normals and gguf.quants' Q8_0): TinyLlama in ~25 s,
+Qwen2.5-1.5B in ~35 s, Llama-3-8B would take ~2.5-3 minutes.
+
+Presets: tiny (llama, 256 wide, 2 layers, vocab padded 32000 -> 32064), tinyllama-1.1b,
+qwen2-0.5b, qwen2.5-1.5b, llama-3-8b (--list prints their shapes).
+
+Usage: ~/.cache/rknpu-rs/py/bin/python scripts/bench/gen_random_gguf.py NAME [NAME ...]
+         [--out DIR] [--force] [--dry-run] [--seed N] [--gain G] [--embd-std S] [--list]
+  default DIR: ~/.cache/rknpu-rs/models/random/ (file NAME-q8_0.gguf); an existing file of the
+  expected size is kept unless --force. --dry-run prints the tensor list and the total bytes and
+  writes nothing. Needs gguf==0.19.0 and numpy (re-runs itself in the cache's venv, installing
+  them there, when this Python lacks them).
+"""
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+
+CACHE = os.environ.get("RKNPU_CACHE", os.path.expanduser("~/.cache/rknpu-rs"))
+VOCAB_DIR = os.path.join(CACHE, "llama.cpp", "vocab")
+DEFAULT_OUT = os.path.join(CACHE, "models", "random")
+
+
+def ensure_python_deps():
+    """Re-runs this script under the cache's private venv (the one scripts/llama-cpp.sh and
+    scripts/bench/llm_vs_llama_cpp.py use) with gguf and numpy, unless this Python has them."""
+    try:
+        import gguf  # noqa: F401
+        import numpy  # noqa: F401
+        return
+    except ImportError:
+        pass
+    venv = os.path.join(CACHE, "py")
+    py = os.path.join(venv, "bin", "python3")
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
+        sys.exit("gguf/numpy still missing from " + venv)
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "gguf==0.19.0", "numpy"], check=True)
+    os.execv(py, [py] + sys.argv)
+
+
+# name: architecture, widths, vocabulary file and tokenizer overrides. n_vocab is the
+# embedding's rows (the tokenizer is padded up to it).
+PRESETS = {
+    "tiny": dict(
+        arch="llama", label="tiny random llama (quick checks)", n_embd=256, n_layer=2,
+        n_head=8, n_head_kv=4, n_ff=512, n_vocab=32064, n_ctx=2048, rope_base=10000.0,
+        rms_eps=1e-5, tied=False, qkv_bias=False, vocab="ggml-vocab-llama-spm.gguf"),
+    "tinyllama-1.1b": dict(
+        arch="llama", label="TinyLlama 1.1B", n_embd=2048, n_layer=22, n_head=32, n_head_kv=4,
+        n_ff=5632, n_vocab=32000, n_ctx=2048, rope_base=10000.0, rms_eps=1e-5, tied=False,
+        qkv_bias=False, vocab="ggml-vocab-llama-spm.gguf"),
+    "qwen2-0.5b": dict(
+        arch="qwen2", label="Qwen2 0.5B", n_embd=896, n_layer=24, n_head=14, n_head_kv=2,
+        n_ff=4864, n_vocab=151936, n_ctx=32768, rope_base=1e6, rms_eps=1e-6, tied=True,
+        qkv_bias=True, vocab="ggml-vocab-qwen2.gguf",
+        tok_overrides={"tokenizer.ggml.add_bos_token": False}),
+    "qwen2.5-1.5b": dict(
+        arch="qwen2", label="Qwen2.5 1.5B", n_embd=1536, n_layer=28, n_head=12, n_head_kv=2,
+        n_ff=8960, n_vocab=151936, n_ctx=32768, rope_base=1e6, rms_eps=1e-6, tied=True,
+        qkv_bias=True, vocab="ggml-vocab-qwen2.gguf",
+        tok_overrides={"tokenizer.ggml.add_bos_token": False}),
+    "llama-3-8b": dict(
+        arch="llama", label="Llama 3 8B", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
+        n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, rms_eps=1e-5, tied=False,
+        qkv_bias=False, vocab="ggml-vocab-llama-bpe.gguf"),
+}
+
+FILE_TYPE_Q8_0 = 7  # llama_ftype LLAMA_FTYPE_MOSTLY_Q8_0
+TOKEN_TYPE_UNUSED = 5
+CHUNK_VALUES = 1 << 22  # values generated and quantized at once
+
+
+def tensor_plan(p):
+    """(name, numpy shape (outputs, inputs) or (n,), kind) in the converter's order; kind is
+    'embd', 'linear', 'norm' or 'bias'."""
+    e, hd = p["n_embd"], p["n_embd"] // p["n_head"]
+    q, kv, ff = p["n_head"] * hd, p["n_head_kv"] * hd, p["n_ff"]
+    plan = [("token_embd.weight", (p["n_vocab"], e), "embd")]
+    for i in range(p["n_layer"]):
+        b = f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", (e,), "norm"),
+            (b + "attn_q.weight", (q, e), "linear"),
+            (b + "attn_k.weight", (kv, e), "linear"),
+            (b + "attn_v.weight", (kv, e), "linear"),
+        ]
+        if p["qkv_bias"]:
+            plan += [(b + "attn_q.bias", (q,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
+                     (b + "attn_v.bias", (kv,), "bias")]
+        plan += [
+            (b + "attn_output.weight", (e, q), "linear"),
+            (b + "ffn_norm.weight", (e,), "norm"),
+            (b + "ffn_gate.weight", (ff, e), "linear"),
+            (b + "ffn_up.weight", (ff, e), "linear"),
+            (b + "ffn_down.weight", (e, ff), "linear"),
+        ]
+    plan.append(("output_norm.weight", (e,), "norm"))
+    if not p["tied"]:
+        plan.append(("output.weight", (p["n_vocab"], e), "linear"))
+    return plan
+
+
+def q8_0_bytes(shape):
+    rows, cols = shape
+    assert cols % 32 == 0, f"Q8_0 needs rows of a multiple of 32 values, not {cols}"
+    return rows * (cols // 32) * 34
+
+
+def tensor_bytes(shape):
+    return q8_0_bytes(shape) if len(shape) == 2 else 4 * shape[0]
+
+
+# GGUF value types: struct format of the scalar ones (8 is a string, 9 an array).
+SCALAR_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_kv(path, prefix):
+    """The metadata keys of a GGUF file that start with `prefix`: {key: (value, type,
+    sub_type)}. A small reader of its own: gguf.GGUFReader takes ~10 s over the 150k-token
+    Qwen vocabulary (a memmap view per string)."""
+    import struct
+
+    with open(path, "rb") as f:
+        buf = f.read()
+    if buf[:4] != b"GGUF":
+        sys.exit(f"{path} is not a GGUF file")
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version < 2:
+        sys.exit(f"{path}: GGUF version {version} is not supported")
+    pos = 24
+
+    def string(pos):
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return buf[pos + 8:pos + 8 + n].decode("utf-8"), pos + 8 + n
+
+    def value(vt, pos):
+        if vt == 8:
+            return string(pos)
+        fmt = SCALAR_FMT[vt]
+        return struct.unpack_from("<" + fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+
+    out = {}
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (vt,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if vt == 9:
+            st, n = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            if st == 8:
+                items = []
+                for _ in range(n):
+                    item, pos = string(pos)
+                    items.append(item)
+            else:
+                fmt = SCALAR_FMT[st]
+                items = list(struct.unpack_from(f"<{n}{fmt}", buf, pos))
+                pos += n * struct.calcsize(fmt)
+            v, sub = items, st
+        else:
+            v, pos = value(vt, pos)
+            sub = None
+        if key.startswith(prefix):
+            out[key] = (v, vt, sub)
+    return out
+
+
+def read_vocab(p):
+    """The tokenizer.* fields of the preset's llama.cpp vocabulary file, padded to n_vocab:
+    [(key, value, type, sub_type)]."""
+    from gguf import GGUFValueType as V
+
+    path = os.path.join(VOCAB_DIR, p["vocab"])
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: run scripts/llama-cpp.sh (it clones llama.cpp into the cache)")
+    fields = {}
+    for key, (v, vt, st) in read_kv(path, "tokenizer.").items():
+        fields[key] = [v, V(vt), None if st is None else V(st)]
+    n_tok = len(fields["tokenizer.ggml.tokens"][0])
+    n = p["n_vocab"]
+    if n_tok > n:
+        sys.exit(f"{p['vocab']} has {n_tok} tokens, more than the {n} embedding rows")
+    if n_tok < n:
+        # llama.cpp's convert_hf_to_gguf.py: "[PAD{id}]" tokens of type UNUSED (score -1000).
+        fields["tokenizer.ggml.tokens"][0] += [f"[PAD{i}]" for i in range(n_tok, n)]
+        if "tokenizer.ggml.token_type" in fields:
+            fields["tokenizer.ggml.token_type"][0] += [TOKEN_TYPE_UNUSED] * (n - n_tok)
+        if "tokenizer.ggml.scores" in fields:
+            fields["tokenizer.ggml.scores"][0] += [-1000.0] * (n - n_tok)
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if key in fields and len(fields[key][0]) != n:
+            sys.exit(f"{p['vocab']}: {key} has {len(fields[key][0])} entries, not {n}")
+    for key, val in p.get("tok_overrides", {}).items():
+        vt = V.BOOL if isinstance(val, bool) else V.UINT32 if isinstance(val, int) else V.STRING
+        fields[key] = [val, vt, None]
+    return [(k, v[0], v[1], v[2]) for k, v in fields.items()], n_tok
+
+
+def build_header(name, p, plan):
+    """The file's bytes before the tensor data (header, metadata, tensor infos), unpadded."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q, GGUFWriter
+    from gguf.gguf_writer import WriterState
+
+    arch = p["arch"]
+    w = GGUFWriter(None, arch)
+    w.add_name(f"random-weight {p['label']} (scripts/bench/gen_random_gguf.py {name})")
+    w.add_uint32("general.file_type", FILE_TYPE_Q8_0)
+    w.add_uint32("general.quantization_version", 2)
+    hd = p["n_embd"] // p["n_head"]
+    w.add_uint32(f"{arch}.vocab_size", p["n_vocab"])
+    w.add_uint32(f"{arch}.context_length", p["n_ctx"])
+    w.add_uint32(f"{arch}.embedding_length", p["n_embd"])
+    w.add_uint32(f"{arch}.block_count", p["n_layer"])
+    w.add_uint32(f"{arch}.feed_forward_length", p["n_ff"])
+    w.add_uint32(f"{arch}.attention.head_count", p["n_head"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", p["n_head_kv"])
+    w.add_float32(f"{arch}.rope.freq_base", p["rope_base"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", p["rms_eps"])
+    w.add_uint32(f"{arch}.rope.dimension_count", hd)
+    fields, n_tok = read_vocab(p)
+    for key, val, vt, st in fields:
+        w.add_key_value(key, val, vt, sub_type=st)
+    for tname, shape, _ in plan:
+        if len(shape) == 2:
+            w.add_tensor_info(tname, shape, np.dtype(np.float32), q8_0_bytes(shape), raw_dtype=Q.Q8_0)
+        else:
+            w.add_tensor_info(tname, shape, np.dtype(np.float32), 4 * shape[0])
+    buf = io.BytesIO()
+    w.fout = [buf]
+    w.state = WriterState.EMPTY
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    return buf.getvalue(), w.data_alignment, n_tok
+
+
+def pad(n, align):
+    return (n + align - 1) // align * align
+
+
+def expected_size(header_len, plan, align):
+    return pad(header_len, align) + sum(pad(tensor_bytes(s), align) for _, s, _ in plan)
+
+
+def write_tensor(fout, index, shape, kind, seed, gain, embd_std=0.02):
+    """Writes one tensor's data, CHUNK_VALUES at a time."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng([seed, index])
+    if kind == "norm":
+        np.ones(shape, dtype=np.float32).tofile(fout)
+        return
+    if kind == "bias":
+        (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)).tofile(fout)
+        return
+    rows, cols = shape
+    std = np.float32(embd_std if kind == "embd" else gain / np.sqrt(cols))
+    step = max(1, CHUNK_VALUES // cols)
+    for r0 in range(0, rows, step):
+        x = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32)
+        x *= std
+        quantize(x, Q.Q8_0).tofile(fout)
+
+
+def fmt_bytes(n):
+    return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def generate(name, out_dir, force, dry_run, seed, gain, embd_std=0.02):
+    p = PRESETS[name]
+    plan = tensor_plan(p)
+    header, align, n_tok = build_header(name, p, plan)
+    total = expected_size(len(header), plan, align)
+    n_params = sum(s[0] * (s[1] if len(s) == 2 else 1) for _, s, _ in plan)
+    weight_bytes = sum(tensor_bytes(s) for _, s, _ in plan)
+    path = os.path.join(out_dir, f"{name}-q8_0.gguf")
+    pad_note = f", padded from {n_tok} tokens" if n_tok < p["n_vocab"] else ""
+    summary = (f"{name}: {p['arch']}, {len(plan)} tensors, {n_params / 1e9:.3f} B parameters, "
+               f"vocab {p['n_vocab']}{pad_note}, metadata {fmt_bytes(len(header))}, "
+               f"tensor data {fmt_bytes(weight_bytes)}, file {total} bytes ({fmt_bytes(total)})")
+    if dry_run:
+        print(f"# {path} (dry run: nothing written)")
+        for tname, shape, kind in plan:
+            ty = "Q8_0" if len(shape) == 2 else "F32"
+            ne = list(reversed(shape))
+            print(f"{tname:32} {ty:5} ne={ne!s:16} {tensor_bytes(shape):>12} bytes")
+        print(summary)
+        return path, total
+    if not force and os.path.exists(path) and os.path.getsize(path) == total:
+        print(f"{path}: exists with the expected size ({fmt_bytes(total)}), kept (--force rewrites)")
+        return path, total
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = path + ".part"
+    t0 = time.monotonic()
+    with open(tmp, "wb") as fout:
+        fout.write(header)
+        fout.write(b"\0" * (pad(len(header), align) - len(header)))
+        for i, (tname, shape, kind) in enumerate(plan):
+            n = tensor_bytes(shape)
+            start = fout.tell()
+            write_tensor(fout, i, shape, kind, seed, gain, embd_std)
+            assert fout.tell() - start == n, (tname, fout.tell() - start, n)
+            fout.write(b"\0" * (pad(n, align) - n))
+    size = os.path.getsize(tmp)
+    if size != total:
+        sys.exit(f"{tmp}: wrote {size} bytes, expected {total}")
+    os.replace(tmp, path)
+    dt = time.monotonic() - t0
+    print(summary)
+    print(f"{path}: wrote {fmt_bytes(size)} in {dt:.1f} s ({size / dt / 1e6:.0f} MB/s)")
+    return path, total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help="presets: " + ", ".join(PRESETS))
+    ap.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
+    ap.add_argument("--force", action="store_true", help="rewrite an existing file")
+    ap.add_argument("--dry-run", action="store_true", help="print the tensor list, write nothing")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gain", type=float, default=2.0, help="linear weights' std x sqrt(fan_in)")
+    ap.add_argument("--embd-std", type=float, default=0.02, help="token_embd's std")
+    ap.add_argument("--list", action="store_true", help="print the presets and exit")
+    a = ap.parse_args()
+    if a.list:
+        for n, p in PRESETS.items():
+            print(f"{n:15} {p}")
+        return
+    if not a.names:
+        ap.error("name at least one preset (--list shows them)")
+    for n in a.names:
+        if n not in PRESETS:
+            ap.error(f"unknown preset {n!r}: one of {', '.join(PRESETS)}")
+    ensure_python_deps()
+    for n in a.names:
+        generate(n, a.out, a.force, a.dry_run, a.seed, a.gain, a.embd_std)
+
+
+if __name__ == "__main__":
+    main()
