@@ -126,7 +126,8 @@ impl Linear {
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<Linear, E> {
         opts.check(plan.k)?;
-        let (b, scales) = Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), rows)?;
+        let threads = inner.pool.len();
+        let (b, scales) = Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), threads, rows)?;
         Ok(Linear::place::<K>(inner, plan, Arc::new(b), scales, opts)?)
     }
 
@@ -136,6 +137,7 @@ impl Linear {
     pub(crate) fn convert<K: EngineKind, E: From<Error>>(
         plan: &LinearPlan,
         rotation: Option<&Rotation>,
+        threads: usize,
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<(Vec<K::B>, Vec<f32>), E> {
         let k_pad = plan.k_pad;
@@ -145,7 +147,7 @@ impl Linear {
             "converted weights",
         )?;
         let mut scales = vec![0f32; plan.n_pad];
-        Linear::convert_steps::<K, E>(plan, rotation, rows, &mut |first, values, s| {
+        Linear::convert_steps::<K, E>(plan, rotation, threads, rows, &mut |first, values, s| {
             b[first * k_pad..][..values.len()].copy_from_slice(values);
             scales[first..][..s.len()].copy_from_slice(s);
             Ok(())
@@ -155,10 +157,14 @@ impl Linear {
 
     /// Converts as [`Linear::convert`], handing each step to `sink` instead of keeping it:
     /// `sink(first, values, scales)` gets rows `first..` in order (`values` `k_pad` per row,
-    /// one scale per row), then the padding rows up to `n_pad` as zeros.
+    /// one scale per row), then the padding rows up to `n_pad` as zeros. Each step's rows are
+    /// rotated and converted on `threads` threads (the lanes' count: the engine's share of the
+    /// CPUs, idle while a model loads), a contiguous share each: every row's arithmetic is its
+    /// own, so the result does not depend on the split.
     pub(crate) fn convert_steps<K: EngineKind, E: From<Error>>(
         plan: &LinearPlan,
         rotation: Option<&Rotation>,
+        threads: usize,
         rows: &mut RowSource<'_, E>,
         sink: &mut StepSink<'_, K::B, E>,
     ) -> std::result::Result<(), E> {
@@ -175,11 +181,28 @@ impl Linear {
             let count = ROWS_PER_STEP.min(n - first);
             let w = &mut buf[..count * k];
             rows(first, w)?;
-            if let Some(r) = rotation {
-                r.apply_rows(w);
-            }
             let (bs, ss) = (&mut b[..count * k_pad], &mut scales[..count]);
-            K::convert_rows(w, count, k, k_pad, bs, ss);
+            // Shares of at least 16 rows: below that a thread costs more than it saves.
+            let share = count.div_ceil(threads.clamp(1, count.div_ceil(16)));
+            let convert = |w: &mut [f32], bs: &mut [K::B], ss: &mut [f32]| {
+                if let Some(r) = rotation {
+                    r.apply_rows(w);
+                }
+                K::convert_rows(w, ss.len(), k, k_pad, bs, ss);
+            };
+            std::thread::scope(|scope| {
+                let mut parts = w
+                    .chunks_mut(share * k)
+                    .zip(bs.chunks_mut(share * k_pad))
+                    .zip(ss.chunks_mut(share));
+                let mine = parts.next();
+                for ((w, bs), ss) in parts {
+                    scope.spawn(move || convert(w, bs, ss));
+                }
+                if let Some(((w, bs), ss)) = mine {
+                    convert(w, bs, ss);
+                }
+            });
             sink(first, bs, ss)?;
         }
         if plan.n_pad > n {

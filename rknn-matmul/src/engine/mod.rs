@@ -314,7 +314,8 @@ impl Engine {
         }
         .check(k)?;
         with_format!(format, K => {
-            let (b, scales) = Linear::convert::<K, E>(&plan, rotation, &mut rows)?;
+            let threads = self.inner.pool.len();
+            let (b, scales) = Linear::convert::<K, E>(&plan, rotation, threads, &mut rows)?;
             Ok(ConvertedWeights::new::<K>(&plan, b, scales))
         })
     }
@@ -344,9 +345,11 @@ impl Engine {
         }
         .check(k)?;
         let keep_scales = format == WeightFormat::W8A8;
+        let threads = self.inner.pool.len();
         with_format!(format, K => Linear::convert_steps::<K, E>(
             &plan,
             rotation,
+            threads,
             &mut rows,
             &mut |first, values, scales| {
                 let scales = if keep_scales { scales } else { &[] };
