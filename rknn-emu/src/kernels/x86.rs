@@ -629,6 +629,36 @@ struct RowGroup {
     prefetch_next: bool,
 }
 
+/// Writes one row's eight sums of a column group from its four accumulators (lanes 0-7 of
+/// `acc[q]` are column 2q's partial sums, lanes 8-15 column 2q+1's), less `128 · sum(row)`,
+/// to `d` (added to what is there when `accumulate`).
+///
+/// # Safety
+///
+/// AVX2 and AVX512-F; `d` has 8 writable (and, to accumulate, readable) elements.
+#[rustversion::since(1.89)]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn store_group(
+    acc: &[std::arch::x86_64::__m512i; 4],
+    sum: i32,
+    d: *mut i32,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::{_mm256_set1_epi32, _mm512_castsi512_si256, _mm512_extracti64x4_epi64};
+    // SAFETY: the CPU features are the caller's contract, and `d`'s 8 elements.
+    unsafe {
+        let halves: [__m256i; 8] = std::array::from_fn(|h| match h % 2 {
+            0 => _mm512_castsi512_si256(acc[h / 2]),
+            _ => _mm512_extracti64x4_epi64::<1>(acc[h / 2]),
+        });
+        let mut v = _mm256_sub_epi32(reduce8(halves), _mm256_set1_epi32(sum.wrapping_shl(7)));
+        if accumulate {
+            v = _mm256_add_epi32(_mm256_loadu_si256(d.cast()), v);
+        }
+        _mm256_storeu_si256(d.cast(), v);
+    }
+}
+
 /// Column groups of 8 whose accumulators [`row_seq_zmm`] keeps at once (4 × 4 registers).
 #[rustversion::since(1.89)]
 const SEQ_GROUPS: usize = 4;
@@ -647,8 +677,7 @@ const SEQ_GROUPS: usize = 4;
 #[target_feature(enable = "avx2,avx512f,avx512vnni")]
 unsafe fn row_seq_zmm(row: *const i8, sum: i32, dst: *mut i32, g: RowGroup) {
     use std::arch::x86_64::{
-        __m512i, _mm256_set1_epi32, _mm512_broadcast_i64x4, _mm512_castsi512_si256,
-        _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_loadu_si512, _mm512_set1_epi8,
+        __m512i, _mm512_broadcast_i64x4, _mm512_dpbusd_epi32, _mm512_loadu_si512, _mm512_set1_epi8,
         _mm512_setzero_si512, _mm512_xor_si512,
     };
     const SK: usize = NATIVE_B_SK;
@@ -687,17 +716,7 @@ unsafe fn row_seq_zmm(row: *const i8, sum: i32, dst: *mut i32, g: RowGroup) {
             }
         }
         for (cg, acc) in acc.iter().enumerate().take(groups) {
-            // Lanes 0-7 of `acc[q]` are column 2q's partial sums, lanes 8-15 column 2q+1's.
-            let halves: [__m256i; 8] = std::array::from_fn(|h| match h % 2 {
-                0 => _mm512_castsi512_si256(acc[h / 2]),
-                _ => _mm512_extracti64x4_epi64::<1>(acc[h / 2]),
-            });
-            let d = dst.add(cg * 8);
-            let mut v = _mm256_sub_epi32(reduce8(halves), _mm256_set1_epi32(sum.wrapping_shl(7)));
-            if accumulate {
-                v = _mm256_add_epi32(_mm256_loadu_si256(d.cast()), v);
-            }
-            _mm256_storeu_si256(d.cast(), v);
+            store_group(acc, sum, dst.add(cg * 8), accumulate);
         }
     }
 }
@@ -722,8 +741,7 @@ unsafe fn rows_zmm<const R: usize>(
     g: RowGroup,
 ) {
     use std::arch::x86_64::{
-        __m512i, _mm256_set1_epi32, _mm512_broadcast_i64x4, _mm512_castsi512_si256,
-        _mm512_dpbusd_epi32, _mm512_extracti64x4_epi64, _mm512_loadu_si512, _mm512_set1_epi8,
+        __m512i, _mm512_broadcast_i64x4, _mm512_dpbusd_epi32, _mm512_loadu_si512, _mm512_set1_epi8,
         _mm512_setzero_si512, _mm512_xor_si512,
     };
     const SK: usize = NATIVE_B_SK;
@@ -761,18 +779,7 @@ unsafe fn rows_zmm<const R: usize>(
                 }
             }
             for ((acc, sum), dst) in acc.iter().zip(sums).zip(dst) {
-                // Lanes 0-7 of `acc[q]` are column 2q's partial sums, lanes 8-15 column 2q+1's.
-                let halves: [__m256i; 8] = std::array::from_fn(|h| match h % 2 {
-                    0 => _mm512_castsi512_si256(acc[h / 2]),
-                    _ => _mm512_extracti64x4_epi64::<1>(acc[h / 2]),
-                });
-                let d = dst.add(cg * 8);
-                let mut v =
-                    _mm256_sub_epi32(reduce8(halves), _mm256_set1_epi32(sum.wrapping_shl(7)));
-                if accumulate {
-                    v = _mm256_add_epi32(_mm256_loadu_si256(d.cast()), v);
-                }
-                _mm256_storeu_si256(d.cast(), v);
+                store_group(acc, sum, dst.add(cg * 8), accumulate);
             }
         }
     }

@@ -142,13 +142,18 @@ pub struct LinearOptions {
 impl LinearOptions {
     /// Checks that the rotation, if any, is of `k` channels (the linear's input features).
     pub(crate) fn check(&self, k: usize) -> Result<()> {
-        match &self.rotation {
-            Some(r) if r.k() != k => Err(Error::Length {
-                what: "rotation channels (in_features)",
-                expected: k,
-                got: r.k(),
-            }),
-            _ => Ok(()),
-        }
+        check_rotation(self.rotation.as_ref(), k)
+    }
+}
+
+/// Checks that `rotation`, if any, is of `k` channels (the linear's input features).
+pub(crate) fn check_rotation(rotation: Option<&Rotation>, k: usize) -> Result<()> {
+    match rotation {
+        Some(r) if r.k() != k => Err(Error::Length {
+            what: "rotation channels (in_features)",
+            expected: k,
+            got: r.k(),
+        }),
+        _ => Ok(()),
     }
 }

@@ -308,11 +308,7 @@ impl Engine {
         E: From<Error>,
     {
         let plan = self.plan(n, k, format)?;
-        LinearOptions {
-            rotation: rotation.cloned(),
-            residual_activations: false,
-        }
-        .check(k)?;
+        config::check_rotation(rotation, k)?;
         with_format!(format, K => {
             let threads = self.inner.pool.len();
             let (b, scales) = Linear::convert::<K, E>(&plan, rotation, threads, &mut rows)?;
@@ -339,11 +335,7 @@ impl Engine {
         E: From<Error>,
     {
         let plan = self.plan(n, k, format)?;
-        LinearOptions {
-            rotation: rotation.cloned(),
-            residual_activations: false,
-        }
-        .check(k)?;
+        config::check_rotation(rotation, k)?;
         let keep_scales = format == WeightFormat::W8A8;
         let threads = self.inner.pool.len();
         with_format!(format, K => Linear::convert_steps::<K, E>(
