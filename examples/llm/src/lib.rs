@@ -1,6 +1,9 @@
 //! The flagship of rknpu-rs as a library: quantized LLMs (GGUF files of the llama family) whose
 //! weight matmuls run on the NPU through the SDK's engine, or on the host in f32.
 //!
+//! * [`ModelBuilder`] ([`Model::builder`]): loading in one place: the backend (NPU, emulator
+//!   or host f32, and why), the engine, the converted-weight cache, the context, the host
+//!   threads, the tokenizer and the chat template.
 //! * [`gguf`]: the GGUF container: header, metadata, tensor directory, zero-copy views into the
 //!   mapped file, and dequantization of the common block formats.
 //! * [`tokenizer`]: the vocabularies GGUF files carry (SentencePiece-style and byte-level BPE
@@ -15,10 +18,14 @@
 //!   Face's `apply_chat_template` renders them.
 //! * [`perplexity`]: teacher-forced perplexity.
 //!
-//! The binaries (`llm-decode`) are behind the default `cli` feature; `default-features = false`
-//! builds the library alone.
+//! The binaries (`llm-decode`, `llm-server`) and [`cli`], their shared flags for loading a
+//! model, are behind the default `cli` feature; `default-features = false` builds the library
+//! alone.
 
+pub mod builder;
 pub mod chat;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod gguf;
 pub mod model;
 pub mod perplexity;
@@ -27,3 +34,6 @@ pub mod serve;
 pub mod session;
 pub mod spec;
 pub mod tokenizer;
+
+pub use builder::{Backend, DEFAULT_CONTEXT, LoadError, LoadedModel, ModelBuilder};
+pub use model::Model;

@@ -366,3 +366,62 @@ fn the_demo_question_gets_the_right_answer() {
     );
     assert!(text.contains("Paris"), "{question} -> {text:?}");
 }
+
+/// `llm-decode --kernels` with the kernel variables set as `vars` (every other one removed).
+fn kernels(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut cmd = common::llm_decode();
+    let inherited: Vec<_> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_string_lossy().starts_with("RKNN_KERNEL"))
+        .collect();
+    for v in inherited {
+        cmd.env_remove(v);
+    }
+    let out = cmd
+        .arg("--kernels")
+        .args(args)
+        .envs(vars.iter().copied())
+        .output()
+        .expect("llm-decode runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn kernels_reports_the_llm_host_kernels_by_the_one_convention() {
+    // No model needed; the same convention as `rknn-info --kernels` (rknn-chip/src/kernel.rs).
+    let doc: Json = serde_json::from_slice(&kernels(&["--json"], &[]).stdout).unwrap();
+    let llm = &doc[0];
+    assert_eq!(llm["component"], "llm");
+    assert!(llm["set_by"].is_null(), "{llm}");
+    // The default is the fastest this CPU runs: the last available.
+    assert_eq!(
+        llm["selected"],
+        *llm["available"].as_array().unwrap().last().unwrap()
+    );
+    for (var, set_by) in [
+        ("RKNN_KERNEL", "RKNN_KERNEL=scalar"),
+        ("RKNN_KERNEL_LLM", "RKNN_KERNEL_LLM=scalar"),
+    ] {
+        let doc: Json =
+            serde_json::from_slice(&kernels(&["--json"], &[(var, "scalar")]).stdout).unwrap();
+        assert_eq!(
+            (&doc[0]["selected"], &doc[0]["set_by"]),
+            (&"scalar".into(), &set_by.into())
+        );
+        let text = String::from_utf8(kernels(&[], &[(var, "scalar")]).stdout).unwrap();
+        assert!(
+            text.contains(&format!("  llm: scalar (set by {set_by})")),
+            "{text}"
+        );
+    }
+    // Another component's variable leaves this one alone.
+    let doc: Json =
+        serde_json::from_slice(&kernels(&["--json"], &[("RKNN_KERNEL_GLUE", "scalar")]).stdout)
+            .unwrap();
+    assert_eq!(doc[0]["selected"], llm["selected"]);
+}

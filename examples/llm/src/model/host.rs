@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+use super::host_pool::HostPool;
 use super::kernels;
 use crate::gguf::TensorView;
 
@@ -15,9 +16,12 @@ pub struct HostF32Factory {
 }
 
 impl HostF32Factory {
-    /// A factory whose linears run on `pool`.
-    pub fn new(pool: Arc<rayon::ThreadPool>) -> Self {
-        HostF32Factory { pool }
+    /// A factory whose linears run on `pool` (a [`HostPool`], or any rayon pool behind an
+    /// `Arc`).
+    pub fn new(pool: impl Into<HostPool>) -> Self {
+        HostF32Factory {
+            pool: pool.into().thread_pool().clone(),
+        }
     }
 }
 

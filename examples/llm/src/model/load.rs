@@ -1,13 +1,12 @@
 //! A model's weights, loaded from a GGUF file through a [`LinearFactory`]: immutable once
 //! loaded, so one [`Model`] (behind an `Arc`) serves any number of sequences at once.
 
-use std::sync::Arc;
-
 use rknn_matmul::engine::Engine;
 
 use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
 use super::config::Config;
 use super::error::ModelError;
+use super::host_pool::HostPool;
 use super::kv_cache::{CacheType, REWIND};
 use crate::gguf::{GgmlType, GgufFile, SharedBytes, TensorView};
 
@@ -66,7 +65,7 @@ pub struct Model {
     pub(super) output_norm: Vec<f32>,
     pub(super) output: Projection,
     pub(super) rope_freqs: Option<Vec<f32>>,
-    pub(super) pool: Arc<rayon::ThreadPool>,
+    pub(super) pool: HostPool,
     /// The context size of its sequences.
     pub(super) n_ctx: usize,
     backend_kind: &'static str,
@@ -105,15 +104,35 @@ impl Footprint {
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
 impl Model {
-    /// Builds the model from `file`, converting each weight matrix with `factory`; attention
-    /// runs on `pool`. `progress` is called after each tensor.
+    /// Builds the model from `file`, converting each weight matrix with `factory`; its host
+    /// work (attention, the f32 path's matmuls) runs on `pool` (a [`HostPool`], or any rayon
+    /// pool behind an `Arc`). `progress` is called after each tensor.
+    ///
+    /// [`Model::builder`] does all of loading in one place: the backend, the engine, the weight
+    /// cache, the context, the tokenizer and the chat template.
     pub fn load(
         file: &GgufFile,
         factory: &mut dyn LinearFactory,
-        pool: Arc<rayon::ThreadPool>,
+        pool: impl Into<HostPool>,
         progress: Progress<'_>,
     ) -> Result<Self, ModelError> {
-        let c = Config::from_gguf(file)?;
+        Model::load_config(
+            file,
+            Config::from_gguf(file)?,
+            factory,
+            pool.into(),
+            progress,
+        )
+    }
+
+    /// [`Model::load`] with `file`'s configuration already read.
+    pub(crate) fn load_config(
+        file: &GgufFile,
+        c: Config,
+        factory: &mut dyn LinearFactory,
+        pool: HostPool,
+        progress: Progress<'_>,
+    ) -> Result<Self, ModelError> {
         let (e, q, kv, ff) = (
             c.n_embd as u64,
             c.q_dim() as u64,
@@ -372,7 +391,7 @@ impl Model {
     }
 
     /// The host pool its passes run on.
-    pub fn pool(&self) -> &Arc<rayon::ThreadPool> {
+    pub fn pool(&self) -> &HostPool {
         &self.pool
     }
 }

@@ -35,7 +35,7 @@ pub use error::ModelError;
 pub use family::FAMILIES;
 pub use forward::{BatchItem, Logits, Sequence, Stats};
 pub use host::{F32Linear, HostF32Factory};
-pub use host_pool::host_pool;
+pub use host_pool::{HostPool, host_pool};
 pub use kv_cache::{CacheType, KvCache, REWIND};
 pub use load::{Footprint, Model, Progress};
 pub use npu::{EngineFactory, EngineOptions, Residual};

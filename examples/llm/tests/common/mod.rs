@@ -114,18 +114,16 @@ pub fn run_json(
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// The model at `path` on the host f32 path, its passes on a pool of `threads`, with one
-/// sequence.
+/// The model at `path` on the host f32 path, loaded through the builder with its trained
+/// context, its passes on an ordinary pool of `threads`, with one sequence.
 pub fn load_f32(path: &std::path::Path, threads: usize) -> Run {
-    let pool = std::sync::Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap(),
-    );
-    let file = rknn_llm::gguf::GgufFile::open(path).unwrap();
-    let mut factory = rknn_llm::model::HostF32Factory::new(pool.clone());
-    Run::new(rknn_llm::model::Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap())
+    let loaded = rknn_llm::Model::builder(path)
+        .backend(rknn_llm::Backend::F32)
+        .pool(rknn_llm::model::HostPool::workers(threads).unwrap())
+        .context(0)
+        .load()
+        .unwrap();
+    Run::new(loaded.model)
 }
 
 /// A model with one sequence, driven as the tests drive it (forward, reset, the cache).
@@ -136,12 +134,10 @@ pub struct Run {
 
 impl Run {
     /// `model` with an empty f32 sequence.
-    pub fn new(model: rknn_llm::model::Model) -> Run {
+    pub fn new(model: impl Into<std::sync::Arc<rknn_llm::model::Model>>) -> Run {
+        let model = model.into();
         let seq = model.sequence(rknn_llm::model::CacheType::F32);
-        Run {
-            model: std::sync::Arc::new(model),
-            seq,
-        }
+        Run { model, seq }
     }
 
     /// [`rknn_llm::model::Model::forward`] on the sequence.

@@ -21,9 +21,6 @@ mod error;
 mod metrics;
 mod params;
 
-#[path = "../shared/backend.rs"]
-mod backend;
-
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,17 +30,15 @@ use axum::serve::ListenerExt;
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use rknn_llm::chat::ChatTemplate;
-use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::Config;
+use rknn_llm::Model;
+use rknn_llm::cli::LoadArgs;
+use rknn_llm::model::HostPool;
 use rknn_llm::serve::{Batcher, ServeConfig};
-use rknn_llm::tokenizer::Tokenizer;
 
 use api::{AppState, Loaded, ServerConfig};
-use backend::{BackendArgs, Error, backend_name};
 
-/// `-c`'s default (llama-server's too), or the trained context if shorter.
-const DEFAULT_CTX_SIZE: usize = 4096;
+/// An error of starting or loading (`Send`, so that the model loads on a thread of its own).
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The environment variable read for the API key when `--api-key` is not given.
 const API_KEY_ENV: &str = "LLM_SERVER_API_KEY";
@@ -66,7 +61,7 @@ struct Args {
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Context size shared by the slots: each gets N / --parallel positions (default 4096,
-    /// or the trained context if shorter; 0 is the trained context; more is capped to it).
+    /// or the trained context if shorter; 0 is the trained context; more than it is refused).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     ctx_size: Option<usize>,
     /// Requests decoded together (slots), also `-np N`.
@@ -103,7 +98,7 @@ struct Args {
     alias: Option<String>,
     /// Where the weight matmuls run and how weights and the KV cache are stored.
     #[command(flatten)]
-    backend: BackendArgs,
+    load: LoadArgs,
 }
 
 /// llama-server spells `--parallel` also `-np`: two letters after one dash, which clap cannot
@@ -315,20 +310,23 @@ fn server_ended(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Error
 
 /// Loads the model and starts the batcher (on a blocking thread).
 fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
-    let file = GgufFile::open(&args.model)?;
-    let config = Config::from_gguf(&file)?;
-    let trained = config.n_ctx;
-    let total = match args.ctx_size {
-        None => DEFAULT_CTX_SIZE.min(trained),
-        Some(0) => trained,
-        Some(n) if n > trained => {
-            eprintln!(
-                "llm-server: warning: -c {n} is more than the trained context: using {trained}"
-            );
-            trained
-        }
-        Some(n) => n,
-    };
+    let mut builder = args
+        .load
+        .apply(Model::builder(&args.model))?
+        // An ordinary pool (not the builder's default, whose member 0 is the loading thread:
+        // this one is tokio's): the batcher's thread runs its passes inside it.
+        .pool(HostPool::workers(threads)?);
+    if let Some(c) = args.ctx_size {
+        builder = builder.context(c);
+    }
+    if let Some(f) = &args.chat_template_file {
+        builder = builder.chat_template_file(f);
+    }
+    let loaded = builder.load()?;
+    if let Some(c) = &loaded.weight_cache {
+        eprintln!("llm-server: {c}");
+    }
+    let total = loaded.model.n_ctx();
     let slot_ctx = total / args.parallel;
     if slot_ctx == 0 {
         return Err(format!(
@@ -337,64 +335,36 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
         )
         .into());
     }
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
-    let template = match &args.chat_template_file {
-        Some(path) => {
-            let source = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read chat template {}: {e}", path.display()))?;
-            let t = ChatTemplate::new(path.display().to_string(), source)?;
-            Ok(Arc::new(t.with_tokens_of(&tokenizer)))
-        }
-        None => match ChatTemplate::from_gguf(&file, &tokenizer) {
-            Ok(Some(t)) => Ok(Arc::new(t)),
-            Ok(None) => Err(format!(
-                "the model {} has no chat template (tokenizer.chat_template): start llm-server with --chat-template-file FILE",
-                args.model.display()
-            )),
-            Err(e) => Err(format!(
-                "the model's chat template is unusable ({e}): start llm-server with --chat-template-file FILE"
-            )),
-        },
+    let template = match &loaded.chat_template {
+        Ok(Some(t)) => Ok(Arc::new(t.clone())),
+        Ok(None) => Err(format!(
+            "the model {} has no chat template (tokenizer.chat_template): start llm-server with --chat-template-file FILE",
+            args.model.display()
+        )),
+        Err(e) => Err(format!(
+            "the model's chat template is unusable ({e}): start llm-server with --chat-template-file FILE"
+        )),
     };
-    // An ordinary pool (not `host_pool`, whose calling thread joins it: this one is tokio's):
-    // the batcher's thread runs inside it.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("llm-host-{i}"))
-        .build()?;
-    let (mut model, cache) = backend::load_model(
-        &args.model,
-        &file,
-        Arc::new(pool),
-        &args.backend,
-        &mut |_, _| {},
-    )?;
-    if let Some(c) = cache {
-        eprintln!("llm-server: {c}");
-    }
-    model.set_context(slot_ctx)?;
-    let model = Arc::new(model);
-    let backend = backend_name(model.engine());
     let batcher = Batcher::start(
-        model,
-        tokenizer.clone(),
+        loaded.model.clone(),
+        loaded.tokenizer.clone(),
         ServeConfig {
             slots: args.parallel,
             slot_ctx,
             queue: args.queue,
             prefill_chunk: args.prefill_chunk,
-            cache_type: args.backend.cache_type(),
+            cache_type: loaded.kv_cache,
         },
     )?;
-    let loaded = Loaded {
-        tokenizer,
+    let served = Loaded {
+        tokenizer: loaded.tokenizer.clone(),
         template,
         slot_ctx,
-        n_ctx_train: trained,
+        n_ctx_train: loaded.model.config().n_ctx,
         slots: args.parallel,
-        backend,
+        backend: loaded.backend.name(),
     };
-    Ok((loaded, batcher))
+    Ok((served, batcher))
 }
 
 /// SIGTERM and SIGINT, registered at start (so that neither kills the process outright).

@@ -27,7 +27,9 @@ use std::time::SystemTime;
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, WeightFormat};
 
 use super::backend::BackendError;
+use super::config::Config;
 use super::error::ModelError;
+use super::host_pool::HostPool;
 use super::load::{Model, Progress};
 use super::npu::{EngineFactory, EngineOptions, Rows, WeightStore};
 use crate::gguf::GgufFile;
@@ -397,7 +399,32 @@ impl Model {
         engine: Engine,
         opts: EngineOptions,
         cache: &WeightCache,
-        pool: Arc<rayon::ThreadPool>,
+        pool: impl Into<HostPool>,
+        progress: Progress<'_>,
+    ) -> Result<(Model, CacheOutcome), ModelError> {
+        let config = Config::from_gguf(file)?;
+        Model::load_cached_config(
+            path,
+            file,
+            config,
+            engine,
+            opts,
+            cache,
+            pool.into(),
+            progress,
+        )
+    }
+
+    /// [`Model::load_cached`] with `file`'s configuration already read.
+    #[allow(clippy::too_many_arguments)] // Model::load_cached's, and the configuration.
+    pub(crate) fn load_cached_config(
+        path: &Path,
+        file: &GgufFile,
+        config: Config,
+        engine: Engine,
+        opts: EngineOptions,
+        cache: &WeightCache,
+        pool: HostPool,
         progress: Progress<'_>,
     ) -> Result<(Model, CacheOutcome), ModelError> {
         let chip = engine.runtime().platform().to_string();
@@ -417,7 +444,13 @@ impl Model {
                     };
                     let mut factory =
                         EngineFactory::with_store(engine.clone(), opts, Box::new(store));
-                    let loaded = Model::load(file, &mut factory, pool.clone(), progress);
+                    let loaded = Model::load_config(
+                        file,
+                        config.clone(),
+                        &mut factory,
+                        pool.clone(),
+                        progress,
+                    );
                     drop(factory);
                     let invalid = lock(&report).invalid.take();
                     match (loaded, invalid) {
@@ -445,7 +478,7 @@ impl Model {
             report: report.clone(),
         };
         let mut factory = EngineFactory::with_store(engine, opts, Box::new(store));
-        let model = Model::load(file, &mut factory, pool, progress)?;
+        let model = Model::load_config(file, config, &mut factory, pool, progress)?;
         drop(factory);
         let r = std::mem::take(&mut *lock(&report));
         let outcome = match (r.written, r.write_failed, stale) {
