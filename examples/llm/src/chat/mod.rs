@@ -18,11 +18,13 @@
 //!   `.items()`, ...: minijinja-contrib's `pycompat`), and values printed as Python prints them
 //!   (`None`, `True`, `1.0`, `['a', 1]`).
 //!
-//! Templates come from model files, so they are untrusted: each rendering runs on its own
-//! thread with a large stack, under a fuel budget ([`ChatTemplate::set_fuel`]: every
-//! instruction, byte and visited item costs fuel), minijinja's recursion limit and a deadline
-//! ([`ChatTemplate::set_timeout`]). A template that loops too long, builds too much or recurses
-//! too deeply is a typed [`ChatError`], never a hang, a panic or a stack overflow.
+//! Templates come from model files, so they are untrusted: each rendering runs on one of a few
+//! long-lived render workers with a large stack, under a fuel budget
+//! ([`ChatTemplate::set_fuel`]: every instruction, byte and visited item costs fuel),
+//! minijinja's recursion limit and a deadline ([`ChatTemplate::set_timeout`]); a worker that
+//! overruns a deadline is retired and replaced, so it never holds up the renderings after it. A
+//! template that loops too long, builds too much or recurses too deeply is a typed
+//! [`ChatError`], never a hang, a panic or a stack overflow.
 //!
 //! ```
 //! use rknn_llm::chat::{ChatOptions, ChatTemplate, Message};
@@ -44,12 +46,14 @@
 //!
 //! Where things are: the template, its environment and its errors in `template.rs`; Python's
 //! printing and string methods in `python.rs`; `tojson` (Python's `json.dumps`) in
-//! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`.
+//! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`; the render
+//! workers, and why they are so, in `worker.rs`.
 
 mod datetime;
 mod python;
 mod template;
 mod tojson;
+mod worker;
 
 pub use datetime::DateTime;
 pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, Message, encode_prompt};

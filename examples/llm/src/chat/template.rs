@@ -10,6 +10,7 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
 use super::datetime::DateTime;
 use super::python::{join, py_methods, py_str, py_strip};
 use super::tojson::tojson;
+use super::worker::{RENDERERS, RunError};
 use crate::gguf::GgufFile;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -190,11 +191,6 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// The stack of the rendering thread: room for minijinja's recursion limit, and for values
-/// nested as deeply as the fuel lets a template build them (dropping and printing them
-/// recurses).
-const RENDER_STACK: usize = 64 << 20;
-
 impl ChatTemplate {
     /// The default fuel of one rendering: about 50 ms of work and 64 MB of data at most; a long
     /// conversation with the largest templates in use needs a few percent of it.
@@ -285,8 +281,9 @@ impl ChatTemplate {
 
     /// Fails a rendering that has not finished after `timeout` with [`ChatError::Timeout`]. The
     /// fuel bounds nearly all work; the deadline is the last resort for what minijinja does not
-    /// charge (printing or comparing a value that shares its parts exponentially often), whose
-    /// thread is then left behind.
+    /// charge (printing or comparing a value that shares its parts exponentially often). The
+    /// render worker that overran it is retired, to finish that rendering and exit; later
+    /// renderings go to a fresh one.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
@@ -303,41 +300,23 @@ impl ChatTemplate {
         let ctx = self.context(messages, add_generation_prompt, options);
         let env = self.env.clone();
         let name = self.name.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = std::thread::Builder::new()
-            .name("chat-template".into())
-            .stack_size(RENDER_STACK)
-            .spawn(move || {
-                let r = env.get_template(&name).and_then(|t| t.render(ctx));
-                let _ = tx.send(r);
-            });
-        let handle = spawned.map_err(|e| ChatError::Render {
-            name: self.name.clone(),
-            message: format!("cannot start the rendering thread: {e}"),
-        })?;
-        match rx.recv_timeout(self.timeout) {
-            Ok(r) => {
-                let _ = handle.join();
-                r.map_err(|e| self.classify(&e))
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(ChatError::Timeout {
+        let rendered = RENDERERS.run(self.timeout, move || {
+            env.get_template(&name).and_then(|t| t.render(ctx))
+        });
+        match rendered {
+            Ok(r) => r.map_err(|e| self.classify(&e)),
+            Err(RunError::Timeout) => Err(ChatError::Timeout {
                 name: self.name.clone(),
                 timeout: self.timeout,
             }),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                let why = match handle.join() {
-                    Err(p) => p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default(),
-                    Ok(()) => String::new(),
-                };
-                Err(ChatError::Render {
-                    name: self.name.clone(),
-                    message: format!("the renderer failed: {why}"),
-                })
-            }
+            Err(RunError::Panicked(why)) => Err(ChatError::Render {
+                name: self.name.clone(),
+                message: format!("the renderer failed: {why}"),
+            }),
+            Err(RunError::Spawn(e)) => Err(ChatError::Render {
+                name: self.name.clone(),
+                message: format!("cannot start the rendering thread: {e}"),
+            }),
         }
     }
 
@@ -473,7 +452,13 @@ fn environment() -> Environment<'static> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
+    use crate::chat::worker::RENDER_WORKERS;
+
+    /// Fuel for seconds of looping, far past the deadlines below.
+    const SLOW_FUEL: u64 = 20_000_000;
 
     fn render(src: &str, messages: &[Message]) -> Result<String, ChatError> {
         ChatTemplate::new("t", src)?.render(messages, true, &ChatOptions::default())
@@ -562,6 +547,106 @@ mod tests {
             })
         );
         assert!(t0.elapsed() < Duration::from_secs(1));
+    }
+
+    /// Renderings from many threads at once each get their own conversation's text, rendered
+    /// on the render workers, a few threads in all.
+    #[test]
+    fn many_threads_render_at_once_each_its_own() {
+        let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ worker() }}";
+        let mut t = ChatTemplate::new("chatml", src).unwrap();
+        // Where each rendering ran: the thread's name and id.
+        Arc::make_mut(&mut t.env).add_function("worker", || {
+            let me = std::thread::current();
+            format!("{} {:?}", me.name().unwrap_or_default(), me.id())
+        });
+        let (spawned0, retired0) = RENDERERS.counts();
+        let workers: HashSet<String> = std::thread::scope(|s| {
+            let callers: Vec<_> = (0..8)
+                .map(|i| {
+                    let t = &t;
+                    s.spawn(move || {
+                        let mut workers = HashSet::new();
+                        for j in 0..25 {
+                            let messages = [
+                                Message::system(format!("s{i}")),
+                                Message::user(format!("thread {i}, turn {j}")),
+                            ];
+                            let got = t.render(&messages, false, &ChatOptions::default());
+                            let got = got.unwrap();
+                            let want = format!(
+                                "<|im_start|>system\ns{i}<|im_end|>\n<|im_start|>user\nthread {i}, turn {j}<|im_end|>\n"
+                            );
+                            let worker = got.strip_prefix(&want).unwrap_or_else(|| panic!("{got}"));
+                            assert!(worker.starts_with("chat-template ThreadId("), "{worker}");
+                            workers.insert(worker.to_string());
+                        }
+                        workers
+                    })
+                })
+                .collect();
+            callers
+                .into_iter()
+                .flat_map(|c| c.join().unwrap())
+                .collect()
+        });
+        // A worker starts only while fewer than RENDER_WORKERS are counted, and leaves the
+        // count only by retiring (after a timeout: other tests'), whatever else runs meanwhile.
+        let (spawned, retired) = RENDERERS.counts();
+        let bound = RENDER_WORKERS + (retired - retired0) as usize;
+        assert!(spawned - spawned0 <= bound as u64);
+        assert!(
+            workers.len() <= bound,
+            "200 renderings on {} threads",
+            workers.len()
+        );
+    }
+
+    /// A rendering that the fuel lets run long (a huge loop) ends at its deadline, and the
+    /// renderings after it are not held up behind it.
+    #[test]
+    fn a_slow_rendering_times_out_and_the_next_is_not_held_up() {
+        let src = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}";
+        let mut slow = ChatTemplate::new("slow", src).unwrap();
+        slow.set_fuel(SLOW_FUEL);
+        slow.set_timeout(Duration::from_millis(50));
+        assert_eq!(
+            slow.render(&[], false, &ChatOptions::default()),
+            Err(ChatError::Timeout {
+                name: "slow".into(),
+                timeout: Duration::from_millis(50)
+            })
+        );
+        let mut next = ChatTemplate::new("next", "{{ messages[0].content }}!").unwrap();
+        next.set_timeout(Duration::from_secs(1));
+        for _ in 0..3 {
+            assert_eq!(
+                next.render(&[Message::user("hi")], false, &ChatOptions::default()),
+                Ok("hi!".to_string())
+            );
+        }
+    }
+
+    /// A panic inside minijinja (here in a function of the environment) is a typed error, and
+    /// the renderings after it work.
+    #[test]
+    fn a_panic_while_rendering_is_an_error_and_the_next_rendering_works() {
+        let mut t = ChatTemplate::new("boom", "{{ boom() }}").unwrap();
+        Arc::make_mut(&mut t.env).add_function("boom", || -> Result<String, Error> {
+            panic!("a bug in the renderer")
+        });
+        assert_eq!(
+            t.render(&[], false, &ChatOptions::default()),
+            Err(ChatError::Render {
+                name: "boom".into(),
+                message: "the renderer failed: a bug in the renderer".into()
+            })
+        );
+        let t = ChatTemplate::new("fine", "{{ 6 * 7 }}").unwrap();
+        assert_eq!(
+            t.render(&[], false, &ChatOptions::default()),
+            Ok("42".to_string())
+        );
     }
 
     #[test]
