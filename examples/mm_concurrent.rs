@@ -20,7 +20,9 @@ use clap::Parser;
 use rknn_matmul::{F16xF16ToF32, I4xI4ToI16, I8xI8ToI32, Runtime};
 
 mod common;
-use common::{Case, CaseFlags, Dtype, Measured, Out, ProbeKind, Shape};
+use common::cases::{Case, Check, Dtype, ProbeKind, Shape, core, prepare, time_runs};
+use common::flags::{BackendFlags, CaseFlags};
+use common::report::{Measured, Out, field_tops, header, modelled_ms, rated_tops, table_header};
 
 /// One single-core context per NPU core, run concurrently, timing only the runs; each
 /// context's first result is checked against a host reference.
@@ -28,7 +30,7 @@ use common::{Case, CaseFlags, Dtype, Measured, Out, ProbeKind, Shape};
 #[command(name = "mm_concurrent")]
 struct Args {
     #[command(flatten)]
-    backend: common::BackendFlags,
+    backend: BackendFlags,
     #[command(flatten)]
     cases: CaseFlags,
     /// Numbers of concurrent contexts to run (repeat or comma-separate). Default: 1 up to the
@@ -70,14 +72,14 @@ fn probe(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let layouts = f.layouts_or_default();
     let quants = f.quants_or_default();
     let out = Out::new(f.json);
-    out.text(&common::header(
+    out.text(&header(
         &rt,
         &format!(
             "mm_concurrent: 1 to {cores} single-core contexts at once, one thread each, timing rknn_matmul_run only"
         ),
         f,
     ));
-    out.text(&common::table_header("case × contexts (scaling)"));
+    out.text(&table_header("case × contexts (scaling)"));
     let mut all_ok = true;
     let mut rows = vec![];
     for &dtype in &f.dtypes {
@@ -126,7 +128,7 @@ fn probe(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         } else {
             "ours (host CPU emulating)".to_string()
         };
-        common::plot(
+        common::plot::draw(
             path,
             "mm_concurrent: aggregate over concurrent contexts",
             &labels,
@@ -144,7 +146,7 @@ struct Report {
     begin: Instant,
     end: Instant,
     modelled_ms: Option<f64>,
-    check: common::Check,
+    check: Check,
 }
 
 /// Runs `contexts` contexts at once, one per core: each thread builds its context, fills and
@@ -163,19 +165,18 @@ fn measure<K: ProbeKind>(
             .map(|i| {
                 let start = &start;
                 s.spawn(move || {
-                    let ready = common::prepare::<K>(rt, case, common::core(rt, i), i as u64)
-                        .and_then(|mut r| {
-                            common::time_runs(&mut r, f.warmup() - 1)?;
-                            Ok(r)
-                        });
+                    let ready = prepare::<K>(rt, case, core(rt, i), i as u64).and_then(|mut r| {
+                        time_runs(&mut r, f.warmup() - 1)?;
+                        Ok(r)
+                    });
                     start.wait();
                     let mut r = ready?;
                     let begin = Instant::now();
-                    common::time_runs(&mut r, iters)?;
+                    time_runs(&mut r, iters)?;
                     let end = Instant::now();
                     // Read while every context is still alive: the emulator's model counts the
                     // cores of the active contexts.
-                    let modelled_ms = common::modelled_ms(rt, &r.mm, contexts);
+                    let modelled_ms = modelled_ms(rt, &r.mm, contexts);
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>((r, begin, end, modelled_ms))
                 })
             })
@@ -211,9 +212,9 @@ fn measure<K: ProbeKind>(
         .iter()
         .map(|r| r.modelled_ms)
         .try_fold(0f64, |acc, m| m.map(|m| acc.max(m)));
-    let failed: Vec<&common::Check> = done.iter().map(|r| &r.check).filter(|c| !c.ok).collect();
+    let failed: Vec<&Check> = done.iter().map(|r| &r.check).filter(|c| !c.ok).collect();
     let check = match failed.first() {
-        None => common::Check {
+        None => Check {
             ok: true,
             text: format!("{} (each context)", done[0].check.text),
         },
@@ -224,8 +225,8 @@ fn measure<K: ProbeKind>(
         contexts,
         ms_per_run: per_run * 1e3,
         tops: contexts as f64 * case.shape.ops() / per_run / 1e12,
-        rated: common::rated_tops(rt, case.dtype, contexts),
-        field: common::field_tops(case, contexts).map(|f| f.0),
+        rated: rated_tops(rt, case.dtype, contexts),
+        field: field_tops(case, contexts).map(|f| f.0),
         modelled_ms,
         verified: check.ok,
         check: check.text,

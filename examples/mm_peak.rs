@@ -21,9 +21,9 @@ use clap::Parser;
 use rknn_matmul::{F16xF16ToF32, I4xI4ToI16, I8xI8ToI32, Runtime};
 
 mod common;
-use common::{
-    Case, CaseFlags, Dtype, LayoutArg, Measured, Out, ProbeKind, QuantArg, Shape, field_tops,
-};
+use common::cases::{Case, Dtype, LayoutArg, ProbeKind, QuantArg, Shape, core, prepare, time_runs};
+use common::flags::{BackendFlags, CaseFlags};
+use common::report::{Measured, Out, field_tops, header, modelled_ms, rated_tops, table_header};
 
 /// Single-context matmul throughput across shapes, types, layouts and quantisation types,
 /// timing only the runs; each case's first result is checked against a host reference.
@@ -31,7 +31,7 @@ use common::{
 #[command(name = "mm_peak")]
 struct Args {
     #[command(flatten)]
-    backend: common::BackendFlags,
+    backend: BackendFlags,
     #[command(flatten)]
     cases: CaseFlags,
 }
@@ -121,12 +121,12 @@ fn probe(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let f = &args.cases;
     let rt = args.backend.open()?;
     let out = Out::new(f.json);
-    out.text(&common::header(
+    out.text(&header(
         &rt,
         "mm_peak: one context on one NPU core, timing rknn_matmul_run only",
         f,
     ));
-    out.text(&common::table_header("case (M×K×N type B-layout B-quant)"));
+    out.text(&table_header("case (M×K×N type B-layout B-quant)"));
     let mut all_ok = true;
     let mut rows = vec![];
     for case in cases(f) {
@@ -153,7 +153,7 @@ fn probe(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         } else {
             "ours (host CPU emulating)".to_string()
         };
-        common::plot(path, "mm_peak: one context", &labels, &refs, &ours)?;
+        common::plot::draw(path, "mm_peak: one context", &labels, &refs, &ours)?;
         out.text(&format!("plot written to {}", path.display()));
     }
     Ok(all_ok)
@@ -164,19 +164,19 @@ fn measure<K: ProbeKind>(
     case: &Case,
     f: &CaseFlags,
 ) -> Result<Measured, Box<dyn std::error::Error + Send + Sync>> {
-    let mut ready = common::prepare::<K>(rt, case, common::core(rt, 0), 0)?;
+    let mut ready = prepare::<K>(rt, case, core(rt, 0), 0)?;
     // The first run (in `prepare`) was the checked one; the rest of the warm-up follows.
-    common::time_runs(&mut ready, f.warmup() - 1)?;
+    time_runs(&mut ready, f.warmup() - 1)?;
     let iters = f.iterations();
-    let dt = common::time_runs(&mut ready, iters)?.as_secs_f64() / f64::from(iters);
+    let dt = time_runs(&mut ready, iters)?.as_secs_f64() / f64::from(iters);
     Ok(Measured {
         case: *case,
         contexts: 1,
         ms_per_run: dt * 1e3,
         tops: case.shape.ops() / dt / 1e12,
-        rated: common::rated_tops(rt, case.dtype, 1),
+        rated: rated_tops(rt, case.dtype, 1),
         field: field_tops(case, 1).map(|f| f.0),
-        modelled_ms: common::modelled_ms(rt, &ready.mm, 1),
+        modelled_ms: modelled_ms(rt, &ready.mm, 1),
         verified: ready.check.ok,
         check: ready.check.text.clone(),
     })
