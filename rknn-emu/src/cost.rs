@@ -44,10 +44,10 @@
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
 //! prefill rates and the time to the first token. Both cost the campaign's llama.cpp graph,
 //! the calibrated one; [`CostModel::decoder_pass_in`] and [`CostModel::predict_llm_prompt_in`]
-//! cost the same decoder in another [`Layout`]: this project's engine's ([`EngineLayout`]:
-//! fused linears, contexts of at most 8192 columns, residual activations), with the same
-//! per-run cost, nothing refitted. The calibration is frozen: the constants are those of the
-//! table in `docs/npu-matmul-performance.md`, and a test fails when one changes.
+//! cost the same decoder in another [`DecoderLayout`]: this project's engine's
+//! ([`EngineLayout`]: fused linears, contexts of at most 8192 columns, residual activations),
+//! with the same per-run cost, nothing refitted. The calibration is frozen: the constants are
+//! those of the table in `docs/npu-matmul-performance.md`, and a test fails when one changes.
 
 use std::time::Duration;
 
@@ -197,8 +197,8 @@ impl CostModel {
     }
 
     /// The modelled NPU time of one forward pass of a decoder over `rows` rows (tokens), in
-    /// the campaign's layout ([`Layout::Campaign`], the calibrated one), every linear split as
-    /// [`CostModel::linear`] splits it: N in `cores` shards (one context per core,
+    /// the campaign's layout ([`DecoderLayout::Campaign`], the calibrated one), every linear
+    /// split as [`CostModel::linear`] splits it: N in `cores` shards (one context per core,
     /// all running at once), K in segments of at most the chip's segment size. The output
     /// projection runs over `head_rows` rows (llama.cpp computes the logits of the last prompt
     /// token only during prefill). Host work (quantisation, attention, sampling) is not in it.
@@ -273,11 +273,11 @@ impl CostModel {
         head_rows: usize,
         cores: usize,
         t: MatmulType,
-        layout: &Layout,
+        layout: &DecoderLayout,
     ) -> PassCost {
         let e = match layout {
-            Layout::Campaign => return self.decoder_pass(d, rows, head_rows, cores, t),
-            Layout::Engine(e) => e,
+            DecoderLayout::Campaign => return self.decoder_pass(d, rows, head_rows, cores, t),
+            DecoderLayout::Engine(e) => e,
         };
         let mut total = PassCost::default();
         for l in e.block_linears(d) {
@@ -677,7 +677,7 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
 /// How a decoder's linears are laid out on the NPU ([`CostModel::decoder_pass_in`],
 /// [`CostModel::predict_llm_prompt_in`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum DecoderLayout {
     /// The field campaign's llama.cpp graph, the one the model is calibrated on: seven linears
     /// per block (q, k, v, o, gate, up, down), N split over the cores in 32-column shards, one
     /// context per core and K segment, one row of A per token
@@ -687,12 +687,12 @@ pub enum Layout {
     Engine(EngineLayout),
 }
 
-impl Layout {
+impl DecoderLayout {
     /// "campaign" or "engine".
     pub fn name(&self) -> &'static str {
         match self {
-            Layout::Campaign => "campaign",
-            Layout::Engine(_) => "engine",
+            DecoderLayout::Campaign => "campaign",
+            DecoderLayout::Engine(_) => "engine",
         }
     }
 }
@@ -966,11 +966,11 @@ impl CostModel {
         &self,
         d: &DecoderShape,
         prompt: usize,
-        layout: &Layout,
+        layout: &DecoderLayout,
     ) -> LlmPrediction {
         let e = match layout {
-            Layout::Campaign => return self.predict_llm_prompt(d, prompt),
-            Layout::Engine(e) => e,
+            DecoderLayout::Campaign => return self.predict_llm_prompt(d, prompt),
+            DecoderLayout::Engine(e) => e,
         };
         let t = MatmulType::I8_I8_I32;
         let decode = self.decoder_pass_in(d, 1, 1, self.cores, t, layout);

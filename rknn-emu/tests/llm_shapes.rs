@@ -4,8 +4,8 @@
 
 use rknn_chip::MatmulType;
 use rknn_emu::cost::{
-    self, CAMPAIGN_9B, DecoderShape, ENGINE_LAYOUT, EngineLayout, EngineLinear, LLAMA3_8B, Layout,
-    LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
+    self, CAMPAIGN_9B, DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, EngineLinear,
+    LLAMA3_8B, LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
 };
 
 /// A model's `config.json` values, as published.
@@ -231,7 +231,7 @@ fn host_glue_scales_with_the_activations() {
     assert!((share - cost::host::DECODE_SHARE).abs() < 1e-12);
 }
 
-const ENGINE: Layout = Layout::Engine(ENGINE_LAYOUT);
+const ENGINE: DecoderLayout = DecoderLayout::Engine(ENGINE_LAYOUT);
 
 /// Contexts one lane holds of a linear of `n` columns and `k` rows in the engine's layout,
 /// on the widest lane: N in 32-column blocks over three lanes, the lane's columns in contexts
@@ -331,7 +331,7 @@ fn residual_activations_double_the_rows_of_down_and_the_head() {
             residual: Residual::None,
             ..*e
         };
-        let plain = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &Layout::Engine(none));
+        let plain = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &DecoderLayout::Engine(none));
         let with = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &ENGINE);
         assert!(plain.npu_s < with.npu_s, "{}", d.name);
         assert_eq!(plain.runs_per_core, with.runs_per_core, "{}", d.name);
@@ -348,10 +348,10 @@ fn the_campaign_layout_is_the_calibrated_path() {
     for c in &CONFIGS {
         let d = &c.shape;
         for prompt in [1, 64, 128, 512] {
-            let p = RK3588.predict_llm_prompt_in(d, prompt, &Layout::Campaign);
+            let p = RK3588.predict_llm_prompt_in(d, prompt, &DecoderLayout::Campaign);
             assert_eq!(p, RK3588.predict_llm_prompt(d, prompt), "{}", d.name);
             assert_eq!(
-                RK3588.decoder_pass_in(d, prompt, 1, 3, W8A8, &Layout::Campaign),
+                RK3588.decoder_pass_in(d, prompt, 1, 3, W8A8, &DecoderLayout::Campaign),
                 RK3588.decoder_pass(d, prompt, 1, 3, W8A8)
             );
             // The engine's prompt runs in forwards of 128 tokens, the head over the last
