@@ -8,8 +8,9 @@
 //!
 //! It also holds what several crates above must agree on and that no crate below them could:
 //! the one convention by which every host kernel of the SDK is chosen ([`kernel`]:
-//! `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`); and the modelled device time ([`ModelledTime`]),
-//! which the emulator keeps and the safe layer hands out.
+//! `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`); the linears of a decoder ([`LinearRole`],
+//! [`Residual`]), which the cost model prices and the LLM builds; and the modelled device time
+//! ([`ModelledTime`]), which the emulator keeps and the safe layer hands out.
 //!
 //! Every size computed from dimensions is overflow-checked ([`ElemKind::bytes_for`],
 //! [`layout::io_descs`], the native lengths), and [`check_dims`] bounds M, K and N to the C
@@ -28,6 +29,7 @@
 //! assert!(!p.accepts(MatmulType::F16_I4_F32)); // no weight-only int4 on RK3588
 //! ```
 
+mod decoder;
 mod dtype;
 mod int4;
 pub mod kernel;
@@ -36,6 +38,7 @@ mod modelled;
 mod platform;
 mod rules;
 
+pub use decoder::{LinearRole, Residual};
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
 pub use int4::{INT4_CONVERTER_INPUT_ENV, Int4ConverterInput, UnknownInt4ConverterInput};
 pub use kernel::KernelChoice;

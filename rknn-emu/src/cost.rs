@@ -53,6 +53,10 @@ use std::time::Duration;
 
 use rknn_chip::{ElemKind, MatmulType, Platform};
 
+/// The linears of the engine's layout and which of them run residual activations, defined
+/// in `rknn-chip` (the LLM names the same ones).
+pub use rknn_chip::{LinearRole, Residual};
+
 /// The cost model of one chip's NPU. The fields are public so that a user with better
 /// measurements can adjust them; [`RK3588`] is the calibrated model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -727,47 +731,6 @@ pub const ENGINE_LAYOUT: EngineLayout = EngineLayout {
     prefill_batch: 128,
     residual: Residual::OutputAndDown,
 };
-
-/// Which linears quantise each input row twice, as itself and as the residual of the first
-/// quantisation, and so run two rows of A per input row (the LLM example's `Residual`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Residual {
-    /// None.
-    None,
-    /// The output head only.
-    Output,
-    /// The output head and the down projections (the engine's default).
-    OutputAndDown,
-    /// Every linear.
-    All,
-}
-
-impl Residual {
-    /// Whether a linear of `role` has residual activations.
-    pub fn applies(self, role: LinearRole) -> bool {
-        match self {
-            Residual::None => false,
-            Residual::Output => role == LinearRole::Output,
-            Residual::OutputAndDown => matches!(role, LinearRole::Output | LinearRole::Down),
-            Residual::All => true,
-        }
-    }
-}
-
-/// The linears of the engine's layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinearRole {
-    /// q, k and v fused: N = q_dim + 2 · kv_dim, K = hidden.
-    Qkv,
-    /// The attention output (o): N = hidden, K = q_dim.
-    AttnOutput,
-    /// gate and up fused: N = 2 · n_ff, K = hidden.
-    GateUp,
-    /// The down projection: N = hidden, K = n_ff.
-    Down,
-    /// The output head: N = vocab, K = hidden.
-    Output,
-}
 
 /// One linear of the engine's layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

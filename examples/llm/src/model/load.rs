@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use rknn_chip::LinearRole;
 use rknn_matmul::engine::Engine;
 
-use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
+use super::backend::{BackendError, LinearFactory, LinearOp};
 use super::config::Config;
 use super::error::ModelError;
 use super::kv_cache::{CacheType, REWIND};
