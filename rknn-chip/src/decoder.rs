@@ -1,10 +1,11 @@
 //! The linears of a decoder as the engine runs them ([`LinearRole`]), and which of them quantise
 //! each input row twice ([`Residual`]).
 //!
-//! Not a chip fact: these live here because two crates that do not depend on each other name
-//! them, the cost model of `rknn-emu` (which prices a decoder's linears) and the LLM library
-//! `rknn-llm` (which builds them), and this is the lowest crate both reach. One definition
-//! keeps the cost model's decoder the LLM's.
+//! Not a chip fact: these live here, beside the [`plan`](crate::plan) that splits each linear,
+//! because two crates that do not depend on each other name them, the cost model of `rknn-emu`
+//! (which prices a decoder's linears) and the LLM library `rknn-llm` (which builds them), and
+//! this is the lowest crate both reach. One definition keeps the cost model's decoder the
+//! LLM's.
 
 /// Which linear of a decoder a weight is, so a backend can treat them differently (the output
 /// head decides the next token directly, for instance). The engine's layout fuses the linears

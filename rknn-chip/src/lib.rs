@@ -8,9 +8,11 @@
 //!
 //! It also holds what several crates above must agree on and that no crate below them could:
 //! the one convention by which every host kernel of the SDK is chosen ([`kernel`]:
-//! `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`); the linears of a decoder ([`LinearRole`],
-//! [`Residual`]), which the cost model prices and the LLM builds; and the modelled device time
-//! ([`ModelledTime`]), which the emulator keeps and the safe layer hands out.
+//! `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`); how a linear is split into contexts and runs
+//! ([`plan`]), which the engine builds and the cost model prices; the linears of a decoder
+//! ([`LinearRole`], [`Residual`]), which the cost model prices and the LLM builds; and the
+//! modelled device time ([`ModelledTime`]), which the emulator keeps and the safe layer hands
+//! out.
 //!
 //! Every size computed from dimensions is overflow-checked ([`ElemKind::bytes_for`],
 //! [`layout::io_descs`], the native lengths), and [`check_dims`] bounds M, K and N to the C
@@ -35,6 +37,7 @@ mod int4;
 pub mod kernel;
 pub mod layout;
 mod modelled;
+pub mod plan;
 mod platform;
 mod rules;
 
