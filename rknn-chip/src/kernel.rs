@@ -16,7 +16,8 @@
 //! cannot run, is reported once on stderr and the default is used. Variables are read once,
 //! at a component's first kernel call.
 //!
-//! `rknn-info --kernels` prints every component's choice, what it could have chosen, and why.
+//! `rknn-info --kernels` prints the SDK's components' choices (the emulator's, the glue's), what
+//! each could have chosen, and why; `llm-decode --kernels` the LLM's.
 
 use std::fmt;
 

@@ -6,8 +6,13 @@
 //! (`rknn-matmul`) uses them to validate before any FFI call and to pack A / unpack C on the
 //! engine's hot path. One source of truth keeps the two from drifting apart.
 //!
-//! It also holds the one convention by which every host kernel of the SDK is chosen
-//! ([`kernel`]: `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`), since every crate above shares it.
+//! It also holds what several crates above must agree on and that no crate below them could:
+//! the one convention by which every host kernel of the SDK is chosen ([`kernel`]:
+//! `RKNN_KERNEL`, `RKNN_KERNEL_<COMPONENT>`); how a linear is split into contexts and runs
+//! ([`plan`]), which the engine builds and the cost model prices; the linears of a decoder
+//! ([`LinearRole`], [`Residual`]), which the cost model prices and the LLM builds; and the
+//! modelled device time ([`ModelledTime`]), which the emulator keeps and the safe layer hands
+//! out.
 //!
 //! Every size computed from dimensions is overflow-checked ([`ElemKind::bytes_for`],
 //! [`layout::io_descs`], the native lengths), and [`check_dims`] bounds M, K and N to the C
@@ -26,16 +31,21 @@
 //! assert!(!p.accepts(MatmulType::F16_I4_F32)); // no weight-only int4 on RK3588
 //! ```
 
+mod decoder;
 mod dtype;
 mod int4;
 pub mod kernel;
 pub mod layout;
+mod modelled;
+pub mod plan;
 mod platform;
 mod rules;
 
+pub use decoder::{LinearRole, Residual};
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
 pub use int4::{INT4_CONVERTER_INPUT_ENV, Int4ConverterInput, UnknownInt4ConverterInput};
 pub use kernel::KernelChoice;
+pub use modelled::ModelledTime;
 pub use platform::{Platform, ShapeRules, Tiles, USER_GUIDE_MAX_N, UnknownPlatform};
 pub use rules::{
     Dim, MAX_DIM, MatmulConfig, RuleViolation, check_dims, check_kn, check_layouts, check_type,

@@ -10,13 +10,14 @@
 //! prefill pass of the prompt (the first token comes out of its last row's logits) with the
 //! campaign's host glue, unpinned and with the campaign's A76-pinned speed-up. The first
 //! columns cost the campaign's layout (the calibrated one); the "engine layout" columns cost
-//! the same shapes laid out as this project's engine lays them out (`Layout::Engine`: fused
-//! qkv and gate-up, contexts of at most 8192 columns, residual activations on the down
-//! projections and the head), with the same per-run cost. A second table splits the engine
-//! layout's TTFT into NPU and host glue, with and without the down projections' residual rows.
+//! the same shapes laid out as this project's engine lays them out
+//! (`DecoderLayout::Engine`: fused qkv and gate-up, contexts of at most 8192 columns, residual
+//! activations on the down projections and the head), with the same per-run cost. A second
+//! table splits the engine layout's TTFT into NPU and host glue, with and without the down
+//! projections' residual rows.
 
 use rknn_emu::cost::{
-    DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_8B, Layout, LlmPrediction, NpuTerms,
+    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_8B, LlmPrediction, NpuTerms,
     QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
 };
 
@@ -79,7 +80,7 @@ fn main() {
          | engine layout: runs per core per token |"
     );
     println!("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
-    let engine = Layout::Engine(ENGINE_LAYOUT);
+    let engine = DecoderLayout::Engine(ENGINE_LAYOUT);
     for r in &ROWS {
         let p: LlmPrediction = RK3588.predict_llm_prompt(&r.shape, r.prompt);
         let e: LlmPrediction = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &engine);
@@ -106,7 +107,7 @@ fn main() {
     }
     // What the engine layout's TTFT is made of, and what the residual activations of the
     // down projections add to it (the head's residual row is one row of A per prompt).
-    let head_only = Layout::Engine(EngineLayout {
+    let head_only = DecoderLayout::Engine(EngineLayout {
         residual: Residual::Output,
         ..ENGINE_LAYOUT
     });

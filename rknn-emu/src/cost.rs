@@ -44,14 +44,20 @@
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
 //! prefill rates and the time to the first token. Both cost the campaign's llama.cpp graph,
 //! the calibrated one; [`CostModel::decoder_pass_in`] and [`CostModel::predict_llm_prompt_in`]
-//! cost the same decoder in another [`Layout`]: this project's engine's ([`EngineLayout`]:
-//! fused linears, contexts of at most 8192 columns, residual activations), with the same
-//! per-run cost, nothing refitted. The calibration is frozen: the constants are those of the
+//! cost the same decoder in another [`DecoderLayout`]: this project's engine's
+//! ([`EngineLayout`]: fused linears, contexts of at most 8192 columns, residual activations,
+//! each linear split by the engine's own planner, [`rknn_chip::plan`]), with the same per-run
+//! cost, nothing refitted. The calibration is frozen: the constants are those of the
 //! table in `docs/npu-matmul-performance.md`, and a test fails when one changes.
 
 use std::time::Duration;
 
+use rknn_chip::plan::{LinearPlan, MChunk, PlanError, SplitRules, m_bucket, m_chunks};
 use rknn_chip::{ElemKind, MatmulType, Platform};
+
+/// The linears of the engine's layout and which of them run residual activations, defined
+/// with the engine's plan in `rknn-chip` (the LLM names the same ones).
+pub use rknn_chip::{LinearRole, Residual};
 
 /// The cost model of one chip's NPU. The fields are public so that a user with better
 /// measurements can adjust them; [`RK3588`] is the calibrated model.
@@ -197,8 +203,8 @@ impl CostModel {
     }
 
     /// The modelled NPU time of one forward pass of a decoder over `rows` rows (tokens), in
-    /// the campaign's layout ([`Layout::Campaign`], the calibrated one), every linear split as
-    /// [`CostModel::linear`] splits it: N in `cores` shards (one context per core,
+    /// the campaign's layout ([`DecoderLayout::Campaign`], the calibrated one), every linear
+    /// split as [`CostModel::linear`] splits it: N in `cores` shards (one context per core,
     /// all running at once), K in segments of at most the chip's segment size. The output
     /// projection runs over `head_rows` rows (llama.cpp computes the logits of the last prompt
     /// token only during prefill). Host work (quantisation, attention, sampling) is not in it.
@@ -273,11 +279,11 @@ impl CostModel {
         head_rows: usize,
         cores: usize,
         t: MatmulType,
-        layout: &Layout,
+        layout: &DecoderLayout,
     ) -> PassCost {
         let e = match layout {
-            Layout::Campaign => return self.decoder_pass(d, rows, head_rows, cores, t),
-            Layout::Engine(e) => e,
+            DecoderLayout::Campaign => return self.decoder_pass(d, rows, head_rows, cores, t),
+            DecoderLayout::Engine(e) => e,
         };
         let mut total = PassCost::default();
         for l in e.block_linears(d) {
@@ -288,16 +294,17 @@ impl CostModel {
     }
 
     /// The modelled NPU time of one linear of the engine over `rows` input rows, split as the
-    /// engine's plan splits it (`rknn-matmul/src/engine/plan.rs`): the shape padded to the
-    /// chip's alignment for B's element type, N over `lanes` lanes in whole aligned blocks (as
-    /// equal as they go), each lane's columns into contexts of at most
-    /// [`EngineLayout::max_n_per_context`] columns (as equal as they go), K in segments of the
-    /// chip's segment size and the rest; the rows in chunks of at most
-    /// [`EngineLayout::max_m`] rows of A, each run at its bucket's M
-    /// ([`EngineLayout::context_m`]), two rows of A per input row when the linear is
+    /// engine splits it, by the same planner ([`rknn_chip::plan`], through
+    /// [`CostModel::engine_plan`]): the shape padded to the chip's alignment for B's element
+    /// type, N over `lanes` lanes in whole aligned blocks (as equal as they go), each lane's
+    /// columns into contexts of at most [`EngineLayout::max_n_per_context`] columns (as equal
+    /// as they go), K in segments of the model's segment size and the rest; the rows in chunks
+    /// of at most [`EngineLayout::max_m`] rows of A, each run at its bucket's M
+    /// ([`rknn_chip::plan::m_chunks`]), two rows of A per input row when the linear is
     /// [`EngineLinear::residual`]. Each lane runs its contexts one after another, the lanes at
     /// once: the linear takes as long as the slowest lane, whose runs and terms it reports.
-    /// Zero rows cost nothing (a head that computes no logits).
+    /// Zero rows or no weights cost nothing (a head that computes no logits); padded weights
+    /// beyond the address space cost `f64::INFINITY`.
     pub fn engine_linear(
         &self,
         l: &EngineLinear,
@@ -309,38 +316,32 @@ impl CostModel {
         if rows == 0 {
             return PassCost::default();
         }
-        let lanes = lanes.clamp(1, self.cores.max(1));
-        let (ka, na) = self.platform.alignment(t.b).unwrap_or((1, 1));
-        let k_pad = l.k.next_multiple_of(ka);
-        let seg = self
-            .k_segment
-            .map(|s| s - s % ka)
-            .filter(|&s| s > 0)
-            .unwrap_or(k_pad)
-            .max(1);
-        let segments: Vec<usize> = (0..k_pad)
-            .step_by(seg)
-            .map(|k0| seg.min(k_pad - k0))
-            .collect();
-        let n_block = (e.max_n_per_context - e.max_n_per_context % na).max(na);
-        let shards = split_evenly(l.n.div_ceil(na), lanes);
-        let busy = shards.iter().filter(|&&b| b > 0).count().max(1);
-        let per = l.rows_per_input_row();
-        let chunk = (e.max_m / per).max(1);
-        let ms: Vec<usize> = (0..rows)
-            .step_by(chunk)
-            .map(|r0| e.context_m(chunk.min(rows - r0) * per))
-            .collect();
+        let weight_bytes = (l.k * l.n) as f64 * t.b.bits() as f64 / 8.0;
+        let plan = match self.engine_plan(l, lanes, t, e) {
+            Ok(plan) => plan,
+            // No weights, nothing to run.
+            Err(PlanError::Empty { .. }) => return PassCost::default(),
+            // Padded weights beyond the address space: no plan, no finite time.
+            Err(_) => {
+                return PassCost {
+                    npu_s: f64::INFINITY,
+                    weight_bytes,
+                    ..PassCost::default()
+                };
+            }
+        };
+        let busy = plan.shards.iter().flatten().count().max(1);
+        let chunks: Vec<MChunk> = m_chunks(rows, l.rows_per_input_row(), e.max_m).collect();
         let mut slowest = PassCost::default();
-        for &units in shards.iter().filter(|&&b| b > 0) {
-            let blocks = split_evenly(units, (units * na).div_ceil(n_block));
+        for shard in plan.shards.iter().flatten() {
+            let blocks = plan.blocks(shard);
             let mut lane = PassCost::default();
-            for &m in &ms {
-                for &width in &blocks {
-                    for &ks in &segments {
-                        let n = width * na;
+            for chunk in &chunks {
+                for block in &blocks {
+                    for &(_, ks) in &plan.segments {
+                        let n = block.width;
                         let one = self.run(&Run {
-                            m,
+                            m: chunk.m,
                             k: ks,
                             n,
                             t,
@@ -356,18 +357,33 @@ impl CostModel {
                 slowest = lane;
             }
         }
-        slowest.weight_bytes = (l.k * l.n) as f64 * t.b.bits() as f64 / 8.0;
+        slowest.weight_bytes = weight_bytes;
         slowest
     }
-}
 
-/// `units` split into `parts` counts as equal as they go, the first ones one larger (the
-/// engine's `plan_shards`).
-fn split_evenly(units: usize, parts: usize) -> Vec<usize> {
-    let parts = parts.max(1);
-    (0..parts)
-        .map(|i| units / parts + usize::from(i < units % parts))
-        .collect()
+    /// The engine's plan of linear `l` on `lanes` lanes (at most the model's cores) for B of
+    /// `t.b` ([`rknn_chip::plan::LinearPlan`], the one the engine builds its contexts from):
+    /// the chip's alignment for that element kind (1 where it has none) and this model's K
+    /// segment ([`CostModel::k_segment`]), contexts of at most
+    /// [`EngineLayout::max_n_per_context`] columns (one aligned block where that is less
+    /// than one: the engine refuses such a limit).
+    pub fn engine_plan(
+        &self,
+        l: &EngineLinear,
+        lanes: usize,
+        t: MatmulType,
+        e: &EngineLayout,
+    ) -> Result<LinearPlan, PlanError> {
+        let lanes = lanes.clamp(1, self.cores.max(1));
+        let (k_align, n_align) = self.platform.alignment(t.b).unwrap_or((1, 1));
+        let rules = SplitRules {
+            k_align,
+            n_align,
+            k_segment: self.k_segment,
+            max_n_per_context: e.max_n_per_context.max(n_align),
+        };
+        LinearPlan::new(l.n, l.k, lanes, &rules)
+    }
 }
 
 /// One run to cost.
@@ -677,7 +693,7 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
 /// How a decoder's linears are laid out on the NPU ([`CostModel::decoder_pass_in`],
 /// [`CostModel::predict_llm_prompt_in`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum DecoderLayout {
     /// The field campaign's llama.cpp graph, the one the model is calibrated on: seven linears
     /// per block (q, k, v, o, gate, up, down), N split over the cores in 32-column shards, one
     /// context per core and K segment, one row of A per token
@@ -687,12 +703,12 @@ pub enum Layout {
     Engine(EngineLayout),
 }
 
-impl Layout {
+impl DecoderLayout {
     /// "campaign" or "engine".
     pub fn name(&self) -> &'static str {
         match self {
-            Layout::Campaign => "campaign",
-            Layout::Engine(_) => "engine",
+            DecoderLayout::Campaign => "campaign",
+            DecoderLayout::Engine(_) => "engine",
         }
     }
 }
@@ -706,7 +722,8 @@ impl Layout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineLayout {
     /// The widest context, in columns (`EngineConfig::max_n_per_context`; the default is the
-    /// chip's measured largest N, 8192 on RK3588).
+    /// chip's measured largest N, 8192 on RK3588), rounded down to the chip's N alignment;
+    /// one below the alignment is priced as one aligned block (the engine refuses it).
     pub max_n_per_context: usize,
     /// The most rows of A one context runs (`EngineConfig::max_m`, default 512): a forward
     /// over more is run in chunks.
@@ -727,47 +744,6 @@ pub const ENGINE_LAYOUT: EngineLayout = EngineLayout {
     prefill_batch: 128,
     residual: Residual::OutputAndDown,
 };
-
-/// Which linears quantise each input row twice, as itself and as the residual of the first
-/// quantisation, and so run two rows of A per input row (the LLM example's `Residual`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Residual {
-    /// None.
-    None,
-    /// The output head only.
-    Output,
-    /// The output head and the down projections (the engine's default).
-    OutputAndDown,
-    /// Every linear.
-    All,
-}
-
-impl Residual {
-    /// Whether a linear of `role` has residual activations.
-    pub fn applies(self, role: LinearRole) -> bool {
-        match self {
-            Residual::None => false,
-            Residual::Output => role == LinearRole::Output,
-            Residual::OutputAndDown => matches!(role, LinearRole::Output | LinearRole::Down),
-            Residual::All => true,
-        }
-    }
-}
-
-/// The linears of the engine's layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinearRole {
-    /// q, k and v fused: N = q_dim + 2 · kv_dim, K = hidden.
-    Qkv,
-    /// The attention output (o): N = hidden, K = q_dim.
-    AttnOutput,
-    /// gate and up fused: N = 2 · n_ff, K = hidden.
-    GateUp,
-    /// The down projection: N = hidden, K = n_ff.
-    Down,
-    /// The output head: N = vocab, K = hidden.
-    Output,
-}
 
 /// One linear of the engine's layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -815,18 +791,10 @@ impl EngineLayout {
         self.linear(LinearRole::Output, d.vocab, d.hidden)
     }
 
-    /// The context M the engine runs `m` rows of A at (`EngineConfig::bucket`): `m` itself up
-    /// to 32, 64 up to 64, else `m` rounded up to a multiple of 128; at most
-    /// [`EngineLayout::max_m`].
+    /// The context M the engine runs `m` rows of A at: the engine's bucket
+    /// ([`rknn_chip::plan::m_bucket`]) with contexts of at most [`EngineLayout::max_m`] rows.
     pub fn context_m(&self, m: usize) -> usize {
-        let bucket = if m <= 32 {
-            m.max(1)
-        } else if m <= 64 {
-            64
-        } else {
-            m.div_ceil(128) * 128
-        };
-        bucket.min(self.max_m)
+        m_bucket(m, self.max_m)
     }
 
     /// Activation elements a forward over `rows` rows moves between the host and the NPU in
@@ -966,11 +934,11 @@ impl CostModel {
         &self,
         d: &DecoderShape,
         prompt: usize,
-        layout: &Layout,
+        layout: &DecoderLayout,
     ) -> LlmPrediction {
         let e = match layout {
-            Layout::Campaign => return self.predict_llm_prompt(d, prompt),
-            Layout::Engine(e) => e,
+            DecoderLayout::Campaign => return self.predict_llm_prompt(d, prompt),
+            DecoderLayout::Engine(e) => e,
         };
         let t = MatmulType::I8_I8_I32;
         let decode = self.decoder_pass_in(d, 1, 1, self.cores, t, layout);

@@ -3,9 +3,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
 
-use rknn_chip::ShapeRules;
+use rknn_chip::{ModelledTime, ShapeRules};
 use rknn_sys::RknnApi;
 
 use crate::abi;
@@ -47,46 +46,6 @@ pub struct EmuStats {
     pub orphaned_memories: usize,
     /// Calls refused because another thread was inside a call on the same context.
     pub concurrent_uses: usize,
-}
-
-/// Modelled device time of the runs an emulator made ([`crate::cost`]): a model of the chip,
-/// not a measurement.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelledTime {
-    /// Runs counted.
-    pub runs: u64,
-    /// Their modelled device time, summed over every core.
-    pub total: Duration,
-    /// Per NPU core, the modelled time of the runs made on it.
-    pub per_core: Vec<Duration>,
-    /// Operations (2 per multiply-accumulate) of the runs.
-    pub ops: f64,
-}
-
-impl ModelledTime {
-    /// The modelled device time of the busiest core: the NPU's wall time for work split
-    /// evenly over the cores and run on all of them at once (as the engine's linears are).
-    pub fn busiest_core(&self) -> Duration {
-        self.per_core.iter().copied().max().unwrap_or_default()
-    }
-
-    /// The difference since an earlier snapshot of the same emulator (for timing one phase,
-    /// e.g. prefill then decode).
-    pub fn since(&self, earlier: &ModelledTime) -> ModelledTime {
-        ModelledTime {
-            runs: self.runs.saturating_sub(earlier.runs),
-            total: self.total.saturating_sub(earlier.total),
-            per_core: self
-                .per_core
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.saturating_sub(earlier.per_core.get(i).copied().unwrap_or_default())
-                })
-                .collect(),
-            ops: (self.ops - earlier.ops).max(0.0),
-        }
-    }
 }
 
 /// An emulated RKNN runtime with its own configuration, contexts and memories.
@@ -214,6 +173,7 @@ mod tests {
     use crate::instance::instance;
     use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
+    use std::time::Duration;
 
     #[test]
     fn dropping_an_emulator_waits_for_its_calls_in_flight_and_creating_one_does_not() {

@@ -67,5 +67,7 @@ pub use config::{
     RulesPolicy, SharedMemories,
 };
 pub use context::ContextModelled;
-pub use emulator::{EmuError, EmuStats, Emulator, ModelledTime};
+pub use emulator::{EmuError, EmuStats, Emulator};
 pub use rknn_chip;
+/// What the cost model gives the runs an emulator made ([`Emulator::modelled`]).
+pub use rknn_chip::ModelledTime;

@@ -4,8 +4,9 @@
 
 use rknn_chip::MatmulType;
 use rknn_emu::cost::{
-    self, CAMPAIGN_9B, DecoderShape, ENGINE_LAYOUT, EngineLayout, EngineLinear, LLAMA3_8B, Layout,
-    LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
+    self, CAMPAIGN_9B, CostModel, DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout,
+    EngineLinear, LLAMA3_8B, LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual,
+    TINYLLAMA_1_1B,
 };
 
 /// A model's `config.json` values, as published.
@@ -231,29 +232,33 @@ fn host_glue_scales_with_the_activations() {
     assert!((share - cost::host::DECODE_SHARE).abs() < 1e-12);
 }
 
-const ENGINE: Layout = Layout::Engine(ENGINE_LAYOUT);
+const ENGINE: DecoderLayout = DecoderLayout::Engine(ENGINE_LAYOUT);
 
-/// Contexts one lane holds of a linear of `n` columns and `k` rows in the engine's layout,
-/// on the widest lane: N in 32-column blocks over three lanes, the lane's columns in contexts
-/// of at most `max_n` columns, K in segments of at most `seg` rows.
-fn engine_contexts(n: usize, k: usize, max_n: usize, seg: usize) -> u64 {
-    let lane = n.div_ceil(32).div_ceil(3) * 32;
-    (lane.div_ceil(max_n) * k.div_ceil(seg)) as u64
+/// Contexts the busiest lane holds of linear `l` in the engine's layout on three lanes: the
+/// engine's own plan ([`rknn_chip::plan::LinearPlan`], through the cost model's
+/// [`cost::CostModel::engine_plan`]).
+fn engine_contexts(model: &cost::CostModel, l: &EngineLinear, e: &EngineLayout) -> u64 {
+    let plan = model.engine_plan(l, 3, W8A8, e).unwrap();
+    plan.lane_contexts().into_iter().max().unwrap() as u64
 }
 
 #[test]
 fn the_engine_layout_fuses_and_splits_as_the_engine_does() {
-    let seg = RK3588.k_segment.expect("RK3588 splits K");
     let max_n = ENGINE_LAYOUT.max_n_per_context;
     assert_eq!(max_n, 8192);
     for c in &CONFIGS {
         let d = &c.shape;
         let (h, f, q, kv) = (d.hidden, d.n_ff, d.q_dim, d.kv_dim);
-        let block: u64 = [(q + 2 * kv, h), (h, q), (2 * f, h), (h, f)]
+        let e = &ENGINE_LAYOUT;
+        // The fused linears: qkv, o, gate-up, down.
+        let shapes: Vec<(usize, usize)> = e.block_linears(d).iter().map(|l| (l.n, l.k)).collect();
+        assert_eq!(shapes, [(q + 2 * kv, h), (h, q), (2 * f, h), (h, f)]);
+        let block: u64 = e
+            .block_linears(d)
             .iter()
-            .map(|&(n, k)| engine_contexts(n, k, max_n, seg))
+            .map(|l| engine_contexts(&RK3588, l, e))
             .sum();
-        let head = engine_contexts(d.vocab, h, max_n, seg);
+        let head = engine_contexts(&RK3588, &e.head(d), e);
         let want = d.layers as u64 * block + head;
         let engine = RK3588.decoder_pass_in(d, 1, 1, 3, W8A8, &ENGINE);
         let campaign = RK3588.decoder_pass(d, 1, 1, 3, W8A8);
@@ -276,6 +281,90 @@ fn the_engine_layout_fuses_and_splits_as_the_engine_does() {
     let head = (d.vocab.div_ceil(32).div_ceil(3) * 32).div_ceil(max_n) as u64;
     let engine = RK3588.decoder_pass_in(d, 1, 1, 3, W8A8, &ENGINE);
     assert_eq!(engine.runs_per_core, d.layers as u64 * 4 + head);
+}
+
+/// The cost model prices the plan the engine makes: narrower contexts or shorter K segments
+/// mean more runs per token, each paying the fixed cost, and the prediction moves by them.
+#[test]
+fn the_prediction_follows_the_split_limits() {
+    // Qwen2-0.5B's head: 151 936 columns, 4748 blocks of 32, 1583 on the busiest lane
+    // (50 656 columns): ceil(50 656 / 8192) = 7 contexts at the default, 13 at 4096, 4 at
+    // 16 384. Its blocks are one context each (at most 3264 columns per lane), so only the
+    // head moves.
+    let d = &QWEN2_0_5B;
+    let at = |max_n: usize| {
+        let e = EngineLayout {
+            max_n_per_context: max_n,
+            ..ENGINE_LAYOUT
+        };
+        (
+            RK3588.decoder_pass_in(d, 1, 1, 3, W8A8, &DecoderLayout::Engine(e)),
+            RK3588.predict_llm_prompt_in(d, 128, &DecoderLayout::Engine(e)),
+        )
+    };
+    let blocks = d.layers as u64 * 4;
+    let (wide, wide_p) = at(8192);
+    let (narrow, narrow_p) = at(4096);
+    let (wider, wider_p) = at(16_384);
+    assert_eq!(wide.runs_per_core, blocks + 7);
+    assert_eq!(narrow.runs_per_core, blocks + 13);
+    assert_eq!(wider.runs_per_core, blocks + 4);
+    // Each extra run is one more fixed cost on the busiest lane; the bytes stay the same.
+    let extra = (narrow.terms.call_s - wide.terms.call_s) / RK3588.call_s;
+    assert!((extra - 6.0).abs() < 1e-9, "{extra}");
+    assert_eq!(narrow.weight_bytes, wide.weight_bytes);
+    assert!(narrow.npu_s > wide.npu_s && wide.npu_s > wider.npu_s);
+    assert!(narrow_p.decode_tok_s < wide_p.decode_tok_s);
+    assert!(wider_p.decode_tok_s > wide_p.decode_tok_s);
+    assert!(narrow_p.ttft_s() > wide_p.ttft_s());
+
+    // Llama-3-8B's down projection: K = 14 336 in ceil(14 336 / 8192) = 2 segments on RK3588,
+    // 4 with a 4096-row segment (RK3576's), 1 without one; the other linears (K = 4096) keep
+    // one. Per block: qkv 6144 and o 4096 columns (2048 and 1376 per lane: one context), gate-up
+    // 28 672 (9568 on the busiest lane: two contexts), down 4096 (one context per segment).
+    let d = &LLAMA3_8B;
+    let e = ENGINE_LAYOUT;
+    let with_segment = |seg: Option<usize>| {
+        let model = CostModel {
+            k_segment: seg,
+            ..RK3588
+        };
+        (
+            model.decoder_pass_in(d, 1, 0, 3, W8A8, &ENGINE),
+            model.predict_llm_prompt_in(d, 64, &ENGINE),
+        )
+    };
+    let runs = |down: u64| d.layers as u64 * (1 + 1 + 2 + down);
+    let (two, two_p) = with_segment(Some(8192));
+    let (four, four_p) = with_segment(Some(4096));
+    let (one, _) = with_segment(None);
+    assert_eq!(two.runs_per_core, runs(2));
+    assert_eq!(four.runs_per_core, runs(4));
+    assert_eq!(one.runs_per_core, runs(1));
+    assert_eq!(
+        engine_contexts(
+            &CostModel {
+                k_segment: Some(4096),
+                ..RK3588
+            },
+            &e.block_linears(d)[3],
+            &e
+        ),
+        4
+    );
+    // Decode, bound by reading the weights, pays the extra runs' fixed cost.
+    assert!(four.npu_s > two.npu_s && two.npu_s > one.npu_s);
+    let extra = (four.terms.call_s - two.terms.call_s) / RK3588.call_s;
+    assert!((extra - 2.0 * d.layers as f64).abs() < 1e-9, "{extra}");
+    assert!(four_p.decode_tok_s < two_p.decode_tok_s);
+    // Prefill gains: a segment of half the rows lets the A block hold twice the rows of A,
+    // so B streams past them half as many times (at M = 256, the down projection's residual
+    // rows of a 128-token forward: 8 passes instead of 16).
+    let passes = |ks: usize| 256usize.div_ceil((RK3588.a_block_bytes as usize / ks).max(1));
+    assert_eq!((passes(4096), passes(8192)), (8, 16));
+    assert!(four_p.prefill_npu_s < two_p.prefill_npu_s);
+    // A model without a segment (and so without the cliff) runs K whole.
+    assert_eq!(one.terms.k_cliff_s, 0.0);
 }
 
 #[test]
@@ -331,7 +420,7 @@ fn residual_activations_double_the_rows_of_down_and_the_head() {
             residual: Residual::None,
             ..*e
         };
-        let plain = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &Layout::Engine(none));
+        let plain = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &DecoderLayout::Engine(none));
         let with = RK3588.decoder_pass_in(d, 128, 1, 3, W8A8, &ENGINE);
         assert!(plain.npu_s < with.npu_s, "{}", d.name);
         assert_eq!(plain.runs_per_core, with.runs_per_core, "{}", d.name);
@@ -348,10 +437,10 @@ fn the_campaign_layout_is_the_calibrated_path() {
     for c in &CONFIGS {
         let d = &c.shape;
         for prompt in [1, 64, 128, 512] {
-            let p = RK3588.predict_llm_prompt_in(d, prompt, &Layout::Campaign);
+            let p = RK3588.predict_llm_prompt_in(d, prompt, &DecoderLayout::Campaign);
             assert_eq!(p, RK3588.predict_llm_prompt(d, prompt), "{}", d.name);
             assert_eq!(
-                RK3588.decoder_pass_in(d, prompt, 1, 3, W8A8, &Layout::Campaign),
+                RK3588.decoder_pass_in(d, prompt, 1, 3, W8A8, &DecoderLayout::Campaign),
                 RK3588.decoder_pass(d, prompt, 1, 3, W8A8)
             );
             // The engine's prompt runs in forwards of 128 tokens, the head over the last

@@ -283,6 +283,9 @@ pub enum Error {
     /// The request breaks a rule of the chip (checked before any FFI call).
     #[error(transparent)]
     Rule(#[from] RuleViolation),
+    /// A linear cannot be split into contexts ([`rknn_chip::plan`]).
+    #[error(transparent)]
+    Plan(#[from] rknn_chip::plan::PlanError),
     /// A setting read from the environment has an unknown value.
     #[error(transparent)]
     Setting(#[from] rknn_chip::UnknownInt4ConverterInput),

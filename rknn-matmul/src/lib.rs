@@ -50,13 +50,13 @@ mod safe;
 
 pub use dtype::*;
 pub use error::{Call, Error, Matrix, Result, RknnCode, Versions};
-pub use rknn_chip::{self, Int4ConverterInput, Layout, MatmulType, Platform, ShapeRules};
+pub use rknn_chip::{
+    self, Int4ConverterInput, Layout, MatmulType, ModelledTime, Platform, ShapeRules,
+};
 #[cfg(feature = "emulator")]
 pub use rknn_emu::{self, EmuConfig};
 pub use safe::capability::Capability;
 pub use safe::guard;
 pub use safe::matmul::{BQuant, Core, LayerQuant, Matmul, MatmulBuilder};
 pub use safe::mem::{MemFlags, TensorMem};
-pub use safe::runtime::{
-    Backend, GuardPolicy, ModelledTime, Runtime, RuntimeOptions, detect_platform,
-};
+pub use safe::runtime::{Backend, GuardPolicy, Runtime, RuntimeOptions, detect_platform};

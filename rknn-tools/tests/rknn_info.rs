@@ -193,7 +193,8 @@ fn the_kernel_report_follows_the_one_convention() {
         .iter()
         .map(|k| k["component"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["emu", "glue", "llm"]);
+    // The SDK's components; the LLM library's host kernels are llm-decode's to report.
+    assert_eq!(names, ["emu", "glue"]);
     for k in &all {
         assert_eq!(k["selected"], "scalar", "{k}");
         assert_eq!(k["set_by"], "RKNN_KERNEL=scalar", "{k}");
@@ -225,17 +226,23 @@ fn the_kernel_report_follows_the_one_convention() {
     // The text report says the same, one line per component.
     let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL", "scalar")]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for c in ["emu", "glue", "llm"] {
+    for c in ["emu", "glue"] {
         assert!(
             text.contains(&format!("  {c}: scalar (set by RKNN_KERNEL=scalar)")),
             "{text}"
         );
     }
-    let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL_LLM", "scalar")]).unwrap();
+    let out = rknn_info_with_kernels(&["--kernels"], &[("RKNN_KERNEL_GLUE", "scalar")]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RKNN_KERNEL_<COMPONENT>"), "{text}");
     assert!(
-        text.contains("llm: scalar (set by RKNN_KERNEL_LLM=scalar)"),
+        text.contains("glue: scalar (set by RKNN_KERNEL_GLUE=scalar)"),
+        "{text}"
+    );
+    // No line of its own for the LLM's kernels: where they are reported instead.
+    assert!(!text.contains("  llm:"), "{text}");
+    assert!(
+        text.contains("The LLM's host kernels (RKNN_KERNEL_LLM): llm-decode --kernels"),
         "{text}"
     );
 }

@@ -7,12 +7,10 @@ use super::rotation::Rotation;
 use super::topology::Pinning;
 use crate::error::{Error, Result};
 
-/// Up to this many rows, every M is its own bucket.
-const EXACT_BUCKETS_UP_TO: usize = 32;
-
 /// The largest `max_m`: the runtime takes at most 512 shapes per dynamic-shape context
-/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1..=32, 64 and the multiples of 128.
-pub const MAX_M_LIMIT: usize = (512 - 33) * 128;
+/// (`RKNN_MAX_DYNAMIC_SHAPE_NUM`), and the buckets are 1..=32, 64 and the multiples of 128
+/// ([`rknn_chip::plan::m_buckets`]).
+pub const MAX_M_LIMIT: usize = (512 - rknn_chip::plan::EXACT_M_BUCKETS - 1) * 128;
 
 /// The largest K of an exact W8A8 linear: |q| <= 127 on both sides, so the i32 sum over K
 /// stays exact while 127 × 127 × K < 2^31.
@@ -88,27 +86,19 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// The context M for `m` rows: `m` itself up to 32 (decode is 1, or 2 with residual
-    /// activations; a speculative verify pass a few more: padding rows would cost as much as
-    /// real ones), 64 up to 64, else `m` rounded up to a multiple of 128 (prefill chunks: 300
-    /// rows run at 384, not 512, which the field measured as +19 % prefill).
+    /// The context M for `m` rows ([`rknn_chip::plan::m_bucket`], the rule the cost model
+    /// prices too): `m` itself up to 32 (decode is 1, or 2 with residual activations; a
+    /// speculative verify pass a few more: padding rows would cost as much as real ones), 64
+    /// up to 64, else `m` rounded up to a multiple of 128 (prefill chunks: 300 rows run at
+    /// 384, not 512, which the field measured as +19 % prefill); at most `max_m`.
     pub fn bucket(&self, m: usize) -> usize {
-        if m <= EXACT_BUCKETS_UP_TO {
-            m.max(1)
-        } else if m <= 64 {
-            64
-        } else {
-            m.div_ceil(128) * 128
-        }
-        .min(self.max_m)
+        rknn_chip::plan::m_bucket(m, self.max_m)
     }
 
-    /// Every bucket: 1, 2, 3, ..., 32, 64, then 128, 256, ..., `max_m`.
+    /// Every bucket: 1, 2, 3, ..., 32, 64, then 128, 256, ..., `max_m`
+    /// ([`rknn_chip::plan::m_buckets`]).
     pub fn buckets(&self) -> Vec<usize> {
-        (1..=EXACT_BUCKETS_UP_TO)
-            .chain(std::iter::once(64))
-            .chain((128..=self.max_m).step_by(128))
-            .collect()
+        rknn_chip::plan::m_buckets(self.max_m)
     }
 
     pub(crate) fn validate(&self) -> Result<()> {

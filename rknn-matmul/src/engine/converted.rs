@@ -12,9 +12,9 @@
 use half::f16;
 
 use super::format::{EngineKind, Values, WeightFormat};
-use super::plan::LinearPlan;
 use crate::dtype::{Element, as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
+use rknn_chip::plan::LinearPlan;
 
 /// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
 /// output channel, zero past `n` and `k`) and, for W8A8, one scale per output channel.

@@ -10,11 +10,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use rknn_chip::plan::{LinearPlan, MChunk, m_chunks};
+
 use super::config::{EngineConfig, LinearOptions};
 use super::converted::{WeightRows, try_vec};
 use super::format::{EngineKind, InElem, Prepared, WeightFormat, with_format};
 use super::out_cols::OutCols;
-use super::plan::{DomainPlan, LinearPlan};
+use super::plan::{DomainPlan, lane_needs};
 use super::probe::Resolved;
 use super::rotation::Rotation;
 use super::scheduler::{MAX_WORKERS, Pool, Round};
@@ -223,7 +225,7 @@ impl Linear {
     ) -> Result<Linear> {
         let rt = &inner.rt;
         let share_io = inner.resolved.share_io;
-        let needs = plan.lane_needs(&inner.cfg, K::FORMAT, share_io);
+        let needs = lane_needs(&plan, &inner.cfg, K::FORMAT, share_io);
         let mut domains = inner
             .domains
             .lock()
@@ -265,6 +267,7 @@ impl Linear {
         let plan = &linear.plan;
         let k_pad = plan.k_pad;
         let buckets: Arc<[usize]> = inner.cfg.buckets().into();
+        let segments: Arc<[(usize, usize)]> = plan.segments.as_slice().into();
         let multi = rt.platform().has_core_mask();
         // The lanes share the converted weights, each packing its own rows into its contexts'
         // memories (no host copy per lane: a linear's weights are held once beside the NPU's).
@@ -283,7 +286,7 @@ impl Linear {
                         ch_scales: scales[p.n0..p.n0 + p.width].to_vec(),
                         blocks: plan.blocks(&p),
                         k_pad,
-                        segments: plan.segments.clone(),
+                        segments: segments.clone(),
                         buckets: buckets.clone(),
                         core: if multi { Core::Index(i) } else { Core::Auto },
                         domain,
@@ -324,6 +327,12 @@ impl Linear {
     /// segments.
     pub fn contexts(&self) -> usize {
         self.plan.contexts()
+    }
+
+    /// The plan its lanes built their contexts from.
+    #[cfg(all(test, feature = "emulator"))]
+    pub(crate) fn plan(&self) -> &LinearPlan {
+        &self.plan
     }
 
     /// The IOMMU domain its weights live in.
@@ -377,12 +386,15 @@ impl Linear {
         let mut round = inner.pool.round();
         // Prepared twice, each input row takes two rows of the NPU's A.
         let per = if self.residual { 2 } else { 1 };
-        let max_m = inner.cfg.max_m / per;
         let ld = with_format!(self.format, K => <K as EngineKind>::input_ld(k, k_pad));
-        let mut r0 = 0;
-        while r0 < m {
-            let mc = (m - r0).min(max_m);
-            let bucket = inner.cfg.bucket(mc * per);
+        // Chunks of at most `max_m` rows of A, each at its bucket's M: the planner's rule, the
+        // one the cost model prices.
+        for MChunk {
+            first: r0,
+            rows: mc,
+            m: bucket,
+        } in m_chunks(m, per, inner.cfg.max_m)
+        {
             let x_chunk = &x[r0 * k..(r0 + mc) * k];
             if mc >= LANE_PREPARE_MIN_ROWS && inner.pool.len() > 1 {
                 timed(stats, Phase::Quantize, || {
@@ -430,7 +442,6 @@ impl Linear {
             round.add_waited(waited);
             mine?;
             replies?;
-            r0 += mc;
         }
         let (waited, rounds) = round.take_waited();
         if rounds > 0 {

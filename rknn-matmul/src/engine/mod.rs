@@ -13,8 +13,9 @@
 //!
 //! Where things live:
 //! * `config.rs`: [`EngineConfig`], [`LinearOptions`], the M buckets;
-//! * `plan.rs`: a linear's padded shape, K segments, shards (each split into contexts no
-//!   wider than the chip's N limit) and IOMMU domain;
+//! * `plan.rs`: a linear's plan (padded shape, K segments, shards, each split into contexts
+//!   no wider than the chip's N limit), made by [`rknn_chip::plan`] from this runtime's rules,
+//!   and its IOMMU domain;
 //! * `probe.rs`: the two \[open\] facts the defaults rest on, tried once when the engine
 //!   starts (the widest context, A and C shared between contexts);
 //! * `format.rs`: **the weight formats**: everything in which W8A8 and F16 differ. A new
@@ -68,7 +69,8 @@ use converted::WeightRows;
 use converted::try_vec;
 use format::with_format;
 use linear::{Inner, Scratch};
-use plan::{DomainPlan, LinearPlan};
+use plan::DomainPlan;
+use rknn_chip::plan::LinearPlan;
 use scheduler::{Pool, Worker};
 use stats::Counters;
 use topology::CpuTopology;
@@ -231,7 +233,7 @@ impl Engine {
     /// The plan of W [n, k] in `format` on this engine's lanes and widest context.
     fn plan(&self, n: usize, k: usize, format: WeightFormat) -> Result<LinearPlan> {
         let inner = &self.inner;
-        LinearPlan::new(
+        plan::linear_plan(
             &inner.rt,
             inner.pool.len(),
             n,

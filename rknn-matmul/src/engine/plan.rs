@@ -1,9 +1,10 @@
-//! Where a linear goes: its padded shape, its K segments, each lane's columns (shard) and the
-//! IOMMU domain of its memories. Decided once, when the linear is made resident.
-
-use std::sync::Arc;
+//! Where a linear goes: its plan (padded shape, K segments, each lane's columns, the contexts'
+//! widths), made by the SDK's one planner ([`rknn_chip::plan`], which the cost model of the
+//! emulator prices too) from this runtime's rules, and the IOMMU domain of its memories.
+//! Decided once, when the linear is made resident.
 
 use rknn_chip::ElemKind;
+use rknn_chip::plan::{LinearPlan, PlanError, SplitRules};
 use rustc_hash::FxHashMap;
 
 use super::config::{EngineConfig, MAX_EXACT_K_W8A8};
@@ -11,145 +12,95 @@ use super::format::WeightFormat;
 use crate::error::{Error, Result};
 use crate::safe::runtime::Runtime;
 
-/// A linear's plan: its shape padded to the chip's alignment, its K segments and each lane's
-/// columns.
-#[derive(Clone, Debug)]
-pub(crate) struct LinearPlan {
-    pub(crate) n: usize,
-    pub(crate) k: usize,
-    pub(crate) k_pad: usize,
-    pub(crate) n_pad: usize,
-    /// (first K row, rows) per segment.
-    pub(crate) segments: Arc<[(usize, usize)]>,
-    /// Each lane's columns, if it holds any.
-    pub(crate) shards: Vec<Option<ShardPlan>>,
-    /// The widest context: each shard is split into blocks of at most this many columns
-    /// (a multiple of `n_align`).
-    pub(crate) n_block: usize,
-    /// The chip's N alignment for the format.
-    pub(crate) n_align: usize,
+/// The plan of W [n, k] in `format` on `lanes` lanes of `rt`'s chip: the shape checked
+/// against the chip's rules, then split by [`LinearPlan::new`] with [`split_rules`].
+pub(crate) fn linear_plan(
+    rt: &Runtime,
+    lanes: usize,
+    n: usize,
+    k: usize,
+    format: WeightFormat,
+    n_limit: usize,
+) -> Result<LinearPlan> {
+    rknn_chip::check_dims(1, k, n)?;
+    if format == WeightFormat::W8A8 && k > MAX_EXACT_K_W8A8 {
+        return Err(Error::KTooLargeForExactSum {
+            k,
+            max: MAX_EXACT_K_W8A8,
+        });
+    }
+    let rules = split_rules(rt, format, n_limit)?;
+    LinearPlan::new(n, k, lanes, &rules).map_err(|e| match e {
+        PlanError::ContextNarrowerThanAlignment { n_align, .. } => Error::EngineConfig {
+            field: "max_n_per_context",
+            value: n_limit,
+            rule: format!(
+                "is below {}'s N alignment of {n_align} for {}: a context holds whole aligned columns",
+                rt.platform(),
+                format.name()
+            ),
+        },
+        PlanError::TooLarge { n_pad, k_pad } => Error::SizeOverflow {
+            what: "padded weight elements (N × K)",
+            value: (k_pad * n_pad).to_string(),
+            limit: "usize",
+        },
+        e => Error::Plan(e),
+    })
 }
 
-impl LinearPlan {
-    /// The plan of W [n, k] in `format` on `lanes` lanes of `rt`'s chip: the shape checked
-    /// against the chip's rules and padded to its alignment, K split where the chip says
-    /// (8192 on RK3588: one context above it ran 14x slower), else below its K limit (a chip
-    /// with neither takes K in one context), N split over the lanes in whole aligned blocks,
-    /// and each lane's columns into contexts of at most `n_limit` columns.
-    pub(crate) fn new(
-        rt: &Runtime,
-        lanes: usize,
-        n: usize,
-        k: usize,
-        format: WeightFormat,
-        n_limit: usize,
-    ) -> Result<LinearPlan> {
-        rknn_chip::check_dims(1, k, n)?;
-        if format == WeightFormat::W8A8 && k > MAX_EXACT_K_W8A8 {
-            return Err(Error::KTooLargeForExactSum {
-                k,
-                max: MAX_EXACT_K_W8A8,
-            });
-        }
-        let (ka, na) = alignment(rt, format)?;
-        let n_block = n_limit - n_limit % na;
-        if n_block == 0 {
-            return Err(Error::EngineConfig {
-                field: "max_n_per_context",
-                value: n_limit,
-                rule: format!(
-                    "is below {}'s N alignment of {na} for {}: a context holds whole aligned columns",
-                    rt.platform(),
-                    format.name()
-                ),
-            });
-        }
-        let round = |v: usize, a: usize| v.div_ceil(a) * a;
-        let (k_pad, n_pad) = (round(k, ka), round(n, na));
-        if k_pad.checked_mul(n_pad).is_none() {
-            return Err(Error::SizeOverflow {
-                what: "padded weight elements (N × K)",
-                value: (k_pad as u128 * n_pad as u128).to_string(),
-                limit: "usize",
-            });
-        }
-        let seg = rt
-            .platform()
-            .k_segment()
-            .or(rt.shape_rules().max_k)
-            .map(|s| s - s % ka)
-            .filter(|&s| s > 0)
-            .unwrap_or(k_pad);
-        let segments = (0..k_pad)
-            .step_by(seg)
-            .map(|k0| (k0, seg.min(k_pad - k0)))
-            .collect();
-        Ok(LinearPlan {
-            n,
-            k,
-            k_pad,
-            n_pad,
-            segments,
-            shards: plan_shards(n, n_pad, na, lanes),
-            n_block,
-            n_align: na,
-        })
-    }
+/// What the split depends on, on `rt`: the chip's alignment for `format` under the runtime's
+/// shape rules ([`alignment`]), K segments where the chip says (8192 on RK3588: one context
+/// above it ran 14x slower), else below the shape rules' K limit (a chip with neither takes K
+/// in one context), and contexts of at most `n_limit` columns.
+pub(crate) fn split_rules(
+    rt: &Runtime,
+    format: WeightFormat,
+    n_limit: usize,
+) -> Result<SplitRules> {
+    let (k_align, n_align) = alignment(rt, format)?;
+    Ok(SplitRules {
+        k_align,
+        n_align,
+        k_segment: rt.platform().k_segment().or(rt.shape_rules().max_k),
+        max_n_per_context: n_limit,
+    })
+}
 
-    /// The blocks of a lane's shard, each one context (per K segment) wide: columns relative
-    /// to the shard, as equal as the alignment allows.
-    pub(crate) fn blocks(&self, shard: &ShardPlan) -> Vec<ShardPlan> {
-        let count = shard.width.div_ceil(self.n_block);
-        plan_shards(shard.valid, shard.width, self.n_align, count)
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    /// The contexts of the linear (every lane's blocks times the K segments).
-    pub(crate) fn contexts(&self) -> usize {
-        self.shards
-            .iter()
-            .flatten()
-            .map(|p| self.blocks(p).len() * self.segments.len())
-            .sum()
-    }
-
-    /// Each lane's NPU memory for this linear: its B, and the A and C its contexts run with
-    /// (one pair per lane and domain when the contexts share them, else one per context).
-    pub(crate) fn lane_needs(
-        &self,
-        cfg: &EngineConfig,
-        format: WeightFormat,
-        share: bool,
-    ) -> Vec<LaneNeed> {
-        let (eb, ec) = format.bytes();
-        let ks_max = self.segments.iter().map(|s| s.1).max().unwrap_or(0) as u64;
-        let (max_m, segs) = (cfg.max_m as u64, self.segments.len() as u64);
-        self.shards
-            .iter()
-            .enumerate()
-            .filter_map(|(lane, p)| {
-                let p = p.as_ref()?;
-                let blocks = self.blocks(p);
-                let widest = blocks.iter().map(|b| b.width).max().unwrap_or(0) as u64;
-                let w = p.width as u64;
-                let contexts = blocks.len() * self.segments.len();
-                let (a, c) = if share {
-                    (max_m * ks_max * eb, max_m * widest * ec)
-                } else {
-                    (max_m * ks_max * eb * contexts as u64, max_m * w * ec * segs)
-                };
-                Some(LaneNeed {
-                    lane,
-                    b: w * self.k_pad as u64 * eb,
-                    a,
-                    c,
-                    contexts,
-                })
+/// Each lane's NPU memory for linear `plan`: its B, and the A and C its contexts run with
+/// (one pair per lane and domain when the contexts share them, else one per context).
+pub(crate) fn lane_needs(
+    plan: &LinearPlan,
+    cfg: &EngineConfig,
+    format: WeightFormat,
+    share: bool,
+) -> Vec<LaneNeed> {
+    let (eb, ec) = format.bytes();
+    let ks_max = plan.segments.iter().map(|s| s.1).max().unwrap_or(0) as u64;
+    let (max_m, segs) = (cfg.max_m as u64, plan.segments.len() as u64);
+    plan.shards
+        .iter()
+        .enumerate()
+        .filter_map(|(lane, p)| {
+            let p = p.as_ref()?;
+            let blocks = plan.blocks(p);
+            let widest = blocks.iter().map(|b| b.width).max().unwrap_or(0) as u64;
+            let w = p.width as u64;
+            let contexts = blocks.len() * plan.segments.len();
+            let (a, c) = if share {
+                (max_m * ks_max * eb, max_m * widest * ec)
+            } else {
+                (max_m * ks_max * eb * contexts as u64, max_m * w * ec * segs)
+            };
+            Some(LaneNeed {
+                lane,
+                b: w * plan.k_pad as u64 * eb,
+                a,
+                c,
+                contexts,
             })
-            .collect()
-    }
+        })
+        .collect()
 }
 
 /// The chip's (K, N) alignment for `format`, from the chip rules and the runtime's shape rules.
@@ -271,38 +222,105 @@ impl DomainPlan {
     }
 }
 
-/// One worker's columns of a linear.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ShardPlan {
-    /// First output column.
-    pub(crate) n0: usize,
-    /// Columns (a multiple of the alignment).
-    pub(crate) width: usize,
-    /// Columns that exist in the output.
-    pub(crate) valid: usize,
-}
+#[cfg(all(test, feature = "emulator"))]
+mod tests {
+    use std::time::Duration;
 
-/// Splits `n_pad` aligned columns into `cores` shards of whole `align` blocks, as equal as
-/// possible; `n` columns exist in the output.
-pub(crate) fn plan_shards(
-    n: usize,
-    n_pad: usize,
-    align: usize,
-    cores: usize,
-) -> Vec<Option<ShardPlan>> {
-    let blocks = n_pad / align;
-    let mut n0 = 0;
-    (0..cores)
-        .map(|i| {
-            let b = blocks / cores + usize::from(i < blocks % cores);
-            if b == 0 {
-                return None;
+    use rknn_chip::plan::{LinearPlan, SplitRules};
+    use rknn_chip::{LinearRole, Platform};
+    use rknn_emu::cost::{ENGINE_LAYOUT, EngineLayout, EngineLinear, RK3588, Run};
+
+    use crate::engine::topology::Pinning;
+    use crate::engine::{Engine, EngineConfig, WeightFormat};
+    use crate::safe::runtime::Runtime;
+
+    /// The contexts an engine builds and runs for a linear are the planner's for the chip's
+    /// numbers, which is the plan the cost model prices: the linear's plan; the runs of one
+    /// forward on the emulator (one per context) and the device time its cost model gave each
+    /// core (every context's own K and N, on its lane's core) against the same contexts costed
+    /// from the planner's widths and segments; and against
+    /// [`rknn_emu::cost::CostModel::engine_linear`].
+    #[test]
+    fn the_engines_contexts_are_the_planners_and_the_cost_models() {
+        let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+        let emu = rt.emulator_instance().unwrap();
+        // (lanes, max_n_per_context): the default (8192 on RK3588), the user guide's 4096,
+        // one that rounds down to the alignment, one narrower than most linears.
+        for (lanes, limit) in [(3, None), (3, Some(4096)), (2, Some(100)), (1, Some(64))] {
+            let cfg = EngineConfig {
+                cores: Some(lanes),
+                max_n_per_context: limit,
+                pinning: Pinning::None,
+                ..EngineConfig::default()
+            };
+            let engine = Engine::new(&rt, cfg).unwrap();
+            let max_n = engine.max_n_per_context();
+            // One column; K in two segments (15360: 8192 + 7168; 8300, padded to 8320: 8192 +
+            // 128); N not a multiple of the alignment; N over many contexts.
+            for (n, k) in [(1, 32), (96, 15360), (300, 8300), (777, 64), (5000, 96)] {
+                for format in WeightFormat::ALL {
+                    let what = format!("{format:?} N={n} K={k} lanes={lanes} max_n={max_n}");
+                    let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 - 6.0).collect();
+                    let lin = engine.linear(&w, n, k, format).unwrap();
+                    let rules =
+                        SplitRules::for_chip(Platform::Rk3588, format.align_kind(), max_n).unwrap();
+                    let want = LinearPlan::new(n, k, lanes, &rules).unwrap();
+                    assert_eq!(lin.plan(), &want, "{what}");
+                    let t = format.matmul_type();
+                    let layout = EngineLayout {
+                        max_n_per_context: max_n,
+                        ..ENGINE_LAYOUT
+                    };
+                    let l = EngineLinear {
+                        role: LinearRole::Qkv,
+                        n,
+                        k,
+                        residual: false,
+                    };
+                    assert_eq!(
+                        RK3588.engine_plan(&l, lanes, t, &layout).unwrap(),
+                        want,
+                        "{what}"
+                    );
+
+                    // Every context runs once (so each counts as its core's), then one forward
+                    // of one row is timed.
+                    let x = vec![0.5f32; k];
+                    lin.forward_vec(&x, 1).unwrap();
+                    emu.reset_modelled();
+                    lin.forward_vec(&x, 1).unwrap();
+                    let got = emu.modelled();
+                    assert_eq!(got.runs as usize, want.contexts(), "{what}");
+                    let busy = want.shards.iter().flatten().count();
+                    for (lane, shard) in want.shards.iter().enumerate() {
+                        let mut time = Duration::ZERO;
+                        for block in shard.iter().flat_map(|s| want.blocks(s)) {
+                            for &(_, ks) in &want.segments {
+                                let run = Run {
+                                    m: 1,
+                                    k: ks,
+                                    n: block.width,
+                                    t,
+                                    busy_cores: busy,
+                                };
+                                time += RK3588.run(&run).time();
+                            }
+                        }
+                        assert_eq!(got.per_core[lane], time, "{what}: lane {lane}");
+                    }
+                    let priced = RK3588.engine_linear(&l, 1, lanes, t, &layout);
+                    let lane_contexts = want.lane_contexts();
+                    let busiest = lane_contexts.iter().max().copied().unwrap();
+                    assert_eq!(priced.runs_per_core as usize, busiest, "{what}");
+                    // The model's seconds against the emulator's whole nanoseconds per run.
+                    let slack = 1e-9 * busiest as f64;
+                    let modelled = got.busiest_core().as_secs_f64();
+                    assert!(
+                        (priced.npu_s - modelled).abs() <= slack,
+                        "{what}: {priced:?} vs {got:?}"
+                    );
+                }
             }
-            let width = b * align;
-            let valid = n.saturating_sub(n0).min(width);
-            let p = ShardPlan { n0, width, valid };
-            n0 += width;
-            Some(p)
-        })
-        .collect()
+        }
+    }
 }

@@ -120,13 +120,43 @@ fn try_width(rt: &Runtime, n: usize) -> Result<()> {
         .map(drop)
 }
 
-/// Runs a context with an A and a C allocated on another context of the same core and
-/// domain, and checks its result: what went wrong, if anything.
-fn try_sharing(rt: &Runtime) -> std::result::Result<(), String> {
-    try_sharing_inner(rt).map_err(|e| e.to_string())?
+/// Why a memory of one context could not be used by another ([`try_sharing`]).
+#[derive(Debug)]
+enum SharingRefused {
+    /// A call failed (the runtime refused the binding, or anything before it).
+    Call(Error),
+    /// The run returned a wrong element.
+    WrongResult {
+        row: usize,
+        col: usize,
+        got: i32,
+        want: i32,
+    },
 }
 
-fn try_sharing_inner(rt: &Runtime) -> Result<std::result::Result<(), String>> {
+impl From<Error> for SharingRefused {
+    fn from(e: Error) -> Self {
+        SharingRefused::Call(e)
+    }
+}
+
+impl std::fmt::Display for SharingRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SharingRefused::Call(e) => e.fmt(f),
+            SharingRefused::WrongResult {
+                row,
+                col,
+                got,
+                want,
+            } => write!(f, "C[{row}][{col}] = {got}, expected {want}"),
+        }
+    }
+}
+
+/// Runs a context with an A and a C allocated on another context of the same core and
+/// domain, and checks its result.
+fn try_sharing(rt: &Runtime) -> std::result::Result<(), SharingRefused> {
     let (m, k, n) = (2, 32, 32);
     let build = || rt.matmul::<I8xI8ToI32>(m, k, n).core(core(rt)).build();
     let (owner, user) = (build()?, build()?);
@@ -138,16 +168,21 @@ fn try_sharing_inner(rt: &Runtime) -> Result<std::result::Result<(), String>> {
     a.write(&av)?;
     b.write(&bv)?;
     user.run(&a, &b, &mut c)?;
-    for r in 0..m {
-        for j in 0..n {
+    for row in 0..m {
+        for col in 0..n {
             let want: i32 = (0..k)
-                .map(|t| i32::from(av[r * k + t]) * i32::from(bv[t * n + j]))
+                .map(|t| i32::from(av[row * k + t]) * i32::from(bv[t * n + col]))
                 .sum();
-            let got = c.as_slice()[r * n + j];
+            let got = c.as_slice()[row * n + col];
             if got != want {
-                return Ok(Err(format!("C[{r}][{j}] = {got}, expected {want}")));
+                return Err(SharingRefused::WrongResult {
+                    row,
+                    col,
+                    got,
+                    want,
+                });
             }
         }
     }
-    Ok(Ok(()))
+    Ok(())
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use rknn_chip::Layout;
+use rknn_chip::plan::Columns;
 use rustc_hash::FxHashMap;
 
 use super::converted::WeightRows;
@@ -16,7 +17,6 @@ use super::format::{
     AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, with_format,
 };
 use super::out_cols::OutCols;
-use super::plan::ShardPlan;
 use super::rotation::Rotation;
 use super::scheduler::Work;
 use super::stats::{Counters, Lap, Phase};
@@ -205,8 +205,9 @@ pub(crate) struct ShardSpec<K: MatmulKind> {
     /// zeros whatever `b` holds there.
     pub(crate) k: usize,
     pub(crate) ch_scales: Vec<f32>,
-    /// The shard's blocks, columns relative to the shard ([`super::plan::LinearPlan::blocks`]).
-    pub(crate) blocks: Vec<ShardPlan>,
+    /// The shard's blocks, columns relative to the shard
+    /// ([`LinearPlan::blocks`](rknn_chip::plan::LinearPlan::blocks)).
+    pub(crate) blocks: Vec<Columns>,
     pub(crate) k_pad: usize,
     /// (first K row, rows) per segment.
     pub(crate) segments: Arc<[(usize, usize)]>,

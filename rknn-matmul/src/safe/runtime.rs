@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rknn_chip::{Int4ConverterInput, Platform, ShapeRules};
+use rknn_chip::{Int4ConverterInput, ModelledTime, Platform, ShapeRules};
 use rknn_sys::{self as sys, RknnApi};
 
 use super::guard::{self, FdLimit, HandleBudget, NpuLock};
@@ -26,38 +26,6 @@ pub enum Backend {
     Npu,
     /// The emulator, playing this chip (needs the `emulator` feature, on by default).
     Emulator(Platform),
-}
-
-/// Modelled device time of a runtime's runs ([`Runtime::modelled_time`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ModelledTime {
-    /// Runs counted.
-    pub runs: u64,
-    /// Per NPU core, the modelled time of the runs made on it.
-    pub per_core: Vec<std::time::Duration>,
-}
-
-impl ModelledTime {
-    /// The modelled time of the busiest core: the NPU's wall time for work split evenly over
-    /// the cores and run on all of them at once (as the engine's linears are).
-    pub fn busiest_core(&self) -> std::time::Duration {
-        self.per_core.iter().copied().max().unwrap_or_default()
-    }
-
-    /// The difference since an earlier reading of the same runtime.
-    pub fn since(&self, earlier: &ModelledTime) -> ModelledTime {
-        ModelledTime {
-            runs: self.runs.saturating_sub(earlier.runs),
-            per_core: self
-                .per_core
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.saturating_sub(earlier.per_core.get(i).copied().unwrap_or_default())
-                })
-                .collect(),
-        }
-    }
 }
 
 /// When a guard applies.
@@ -457,17 +425,13 @@ impl Runtime {
         }
     }
 
-    /// The device time a cost model of the chip gives the runs made so far, per NPU core,
-    /// when this runtime is the in-process emulator (what the chip would take, not what this
-    /// machine took); `None` on any other backend.
+    /// The device time a cost model of the chip gives the runs made so far (in all and per
+    /// NPU core, with their runs and operations), when this runtime is the in-process emulator
+    /// (what the chip would take, not what this machine took); `None` on any other backend.
     pub fn modelled_time(&self) -> Option<ModelledTime> {
         #[cfg(feature = "emulator")]
         if let Some(e) = self.emulator_instance() {
-            let t = e.modelled();
-            return Some(ModelledTime {
-                runs: t.runs,
-                per_core: t.per_core,
-            });
+            return Some(e.modelled());
         }
         None
     }

@@ -35,19 +35,24 @@ struct Args {
     #[arg(short = 'V', long)]
     version: bool,
     /// Print which host kernels each component of the SDK uses (the emulator's matmul kernels,
-    /// the engine's glue, the LLM's host kernels), and why, then exit.
+    /// the engine's glue), and why, then exit. The LLM's host kernels are reported by
+    /// `llm-decode --kernels`.
     #[arg(long)]
     kernels: bool,
 }
 
-/// Every component's kernel choice ([`rknn_chip::kernel`]).
-fn kernel_choices() -> [&'static rknn_chip::KernelChoice; 3] {
+/// The kernel choice of every component of the SDK ([`rknn_chip::kernel`]). The LLM library
+/// (`rknn-llm`) is an application on the SDK, not a part of it: `llm-decode --kernels`
+/// reports its host kernels.
+fn kernel_choices() -> [&'static rknn_chip::KernelChoice; 2] {
     [
         rknn_matmul::rknn_emu::kernels::kernel_choice(),
         rknn_matmul::engine::glue::kernel_choice(),
-        rknn_llm::model::kernels::kernel_choice(),
     ]
 }
+
+/// Where the components this tool does not report are reported.
+const ELSEWHERE: &str = "The LLM's host kernels (RKNN_KERNEL_LLM): llm-decode --kernels";
 
 fn kernels_json() -> serde_json::Value {
     kernel_choices()
@@ -72,6 +77,7 @@ fn kernels_text() -> String {
     for c in kernel_choices() {
         let _ = writeln!(s, "  {c}");
     }
+    let _ = writeln!(s, "{ELSEWHERE}");
     s
 }
 

@@ -7,6 +7,7 @@
 //! backends exist: the host f32 reference ([`super::host`]) and the NPU engine
 //! ([`super::npu`]).
 
+use rknn_chip::LinearRole;
 use rknn_matmul::engine::Engine;
 
 use crate::gguf::TensorView;
@@ -31,22 +32,6 @@ pub trait LinearOp: Send + Sync {
 
     /// A short name of the implementation for statistics (`"f32"`, ...).
     fn kind(&self) -> &'static str;
-}
-
-/// Which linear of the model a weight is, so a backend can treat them differently (the output
-/// head decides the next token directly, for instance).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinearRole {
-    /// q, k and v, fused.
-    Qkv,
-    /// The attention output projection.
-    AttnOutput,
-    /// gate and up, fused.
-    GateUp,
-    /// The feed-forward down projection.
-    Down,
-    /// The output head (the vocabulary's logits).
-    Output,
 }
 
 /// Builds the [`LinearOp`] of each weight matrix as the model loads.

@@ -2,8 +2,9 @@
 //! keys the families share; [`Config::from_gguf`] (in `family/mod.rs`, beside the table of
 //! families) reads them from a file.
 
+use rknn_chip::Residual;
+
 use super::error::ModelError;
-use super::npu::{EngineOptions, Residual};
 use crate::gguf::{GgufFile, Value};
 
 /// How RoPE pairs the dimensions of a head.
@@ -166,16 +167,6 @@ pub struct Family {
     /// Reads the family's own metadata into `config` (after the shared keys), or refuses what
     /// the code does not implement.
     pub hparams: fn(&GgufFile, &mut Config) -> Result<(), ModelError>,
-}
-
-impl Family {
-    /// The NPU backend's default options with this family's residual policy.
-    pub fn engine_options(&self) -> EngineOptions {
-        EngineOptions {
-            residual: self.w8a8_residual,
-            ..EngineOptions::default()
-        }
-    }
 }
 
 impl PartialEq for Family {

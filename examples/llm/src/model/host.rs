@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+use rknn_chip::LinearRole;
+
+use super::backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 use super::host_pool::HostPool;
 use super::kernels;
 use crate::gguf::TensorView;

@@ -1,9 +1,10 @@
 //! A model's weights, loaded from a GGUF file through a [`LinearFactory`]: immutable once
 //! loaded, so one [`Model`] (behind an `Arc`) serves any number of sequences at once.
 
+use rknn_chip::LinearRole;
 use rknn_matmul::engine::Engine;
 
-use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole};
+use super::backend::{BackendError, LinearFactory, LinearOp};
 use super::config::Config;
 use super::error::ModelError;
 use super::host_pool::HostPool;

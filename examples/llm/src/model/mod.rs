@@ -29,7 +29,7 @@ mod npu;
 mod ops;
 pub mod weight_cache;
 
-pub use backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
 pub use error::ModelError;
 pub use family::FAMILIES;
@@ -38,5 +38,9 @@ pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::{HostPool, host_pool};
 pub use kv_cache::{CacheType, KvCache, REWIND};
 pub use load::{Footprint, Model, Progress};
-pub use npu::{EngineFactory, EngineOptions, Residual};
+pub use npu::{EngineFactory, EngineOptions};
+/// Which linear of the model a weight is, and which linears quantise their activations twice:
+/// defined with the engine's plan in `rknn-chip`, where the cost model of `rknn-emu` names them
+/// too.
+pub use rknn_chip::{LinearRole, Residual};
 pub use weight_cache::{CacheOutcome, WeightCache};

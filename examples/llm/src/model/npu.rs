@@ -21,9 +21,11 @@
 //! rows at a time (dequantise, rotate, quantise), so loading never holds a whole matrix in f32
 //! for W8A8.
 
+use rknn_chip::{LinearRole, Residual};
 use rknn_matmul::engine::{Engine, Linear, LinearOptions, Rotation, WeightFormat};
 
-use super::backend::{BackendError, LinearFactory, LinearOp, LinearRole, stacked_shape};
+use super::backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
+use super::config::Family;
 use crate::gguf::TensorView;
 
 /// How the engine backend converts weights and treats activations. The defaults are what it
@@ -57,27 +59,12 @@ impl Default for EngineOptions {
     }
 }
 
-/// Which linears quantise their activations twice ([`EngineOptions::residual`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Residual {
-    /// None.
-    None,
-    /// The output head only.
-    Output,
-    /// The output head and the feed-forward down projections (whose inputs, SwiGLU outputs,
-    /// are the most heavy-tailed).
-    OutputAndDown,
-    /// Every linear.
-    All,
-}
-
-impl Residual {
-    fn applies(self, role: LinearRole) -> bool {
-        match self {
-            Residual::None => false,
-            Residual::Output => role == LinearRole::Output,
-            Residual::OutputAndDown => matches!(role, LinearRole::Output | LinearRole::Down),
-            Residual::All => true,
+impl Family {
+    /// The NPU backend's default options with this family's residual policy.
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            residual: self.w8a8_residual,
+            ..EngineOptions::default()
         }
     }
 }

@@ -6,10 +6,11 @@
 //! The GGUF norm weights already include Gemma's `1 +`. On the NPU path every linear quantises
 //! its activations twice by default.
 
+use rknn_chip::Residual;
+
 use crate::gguf::GgufFile;
 use crate::model::config::{Activation, Config, Family, RopeStyle, key_f32, sliding_window};
 use crate::model::error::ModelError;
-use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "gemma3",

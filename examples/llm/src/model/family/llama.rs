@@ -1,8 +1,9 @@
 //! `llama` (Llama 1–3, SmolLM2, TinyLlama, Mistral): GGUF files permute Q and K to rotate
 //! adjacent pairs; no biases, SiLU-gated feed-forward.
 
+use rknn_chip::Residual;
+
 use crate::model::config::{Activation, Family, RopeStyle, no_hparams};
-use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "llama",

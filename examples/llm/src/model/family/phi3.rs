@@ -6,10 +6,11 @@
 //! crate computes what llama.cpp computes. Long-context RoPE (`longrope`, the
 //! `rope_factors_long/short` tensors of the 128k models) is refused by name.
 
+use rknn_chip::Residual;
+
 use crate::gguf::GgufFile;
 use crate::model::config::{Activation, Config, Family, RopeStyle};
 use crate::model::error::ModelError;
-use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "phi3",

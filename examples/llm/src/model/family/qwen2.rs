@@ -1,7 +1,8 @@
 //! `qwen2` (Qwen2, Qwen2.5): Q/K/V biases, RoPE on the two halves of each head (NeoX).
 
+use rknn_chip::Residual;
+
 use crate::model::config::{Activation, Family, RopeStyle, no_hparams};
-use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen2",

@@ -2,10 +2,11 @@
 //! head size comes from `qwen3.attention.key_length` (128 for every size, whatever
 //! `n_embd / n_head` is).
 
+use rknn_chip::Residual;
+
 use crate::gguf::GgufFile;
 use crate::model::config::{Activation, Config, Family, RopeStyle};
 use crate::model::error::ModelError;
-use crate::model::npu::Residual;
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen3",
