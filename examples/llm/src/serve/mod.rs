@@ -24,9 +24,13 @@
 //!
 //! **Admission.** `slots` requests run at once and `queue` more wait; past that,
 //! [`Batcher::submit`] refuses with [`ServeError::QueueFull`] (a server answers 503). A
-//! request whose sink reports its receiver gone (it returns `false`) is cancelled before the
-//! next pass, and so is one past its deadline; either frees its slot at once. A panic inside a
-//! pass fails the requests of that pass (their slots are reset) and the batcher goes on.
+//! request nobody listens to any more is cancelled, and so is one past its deadline; either
+//! frees its place (its slot, or its place in the queue, and admission's count) before the
+//! next pass. A decoding request's sink tells by returning `false` for a piece; a waiting or
+//! prefilling request has no event to send, so its sink is asked before every pass
+//! ([`EventSink::is_listening`]: a plain closure cannot tell, and its request is cancelled at
+//! its first token). A panic inside a pass fails the requests of that pass (their slots are
+//! reset) and the batcher goes on.
 //!
 //! **Files.** The public types are in `types.rs`; the handle ([`Batcher`]: starting,
 //! admission, metrics, closing) in `batcher.rs`; its thread (the slots, the wait queue, the
@@ -79,5 +83,6 @@ mod worker;
 
 pub use batcher::Batcher;
 pub use types::{
-    Event, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request, ServeConfig, ServeError, Sink,
+    Event, EventSink, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request, ServeConfig,
+    ServeError, Sink,
 };

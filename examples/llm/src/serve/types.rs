@@ -1,6 +1,6 @@
 //! The batcher's public types: how it serves ([`ServeConfig`]), what a request asks
-//! ([`Request`]), where its events go ([`Sink`]) and what they are ([`Event`], [`Finished`]),
-//! why one fails ([`ServeError`]), and what the batcher has done ([`Metrics`]).
+//! ([`Request`]), where its events go ([`EventSink`], [`Sink`]) and what they are ([`Event`],
+//! [`Finished`]), why one fails ([`ServeError`]), and what the batcher has done ([`Metrics`]).
 
 use std::time::{Duration, Instant};
 
@@ -205,6 +205,35 @@ pub const ROWS_BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 /// The window of [`Metrics::decode_tok_s`].
 pub const RATE_WINDOW: Duration = Duration::from_secs(10);
 
-/// Where a request's events go: returns `false` once nobody listens (the request is then
-/// cancelled). Called on the batcher's thread, so it must not block.
-pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+/// Where a request's events go. Its methods are called on the batcher's thread, between
+/// passes, so they must not block.
+///
+/// A closure `FnMut(Event) -> bool` is a sink: it hands each event on and returns `false` once
+/// nobody listens. Such a sink can only tell by being called, so a request whose listener left
+/// while it waited for a slot or evaluated its prompt is cancelled at its first token. A sink
+/// that can also be asked ([`EventSink::is_listening`], e.g. a channel's sender asking whether
+/// its receiver is still there) frees that place (the queue's, admission's, the slot) before
+/// the next pass instead.
+pub trait EventSink: Send {
+    /// Hands `event` on: `false` once nobody listens (the request is then cancelled, and
+    /// nothing more is sent).
+    fn send(&mut self, event: Event) -> bool;
+
+    /// Whether anybody still listens; asked before every pass while the request waits for a
+    /// slot or evaluates its prompt (steps in which it has no event to send). `false` cancels
+    /// it at once, and nothing more is sent. The default says `true`: the sink tells only
+    /// through [`EventSink::send`].
+    fn is_listening(&mut self) -> bool {
+        true
+    }
+}
+
+impl<F: FnMut(Event) -> bool + Send> EventSink for F {
+    fn send(&mut self, event: Event) -> bool {
+        self(event)
+    }
+}
+
+/// A request's sink, as [`Batcher::submit`](super::Batcher::submit) takes it:
+/// `Box::new(move |event| tx.send(event).is_ok())`, or a boxed [`EventSink`] of your own.
+pub type Sink = Box<dyn EventSink>;

@@ -170,8 +170,10 @@ impl Worker {
             if !busy {
                 return true;
             }
-            self.end_abandoned(Instant::now());
+            let now = Instant::now();
+            self.end_abandoned(now);
             self.admit();
+            self.record_state(now);
             self.step();
         }
     }
@@ -190,31 +192,52 @@ impl Worker {
         }
     }
 
-    /// Ends, before the next pass, the running requests past their deadline (their sinks
-    /// hear [`ServeError::DeadlineExceeded`]); each frees its slot at once.
+    /// Ends, before the next pass, the requests nobody waits for any more, each freeing its
+    /// place at once (its slot or its place in the queue, and admission's count): those past
+    /// their deadline (their sinks hear [`ServeError::DeadlineExceeded`]), and those waiting or
+    /// evaluating their prompt whose sink says nobody listens ([`EventSink::is_listening`]:
+    /// they have no event to tell, so this is the only way to notice before their first
+    /// token). A decoding request's sink is asked by its next piece.
+    ///
+    /// [`EventSink::is_listening`]: super::EventSink::is_listening
     fn end_abandoned(&mut self, now: Instant) {
         for i in 0..self.slots.len() {
-            let Some(job) = &self.slots[i].job else {
+            let Some(job) = &mut self.slots[i].job else {
                 continue;
             };
             if job.deadline.is_some_and(|d| now >= d) {
                 self.finish(i, End::Failed(ServeError::DeadlineExceeded));
+            } else if matches!(job.phase, Phase::Prefill { .. }) && !listening(&mut job.sink) {
+                self.finish(i, End::Cancelled);
             }
+        }
+        let mut waiting = VecDeque::with_capacity(self.queue.len());
+        let (mut expired, mut gone) = (Vec::new(), 0);
+        for mut job in self.queue.drain(..) {
+            if job.request.deadline.is_some_and(|d| now >= d) {
+                expired.push(job);
+            } else if listening(&mut job.sink) {
+                waiting.push_back(job);
+            } else {
+                gone += 1;
+            }
+        }
+        self.queue = waiting;
+        for mut job in expired {
+            self.leave();
+            deliver(&mut job.sink, Event::Failed(ServeError::DeadlineExceeded));
+            self.ended(Ended::Cancelled);
+        }
+        for _ in 0..gone {
+            self.leave();
+            self.ended(Ended::Cancelled);
         }
     }
 
     /// Gives waiting requests the free slots, each the one holding the longest prefix of its
     /// prompt (the least recently used among equals).
     fn admit(&mut self) {
-        let now = Instant::now();
         while let Some(job) = self.queue.front() {
-            if job.request.deadline.is_some_and(|d| now >= d) {
-                let mut job = self.queue.pop_front().expect("the front exists");
-                self.leave();
-                deliver(&mut job.sink, Event::Failed(ServeError::DeadlineExceeded));
-                self.ended(Ended::Cancelled);
-                continue;
-            }
             let prompt = &job.request.prompt;
             let use_cache = job.request.cache_prompt;
             let best = self
@@ -300,7 +323,6 @@ impl Worker {
         let now = Instant::now();
         let mut parts = self.decode_rows(now);
         self.prompt_chunks(&mut parts);
-        self.record_state(now);
         if parts.iter().all(Option::is_none) {
             return;
         }
@@ -557,7 +579,8 @@ impl Worker {
         st.metrics.queued = self.queue.len();
     }
 
-    /// The slots' and the queue's state, and the rate window moved on to `now`.
+    /// The slots' and the queue's state after admission (every end updates them too), and the
+    /// rate window moved on to `now`.
     fn record_state(&self, now: Instant) {
         let mut st = self.shared.lock();
         st.slide_window(now);
@@ -588,7 +611,12 @@ impl Worker {
 
 /// Hands `event` to `sink`: whether somebody still listens (a panicking sink does not).
 fn deliver(sink: &mut Sink, event: Event) -> bool {
-    catch_unwind(AssertUnwindSafe(|| sink(event))).unwrap_or(false)
+    catch_unwind(AssertUnwindSafe(|| sink.send(event))).unwrap_or(false)
+}
+
+/// Whether `sink` says somebody still listens (a panicking sink does not).
+fn listening(sink: &mut Sink) -> bool {
+    catch_unwind(AssertUnwindSafe(|| sink.is_listening())).unwrap_or(false)
 }
 
 /// The same error again, for each request of a failed pass.
@@ -607,4 +635,144 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// The length of the longest common prefix.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::model::HostF32Factory;
+    use crate::serve::EventSink;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::channel;
+
+    /// A worker over the tiny llama model, on no thread (its methods are called directly).
+    fn worker(slots: usize) -> Worker {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/llm/tiny-llama.gguf"
+        );
+        let file = GgufFile::open(path).unwrap();
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap(),
+        );
+        let mut factory = HostF32Factory::new(pool.clone());
+        let model = Arc::new(Model::load(&file, &mut factory, pool, &mut |_, _| {}).unwrap());
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+        let config = ServeConfig {
+            slots,
+            slot_ctx: 64,
+            ..ServeConfig::default()
+        };
+        let shared = Arc::new(Shared::new(slots));
+        let (_tx, rx) = channel();
+        Worker::new(&model, &tokenizer, &config, shared, rx).unwrap()
+    }
+
+    /// A sink that says whether it listens as `listening` says (panicking on `None`) and
+    /// counts the events it is sent.
+    struct Probe {
+        listening: Option<bool>,
+        sent: Arc<AtomicUsize>,
+    }
+
+    impl EventSink for Probe {
+        fn send(&mut self, _: Event) -> bool {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        fn is_listening(&mut self) -> bool {
+            self.listening.expect("a probe that panics")
+        }
+    }
+
+    /// Queues a job of `prompt` (as `Batcher::submit` would have admitted it).
+    fn queue(w: &mut Worker, prompt: Vec<u32>, sink: Sink, deadline: Option<Instant>) {
+        let request = super::super::Request {
+            prompt,
+            deadline,
+            ..Default::default()
+        };
+        {
+            let mut st = w.shared.lock();
+            st.admitted += 1;
+            st.outstanding += 1;
+        }
+        w.queue.push_back(Job {
+            request,
+            sink,
+            submitted: Instant::now(),
+        });
+    }
+
+    #[test]
+    fn waiting_requests_nobody_waits_for_leave_before_the_pass() {
+        let mut w = worker(1);
+        let sent: Vec<Arc<AtomicUsize>> = (0..6).map(|_| Arc::default()).collect();
+        let probe = |i: usize, listening: Option<bool>| -> Sink {
+            Box::new(Probe {
+                listening,
+                sent: sent[i].clone(),
+            })
+        };
+        let past = Some(Instant::now());
+        queue(&mut w, vec![1, 2], probe(0, Some(true)), None);
+        queue(&mut w, vec![1, 3], probe(1, Some(false)), None);
+        queue(&mut w, vec![1, 4], probe(2, None), None);
+        queue(&mut w, vec![1, 5], probe(3, Some(true)), past);
+        queue(&mut w, vec![1, 6], probe(4, Some(true)), None);
+        // A plain closure cannot be asked: it stays.
+        let closure_sent = sent[5].clone();
+        queue(
+            &mut w,
+            vec![1, 7],
+            Box::new(move |_| {
+                closure_sent.fetch_add(1, Ordering::SeqCst);
+                true
+            }),
+            None,
+        );
+        w.end_abandoned(Instant::now());
+        let left: Vec<u32> = w.queue.iter().map(|j| j.request.prompt[1]).collect();
+        assert_eq!(left, [2, 6, 7], "the listening ones, in their order");
+        let events: Vec<usize> = sent.iter().map(|s| s.load(Ordering::SeqCst)).collect();
+        // Only the expired one hears why (DeadlineExceeded); the gone ones hear nothing.
+        assert_eq!(events, [0, 0, 0, 1, 0, 0]);
+        let st = w.shared.lock();
+        assert_eq!((st.admitted, st.outstanding), (3, 3));
+        assert_eq!((st.metrics.cancelled, st.metrics.queued), (3, 3));
+    }
+
+    #[test]
+    fn a_prefilling_request_nobody_listens_to_frees_its_slot() {
+        let mut w = worker(2);
+        let sent: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
+        for (i, s) in sent.iter().enumerate() {
+            let sink = Box::new(Probe {
+                listening: Some(true),
+                sent: s.clone(),
+            });
+            queue(&mut w, vec![1, 2 + i as u32, 3, 4], sink, None);
+        }
+        w.admit();
+        assert!(w.slots.iter().all(|s| s.job.is_some()));
+        // The second stops listening before its prompt is evaluated.
+        if let Some(job) = &mut w.slots[1].job {
+            job.sink = Box::new(Probe {
+                listening: Some(false),
+                sent: sent[1].clone(),
+            });
+        }
+        w.end_abandoned(Instant::now());
+        assert!(w.slots[0].job.is_some() && w.slots[1].job.is_none());
+        assert_eq!(sent[1].load(Ordering::SeqCst), 0, "told nothing");
+        let st = w.shared.lock();
+        assert_eq!(
+            (st.admitted, st.metrics.active, st.metrics.cancelled),
+            (1, 1, 1)
+        );
+    }
 }
