@@ -2,8 +2,9 @@
 //! gives (the batch-invariance claim, on the NPU path of the demo model and on the f32 path of
 //! the tiny model), with passes that really batched; a client that goes away frees its slot; a
 //! chat's next turn reuses the slot's cache (same output, a fraction of the time to the first
-//! token); every refusal is the documented status with an OpenAI error object, and the server
-//! answers the next good request as before.
+//! token); clients that vanish while queued free their places at once; every refusal is the
+//! documented status with an OpenAI error object, and the server answers the next good request
+//! as before.
 
 mod common;
 #[path = "common/server.rs"]
@@ -366,6 +367,75 @@ fn a_client_that_goes_away_cancels_its_request() {
     let again = s.generate(COMPLETIONS, &counting(8));
     assert_eq!(again.key(), reference.key());
     assert!(again.cached_tokens > 0, "{again:?}");
+}
+
+/// Fifty streaming clients send distinct prompts of about 800 tokens to two slots, so 48 wait
+/// in the queue, and all drop their connections before a first token: the queue depth and the
+/// active slots of /metrics fall to 0 within moments (not after the 48 prefills the requests
+/// would otherwise run to notice at their first token), all 50 are counted cancelled, and the
+/// server answers the next request as before.
+#[test]
+fn clients_that_vanish_while_queued_free_their_places_at_once() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096"),
+    );
+    let reference = s.generate(COMPLETIONS, &counting(8));
+    let before = s.metrics();
+    let prompts: Vec<String> = (0..50)
+        .map(|i| format!("Client {i}. {}", long_system(800)))
+        .collect();
+    let lengths: Vec<usize> = prompts.iter().map(|p| tokenize(&s, p).len()).collect();
+    let (shortest, longest) = (lengths.iter().min().unwrap(), lengths.iter().max().unwrap());
+    assert!((700..=900).contains(shortest), "{lengths:?}");
+    let clients: Vec<std::net::TcpStream> = prompts
+        .iter()
+        .map(|prompt| {
+            let body = json!({
+                "prompt": prompt, "max_tokens": 1000, "temperature": 0, "stream": true,
+            });
+            let bytes = server::format_request(
+                s.addr,
+                "POST",
+                COMPLETIONS,
+                &[],
+                body.to_string().as_bytes(),
+            );
+            let sock = std::net::TcpStream::connect(s.addr).unwrap();
+            std::io::Write::write_all(&mut &sock, &bytes).unwrap();
+            sock
+        })
+        .collect();
+    let m = s.wait_metrics("48 requests wait", budget(60), |m| {
+        m.get("llm_queue_depth") == 48.0
+    });
+    // Two requests took a slot (their prompts, a BOS each), the others wait.
+    let prompt = m.get("llm_prompt_tokens_total") - before.get("llm_prompt_tokens_total");
+    assert!(
+        prompt >= 2.0 * *shortest as f64 && prompt <= 2.0 * (*longest + 1) as f64,
+        "{prompt} prompt tokens taken in by the two running requests"
+    );
+    let closed = Instant::now();
+    for sock in clients {
+        sock.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let m = s.wait_metrics("the vanished clients' places are free", budget(30), |m| {
+        m.get("llm_queue_depth") == 0.0 && m.get("llm_slots_active") == 0.0
+    });
+    println!(
+        "queue empty and slots free {:?} after the clients left",
+        closed.elapsed()
+    );
+    let cancelled =
+        m.get("llm_requests_cancelled_total") - before.get("llm_requests_cancelled_total");
+    assert_eq!(cancelled, 50.0, "{}", m.text);
+    let passes = m.get("llm_passes_total") - before.get("llm_passes_total");
+    println!("{passes} passes in all");
+    assert_eq!(s.generate(COMPLETIONS, &counting(8)).key(), reference.key());
 }
 
 /// A long system message (numbered facts), about `tokens` tokens of the demo model.
