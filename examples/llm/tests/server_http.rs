@@ -2,9 +2,9 @@
 //! gives (the batch-invariance claim, on the NPU path of the demo model and on the f32 path of
 //! the tiny model), with passes that really batched; a client that goes away frees its slot; a
 //! chat's next turn reuses the slot's cache (same output, a fraction of the time to the first
-//! token); clients that vanish while queued free their places at once; every refusal is the
-//! documented status with an OpenAI error object, and the server answers the next good request
-//! as before.
+//! token); clients that vanish while queued free their places at once; a client slow to send
+//! its request's head is disconnected; every refusal is the documented status with an OpenAI
+//! error object, and the server answers the next good request as before.
 
 mod common;
 #[path = "common/server.rs"]
@@ -549,6 +549,76 @@ impl Limits<'_> {
             "the good request after {what}"
         );
     }
+}
+
+/// With `--header-timeout 2`, a client sending its request's head a byte a second is
+/// disconnected, unanswered, about 2 s after it connected, while other clients are served
+/// meanwhile as before.
+#[test]
+fn a_client_slow_to_send_its_head_is_disconnected() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend f32 -c 512 --parallel 2 --header-timeout 2"),
+    );
+    let good = json!({"prompt": "hello world", "max_tokens": 8, "temperature": 0});
+    let expected = s.generate(COMPLETIONS, &good);
+    let head = server::format_request(
+        s.addr,
+        "POST",
+        COMPLETIONS,
+        &[],
+        good.to_string().as_bytes(),
+    );
+    let sock = std::net::TcpStream::connect(s.addr).unwrap();
+    sock.set_read_timeout(Some(budget(60))).unwrap();
+    let connected = Instant::now();
+    // The server's side: what it sends until it closes, and when it closed.
+    let reader = {
+        let mut sock = sock.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let end = match std::io::Read::read_to_end(&mut sock, &mut got) {
+                // Closed while a byte of ours was in flight: a reset, closed all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(0),
+                end => end,
+            };
+            (connected.elapsed(), end.map(|_| got))
+        })
+    };
+    let mut sent = 0;
+    let mut served = 0;
+    while !reader.is_finished() {
+        if sent < head.len() && connected.elapsed() >= Duration::from_secs(sent as u64) {
+            if std::io::Write::write_all(&mut &sock, &head[sent..=sent]).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        // Meanwhile, another client is served as before.
+        assert_eq!(s.generate(COMPLETIONS, &good).key(), expected.key());
+        served += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (closed, got) = reader.join().unwrap();
+    println!(
+        "closed after {closed:?}, {sent} bytes of the head sent, {served} requests served meanwhile"
+    );
+    let got = got.unwrap_or_else(|e| panic!("the slow connection was not closed: {e}"));
+    assert!(
+        got.is_empty(),
+        "an answer to a head never sent whole: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(sent < head.len(), "the whole head was sent");
+    assert!(
+        closed >= Duration::from_millis(1900) && closed < Duration::from_secs(2) + budget(3),
+        "closed {closed:?} after connecting, with --header-timeout 2"
+    );
+    assert!(served > 0);
+    assert!(s.alive());
+    assert_eq!(s.generate(COMPLETIONS, &good).key(), expected.key());
 }
 
 /// 400 for what is not a valid request, 413 past `--body-limit`, 404 off the API; each with
