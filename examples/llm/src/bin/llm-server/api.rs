@@ -41,9 +41,10 @@ use crate::params::{self, Obj, Options};
 /// (the batcher checks deadlines between passes) before answering 504 itself.
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
-/// What the server was started with.
+/// The HTTP side's settings, from the flags: how requests are named, guarded and bounded
+/// (how they are batched is the library's [`ServeConfig`](rknn_llm::serve::ServeConfig)).
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub struct HttpConfig {
     /// The model id `/v1/models` shows and responses name.
     pub alias: String,
     /// The key clients must send as `Authorization: Bearer KEY`, if any.
@@ -75,7 +76,7 @@ pub struct Loaded {
 #[derive(Debug)]
 pub struct AppState {
     /// The configuration.
-    pub config: ServerConfig,
+    pub config: HttpConfig,
     /// Set once the model is loaded.
     pub loaded: OnceLock<Loaded>,
     /// The batcher, from loading until shutdown takes it away.
@@ -88,7 +89,7 @@ pub struct AppState {
 
 impl AppState {
     /// A server still loading its model.
-    pub fn new(config: ServerConfig) -> AppState {
+    pub fn new(config: HttpConfig) -> AppState {
         AppState {
             config,
             loaded: OnceLock::new(),
@@ -829,7 +830,7 @@ mod tests {
     }
 
     fn state(api_key: Option<&str>) -> Arc<AppState> {
-        Arc::new(AppState::new(ServerConfig {
+        Arc::new(AppState::new(HttpConfig {
             alias: "m".into(),
             api_key: api_key.map(str::to_string),
             body_limit: 64,

@@ -39,7 +39,7 @@ use rknn_llm::model::Config;
 use rknn_llm::serve::{Batcher, ServeConfig};
 use rknn_llm::tokenizer::Tokenizer;
 
-use api::{AppState, Loaded, ServerConfig};
+use api::{AppState, HttpConfig, Loaded};
 use backend::{BackendArgs, Error, backend_name};
 
 /// `-c`'s default (llama-server's too), or the trained context if shorter.
@@ -230,7 +230,7 @@ async fn serve(args: Args) -> Result<(), Error> {
     let addr = listener.local_addr()?;
     eprintln!("llm-server: listening on http://{addr}");
 
-    let state = Arc::new(AppState::new(ServerConfig {
+    let state = Arc::new(AppState::new(HttpConfig {
         alias,
         api_key,
         body_limit: args.body_limit,
