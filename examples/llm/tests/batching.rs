@@ -2,12 +2,14 @@
 //! one forward pass over several sequences gives each the logits it gets alone (f32 and the
 //! NPU path, every family, a sliding window crossed), and the [`Batcher`] gives every request
 //! the tokens `Session::generate` gives it alone, whatever runs beside it, with the prompt
-//! cache or without, and frees slots of cancelled, expired and refused requests.
+//! cache or without, and frees slots of cancelled, expired and refused requests; requests whose
+//! listeners vanish while they wait or evaluate their prompt leave within one step.
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rknn_llm::gguf::GgufFile;
@@ -16,7 +18,9 @@ use rknn_llm::model::{
     LinearFactory, LinearOp, LinearRole, Logits, Model,
 };
 use rknn_llm::sample::SamplerConfig;
-use rknn_llm::serve::{Batcher, Event, Finished, Request, ServeConfig, ServeError};
+use rknn_llm::serve::{
+    Batcher, Event, EventSink, Finished, Request, ServeConfig, ServeError, Sink,
+};
 use rknn_llm::session::{GenerateParams, Session};
 use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
@@ -617,4 +621,236 @@ fn a_panic_or_a_failure_in_a_pass_fails_its_requests_and_the_batcher_goes_on() {
     assert!(batcher.wait_idle(Duration::from_secs(10)));
     let m = batcher.metrics();
     assert_eq!((m.failed, m.finished, m.active), (2, 2, 0), "{m:?}");
+}
+
+/// A sink into a channel whose sender can tell that the receiving end is gone without sending
+/// (as tokio's `Sender::is_closed` does; std's channel cannot): the listener holds the
+/// receiver and a token, and has vanished once it dropped them. It counts what it is sent.
+struct Watched {
+    tx: mpsc::Sender<Event>,
+    listener: Weak<()>,
+    sent: Arc<AtomicUsize>,
+}
+
+impl EventSink for Watched {
+    fn send(&mut self, event: Event) -> bool {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        self.tx.send(event).is_ok()
+    }
+
+    fn is_listening(&mut self) -> bool {
+        self.listener.strong_count() > 0
+    }
+}
+
+/// A listener of a [`Watched`] sink: dropping it is the client vanishing.
+struct Listener {
+    _events: mpsc::Receiver<Event>,
+    _token: Arc<()>,
+}
+
+fn watched(sent: &Arc<AtomicUsize>) -> (Sink, Listener) {
+    let (tx, events) = mpsc::channel();
+    let token = Arc::new(());
+    let sink = Watched {
+        tx,
+        listener: Arc::downgrade(&token),
+        sent: sent.clone(),
+    };
+    (
+        Box::new(sink),
+        Listener {
+            _events: events,
+            _token: token,
+        },
+    )
+}
+
+/// Holds the batcher's thread at every piece of the requests it gates: the thread stops in the
+/// first phase of a step, inside the sink, until the test lets it go on, so that the test acts
+/// between two steps and knows how many passes ran.
+struct Gate {
+    reached: mpsc::Receiver<()>,
+    go: Option<mpsc::SyncSender<()>>,
+    go_rx: Arc<Mutex<mpsc::Receiver<()>>>,
+    reached_tx: mpsc::Sender<()>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let (reached_tx, reached) = mpsc::channel();
+        let (go, go_rx) = mpsc::sync_channel(0);
+        Gate {
+            reached,
+            go: Some(go),
+            go_rx: Arc::new(Mutex::new(go_rx)),
+            reached_tx,
+        }
+    }
+
+    /// A sink that stops at each piece until let go (and runs freely once the gate is open).
+    fn sink(&self) -> Sink {
+        let (reached, go) = (self.reached_tx.clone(), self.go_rx.clone());
+        Box::new(move |event| {
+            if let Event::Piece(_) = event {
+                if reached.send(()).is_ok() {
+                    let _ = go.lock().unwrap().recv();
+                }
+            }
+            true
+        })
+    }
+
+    /// Waits until the batcher's thread stops at a gated piece.
+    fn wait(&self) {
+        self.reached
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the batcher reaches a gated piece");
+    }
+
+    /// Lets the stopped thread go on.
+    fn release(&self) {
+        self.go.as_ref().unwrap().send(()).unwrap();
+    }
+
+    /// Lets everything run freely from now on.
+    fn open(mut self) {
+        drop(self.go.take());
+        // A thread stopped at a piece now sees the closed channel and goes on.
+    }
+}
+
+/// Two requests decode in the two slots, held between steps; 48 more wait with sinks that can
+/// be asked whether anyone listens. Their listeners vanish: by the running requests' next
+/// token (one pass later) the queue is empty, the 48 are counted cancelled without an event,
+/// and 48 new requests are accepted in their places and served.
+#[test]
+fn queued_requests_whose_listeners_vanish_leave_within_one_step() {
+    let (model, tok) = f32_model("tiny-llama");
+    let batcher = Batcher::start(
+        model.clone(),
+        tok.clone(),
+        ServeConfig {
+            slots: 2,
+            queue: 48,
+            slot_ctx: 64,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let gate = Gate::new();
+    for _ in 0..2 {
+        batcher.submit(long_request(&tok), gate.sink()).unwrap();
+    }
+    // Step k: the first decoding request stops at its piece.
+    gate.wait();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let listeners: Vec<Listener> = (0..48)
+        .map(|i| {
+            let (sink, listener) = watched(&sent);
+            let request = Request {
+                prompt: tokens(i, 20, model.config().n_vocab),
+                ..long_request(&tok)
+            };
+            batcher.submit(request, sink).unwrap();
+            listener
+        })
+        .collect();
+    let full = batcher.submit(long_request(&tok), Box::new(|_| true));
+    assert!(
+        matches!(full, Err(ServeError::QueueFull { .. })),
+        "{full:?}"
+    );
+    let passes = batcher.metrics().passes;
+    drop(listeners);
+    // The rest of step k (the other request's piece, the pass), then step k + 1.
+    gate.release();
+    gate.wait();
+    gate.release();
+    gate.wait();
+    let m = batcher.metrics();
+    assert_eq!(m.passes, passes + 1, "one pass between the two pieces");
+    assert_eq!((m.queued, m.active, m.cancelled), (0, 2, 48), "{m:?}");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        0,
+        "nothing sent to a vanished listener"
+    );
+    // Their admission places are free: 48 new requests are taken, and each is served.
+    let short = Request {
+        max_tokens: Some(3),
+        ..long_request(&tok)
+    };
+    let want = solo(&model, &tok, &short).0;
+    let waiting: Vec<_> = (0..48)
+        .map(|_| submit(&batcher, short.clone()).expect("a free place"))
+        .collect();
+    gate.release();
+    gate.open();
+    for rx in waiting {
+        assert_eq!(wait(rx).tokens, want);
+    }
+    assert!(batcher.wait_idle(Duration::from_secs(60)));
+    let m = batcher.metrics();
+    assert_eq!((m.finished, m.cancelled, m.queued), (50, 48, 0), "{m:?}");
+}
+
+/// A request evaluating a long prompt (one token per pass), whose listener vanishes, frees its
+/// slot before the next pass without an event; the same prompt then reuses what it evaluated
+/// and gets its solo tokens.
+#[test]
+fn a_prefilling_request_whose_listener_vanishes_frees_its_slot_before_the_next_pass() {
+    let (model, tok) = f32_model("tiny-llama");
+    let batcher = Batcher::start(
+        model.clone(),
+        tok.clone(),
+        ServeConfig {
+            slots: 2,
+            slot_ctx: 128,
+            prefill_chunk: 1,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let gate = Gate::new();
+    batcher.submit(long_request(&tok), gate.sink()).unwrap();
+    gate.wait();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let prompt = tokens(7, 40, model.config().n_vocab);
+    let (sink, listener) = watched(&sent);
+    let request = Request {
+        prompt: prompt.clone(),
+        max_tokens: Some(6),
+        ..long_request(&tok)
+    };
+    batcher.submit(request.clone(), sink).unwrap();
+    // A few passes of its prompt (one token each).
+    for _ in 0..4 {
+        gate.release();
+        gate.wait();
+    }
+    let m = batcher.metrics();
+    assert_eq!((m.active, m.queued), (2, 0), "{m:?}");
+    let passes = m.passes;
+    drop(listener);
+    gate.release();
+    gate.wait();
+    let m = batcher.metrics();
+    assert_eq!(m.passes, passes + 1);
+    assert_eq!((m.active, m.cancelled), (1, 1), "{m:?}");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        0,
+        "no event before its first token"
+    );
+    gate.release();
+    gate.open();
+    // The slot holds part of the prompt: the same request reuses it and gets its solo tokens.
+    let again = wait(submit(&batcher, request.clone()).unwrap());
+    let done = again.done.unwrap();
+    assert!(
+        done.cached_tokens > 0 && done.cached_tokens < prompt.len(),
+        "{done:?}"
+    );
+    assert_eq!(again.tokens, solo(&model, &tok, &request).0);
 }

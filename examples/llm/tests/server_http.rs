@@ -2,8 +2,9 @@
 //! gives (the batch-invariance claim, on the NPU path of the demo model and on the f32 path of
 //! the tiny model), with passes that really batched; a client that goes away frees its slot; a
 //! chat's next turn reuses the slot's cache (same output, a fraction of the time to the first
-//! token); every refusal is the documented status with an OpenAI error object, and the server
-//! answers the next good request as before.
+//! token); clients that vanish while queued free their places at once; a client slow to send
+//! its request's head is disconnected; every refusal is the documented status with an OpenAI
+//! error object, and the server answers the next good request as before.
 
 mod common;
 #[path = "common/server.rs"]
@@ -368,6 +369,75 @@ fn a_client_that_goes_away_cancels_its_request() {
     assert!(again.cached_tokens > 0, "{again:?}");
 }
 
+/// Fifty streaming clients send distinct prompts of about 800 tokens to two slots, so 48 wait
+/// in the queue, and all drop their connections before a first token: the queue depth and the
+/// active slots of /metrics fall to 0 within moments (not after the 48 prefills the requests
+/// would otherwise run to notice at their first token), all 50 are counted cancelled, and the
+/// server answers the next request as before.
+#[test]
+fn clients_that_vanish_while_queued_free_their_places_at_once() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096"),
+    );
+    let reference = s.generate(COMPLETIONS, &counting(8));
+    let before = s.metrics();
+    let prompts: Vec<String> = (0..50)
+        .map(|i| format!("Client {i}. {}", long_system(800)))
+        .collect();
+    let lengths: Vec<usize> = prompts.iter().map(|p| tokenize(&s, p).len()).collect();
+    let (shortest, longest) = (lengths.iter().min().unwrap(), lengths.iter().max().unwrap());
+    assert!((700..=900).contains(shortest), "{lengths:?}");
+    let clients: Vec<std::net::TcpStream> = prompts
+        .iter()
+        .map(|prompt| {
+            let body = json!({
+                "prompt": prompt, "max_tokens": 1000, "temperature": 0, "stream": true,
+            });
+            let bytes = server::format_request(
+                s.addr,
+                "POST",
+                COMPLETIONS,
+                &[],
+                body.to_string().as_bytes(),
+            );
+            let sock = std::net::TcpStream::connect(s.addr).unwrap();
+            std::io::Write::write_all(&mut &sock, &bytes).unwrap();
+            sock
+        })
+        .collect();
+    let m = s.wait_metrics("48 requests wait", budget(60), |m| {
+        m.get("llm_queue_depth") == 48.0
+    });
+    // Two requests took a slot (their prompts, a BOS each), the others wait.
+    let prompt = m.get("llm_prompt_tokens_total") - before.get("llm_prompt_tokens_total");
+    assert!(
+        prompt >= 2.0 * *shortest as f64 && prompt <= 2.0 * (*longest + 1) as f64,
+        "{prompt} prompt tokens taken in by the two running requests"
+    );
+    let closed = Instant::now();
+    for sock in clients {
+        sock.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let m = s.wait_metrics("the vanished clients' places are free", budget(30), |m| {
+        m.get("llm_queue_depth") == 0.0 && m.get("llm_slots_active") == 0.0
+    });
+    println!(
+        "queue empty and slots free {:?} after the clients left",
+        closed.elapsed()
+    );
+    let cancelled =
+        m.get("llm_requests_cancelled_total") - before.get("llm_requests_cancelled_total");
+    assert_eq!(cancelled, 50.0, "{}", m.text);
+    let passes = m.get("llm_passes_total") - before.get("llm_passes_total");
+    println!("{passes} passes in all");
+    assert_eq!(s.generate(COMPLETIONS, &counting(8)).key(), reference.key());
+}
+
 /// A long system message (numbered facts), about `tokens` tokens of the demo model.
 fn long_system(tokens: usize) -> String {
     let colours = [
@@ -479,6 +549,76 @@ impl Limits<'_> {
             "the good request after {what}"
         );
     }
+}
+
+/// With `--header-timeout 2`, a client sending its request's head a byte a second is
+/// disconnected, unanswered, about 2 s after it connected, while other clients are served
+/// meanwhile as before.
+#[test]
+fn a_client_slow_to_send_its_head_is_disconnected() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend f32 -c 512 --parallel 2 --header-timeout 2"),
+    );
+    let good = json!({"prompt": "hello world", "max_tokens": 8, "temperature": 0});
+    let expected = s.generate(COMPLETIONS, &good);
+    let head = server::format_request(
+        s.addr,
+        "POST",
+        COMPLETIONS,
+        &[],
+        good.to_string().as_bytes(),
+    );
+    let sock = std::net::TcpStream::connect(s.addr).unwrap();
+    sock.set_read_timeout(Some(budget(60))).unwrap();
+    let connected = Instant::now();
+    // The server's side: what it sends until it closes, and when it closed.
+    let reader = {
+        let mut sock = sock.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let end = match std::io::Read::read_to_end(&mut sock, &mut got) {
+                // Closed while a byte of ours was in flight: a reset, closed all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(0),
+                end => end,
+            };
+            (connected.elapsed(), end.map(|_| got))
+        })
+    };
+    let mut sent = 0;
+    let mut served = 0;
+    while !reader.is_finished() {
+        if sent < head.len() && connected.elapsed() >= Duration::from_secs(sent as u64) {
+            if std::io::Write::write_all(&mut &sock, &head[sent..=sent]).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        // Meanwhile, another client is served as before.
+        assert_eq!(s.generate(COMPLETIONS, &good).key(), expected.key());
+        served += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (closed, got) = reader.join().unwrap();
+    println!(
+        "closed after {closed:?}, {sent} bytes of the head sent, {served} requests served meanwhile"
+    );
+    let got = got.unwrap_or_else(|e| panic!("the slow connection was not closed: {e}"));
+    assert!(
+        got.is_empty(),
+        "an answer to a head never sent whole: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(sent < head.len(), "the whole head was sent");
+    assert!(
+        closed >= Duration::from_millis(1900) && closed < Duration::from_secs(2) + budget(3),
+        "closed {closed:?} after connecting, with --header-timeout 2"
+    );
+    assert!(served > 0);
+    assert!(s.alive());
+    assert_eq!(s.generate(COMPLETIONS, &good).key(), expected.key());
 }
 
 /// 400 for what is not a valid request, 413 past `--body-limit`, 404 off the API; each with

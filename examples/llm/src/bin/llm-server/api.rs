@@ -3,9 +3,11 @@
 //!
 //! A generating request is parsed and checked here, its prompt rendered and tokenized on a
 //! blocking thread, and handed to the [`Batcher`] with a sink that sends each event into an
-//! unbounded channel. The response owns the channel's receiver (the handler's future until
-//! the first event, then the streamed body): a client that goes away drops it, the sink then
-//! reports nobody listens, and the batcher cancels the request at its next token.
+//! unbounded channel ([`ChannelSink`]). The response owns the channel's receiver (the
+//! handler's future until the first event, then the streamed body): a client that goes away
+//! drops it, and the batcher cancels the request before its next pass, whether it waits for a
+//! slot, evaluates its prompt (the sink answers from the channel whether its receiver is
+//! still there) or decodes (the sink refuses the next piece).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -23,11 +25,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body::Frame;
 use serde_json::{Value, json};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
-use rknn_llm::serve::{Batcher, Event, Finished, Request as GenRequest};
+use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
 
@@ -39,9 +41,10 @@ use crate::params::{self, Obj, Options};
 /// (the batcher checks deadlines between passes) before answering 504 itself.
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
-/// What the server was started with.
+/// The HTTP side's settings, from the flags: how requests are named, guarded and bounded
+/// (how they are batched is the library's [`ServeConfig`](rknn_llm::serve::ServeConfig)).
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub struct HttpConfig {
     /// The model id `/v1/models` shows and responses name.
     pub alias: String,
     /// The key clients must send as `Authorization: Bearer KEY`, if any.
@@ -73,7 +76,7 @@ pub struct Loaded {
 #[derive(Debug)]
 pub struct AppState {
     /// The configuration.
-    pub config: ServerConfig,
+    pub config: HttpConfig,
     /// Set once the model is loaded.
     pub loaded: OnceLock<Loaded>,
     /// The batcher, from loading until shutdown takes it away.
@@ -86,7 +89,7 @@ pub struct AppState {
 
 impl AppState {
     /// A server still loading its model.
-    pub fn new(config: ServerConfig) -> AppState {
+    pub fn new(config: HttpConfig) -> AppState {
         AppState {
             config,
             loaded: OnceLock::new(),
@@ -406,7 +409,7 @@ async fn generate(
         deadline: Some(deadline),
     };
     batcher
-        .submit(request, Box::new(move |ev| tx.send(ev).is_ok()))
+        .submit(request, Box::new(ChannelSink(tx)))
         .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
     drop(batcher);
     let give_up = tokio::time::Instant::from_std(deadline + DEADLINE_GRACE);
@@ -446,6 +449,21 @@ async fn generate(
             Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
         }
         event = next_event(&mut rx, give_up, kind).await?;
+    }
+}
+
+/// A request's sink: its events into the channel whose receiver the response owns. Nobody
+/// listens once the receiver is dropped (the client went away), which the batcher asks before
+/// each pass while the request has nothing to send.
+struct ChannelSink(UnboundedSender<Event>);
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+
+    fn is_listening(&mut self) -> bool {
+        !self.0.is_closed()
     }
 }
 
@@ -768,6 +786,7 @@ fn completion_id(kind: Kind) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rknn_llm::serve::ServeError;
     use std::io::{Read, Write};
 
     /// Serves `app` on a free port of the loopback; its address.
@@ -811,7 +830,7 @@ mod tests {
     }
 
     fn state(api_key: Option<&str>) -> Arc<AppState> {
-        Arc::new(AppState::new(ServerConfig {
+        Arc::new(AppState::new(HttpConfig {
             alias: "m".into(),
             api_key: api_key.map(str::to_string),
             body_limit: 64,
@@ -973,6 +992,21 @@ mod tests {
             json!({"role": "assistant", "content": ""})
         );
         assert_eq!(role["object"], "chat.completion.chunk");
+    }
+
+    #[test]
+    fn a_channel_sink_listens_while_its_receiver_lives() {
+        let (tx, mut rx) = unbounded_channel();
+        let mut sink = ChannelSink(tx);
+        assert!(sink.is_listening());
+        assert!(sink.send(Event::Failed(ServeError::DeadlineExceeded)));
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Event::Failed(ServeError::DeadlineExceeded))
+        ));
+        drop(rx);
+        assert!(!sink.is_listening());
+        assert!(!sink.send(Event::Failed(ServeError::ShuttingDown)));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! One log line on stderr per lifecycle event; no progress bar.
 
 mod api;
+mod conn;
 mod error;
 mod metrics;
 mod params;
@@ -26,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::serve::ListenerExt;
 use clap::Parser;
 use tokio::net::TcpListener;
 
@@ -35,7 +35,7 @@ use rknn_llm::cli::LoadArgs;
 use rknn_llm::model::HostPool;
 use rknn_llm::serve::{Batcher, ServeConfig};
 
-use api::{AppState, Loaded, ServerConfig};
+use api::{AppState, HttpConfig, Loaded};
 
 /// An error of starting or loading (`Send`, so that the model loads on a thread of its own).
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -90,6 +90,11 @@ struct Args {
     /// Each request's deadline in seconds (504 past it), also the bound on reading its body.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     timeout: u64,
+    /// Seconds a client has to send a request's head (request line and headers), from the
+    /// moment the server waits for it (a new or a kept-alive connection); past it the
+    /// connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    header_timeout: u64,
     /// At shutdown, how long running requests may go on, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout: u64,
@@ -165,6 +170,8 @@ struct Settings {
     threads: usize,
     /// The request deadline.
     timeout: Duration,
+    /// The bound on reading a request's head.
+    header_timeout: Duration,
     /// The shutdown grace.
     shutdown_timeout: Duration,
 }
@@ -177,6 +184,7 @@ impl Settings {
             ("--prefill-chunk", args.prefill_chunk as u64),
             ("--body-limit", args.body_limit as u64),
             ("--timeout", args.timeout),
+            ("--header-timeout", args.header_timeout),
         ];
         for (flag, v) in at_least_one {
             if v == 0 {
@@ -191,6 +199,7 @@ impl Settings {
         Ok(Settings {
             threads,
             timeout: Duration::from_secs(args.timeout),
+            header_timeout: Duration::from_secs(args.header_timeout),
             shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         })
     }
@@ -216,7 +225,7 @@ async fn serve(args: Args) -> Result<(), Error> {
     let addr = listener.local_addr()?;
     eprintln!("llm-server: listening on http://{addr}");
 
-    let state = Arc::new(AppState::new(ServerConfig {
+    let state = Arc::new(AppState::new(HttpConfig {
         alias,
         api_key,
         body_limit: args.body_limit,
@@ -224,17 +233,10 @@ async fn serve(args: Args) -> Result<(), Error> {
     }));
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let app = api::router(state.clone());
-    // Streamed tokens are small writes: send each at once.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
+    let stop = async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    };
+    let mut server = tokio::spawn(conn::serve(listener, app, settings.header_timeout, stop));
 
     eprintln!("llm-server: loading {}", args.model.display());
     let t_load = Instant::now();
@@ -300,10 +302,9 @@ async fn serve(args: Args) -> Result<(), Error> {
 }
 
 /// The error of a server task that ended before it was told to.
-fn server_ended(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Error {
+fn server_ended(r: Result<(), tokio::task::JoinError>) -> Error {
     match r {
-        Ok(Ok(())) => "the HTTP server stopped unexpectedly".into(),
-        Ok(Err(e)) => format!("the HTTP server failed: {e}").into(),
+        Ok(()) => "the HTTP server stopped unexpectedly".into(),
         Err(e) => format!("the HTTP server failed: {e}").into(),
     }
 }
@@ -433,9 +434,12 @@ mod tests {
             ("127.0.0.1", 8080, 4)
         );
         assert_eq!((a.queue, a.body_limit, a.timeout), (64, 4 << 20, 600));
-        assert_eq!(a.shutdown_timeout, 30);
+        assert_eq!((a.shutdown_timeout, a.header_timeout), (30, 30));
         assert!(Settings::from_args(&a).is_ok());
-        let zero = Args::parse_from(["llm-server", "-m", "x.gguf", "--parallel", "0"]);
-        assert!(Settings::from_args(&zero).is_err());
+        for flag in ["--parallel", "--header-timeout"] {
+            let zero = Args::parse_from(["llm-server", "-m", "x.gguf", flag, "0"]);
+            let e = Settings::from_args(&zero).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 }
