@@ -119,14 +119,6 @@ pub enum GenerateError {
     /// Nothing to evaluate: an empty prompt in a session with no pending token.
     #[error("the prompt is empty after tokenization")]
     EmptyPrompt,
-    /// Too few tokens to score ([`crate::perplexity::perplexity`]).
-    #[error("perplexity needs at least {need} tokens, the text has {got}")]
-    TooShort {
-        /// Tokens needed.
-        need: usize,
-        /// Tokens given.
-        got: usize,
-    },
     /// The model and the tokenizer disagree on the vocabulary.
     #[error("the model's {model} logits do not match the vocabulary's {tokenizer} tokens")]
     VocabularyMismatch {

@@ -30,7 +30,7 @@ use serde_json::json;
 use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, encode_prompt};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheOutcome, Model, host_pool};
-use rknn_llm::perplexity::perplexity;
+use rknn_llm::perplexity::{PerplexityParams, Scoring, perplexity};
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Generation, Session, rate};
 use rknn_llm::spec::PromptLookup;
@@ -58,6 +58,15 @@ enum Reasoning {
     On,
     /// It answers directly (`enable_thinking=false`).
     Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PplScoring {
+    /// llama-perplexity's: chunks of the context size, each beginning with BOS, the second
+    /// half of each scored (the text needs two chunks at least).
+    SecondHalf,
+    /// Every token but the first, in windows of the context size each beginning with BOS.
+    EveryToken,
 }
 
 /// Runs a GGUF language model (llama / qwen2 architectures) on a prompt.
@@ -105,7 +114,8 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     ngram: u16,
     /// Context size: the most positions the KV cache holds (default 4096, or the trained
-    /// context if shorter; 0 is the trained context; more than it is refused).
+    /// context if shorter; with --perplexity 512, llama-perplexity's chunk size; 0 is the
+    /// trained context; more than it is refused).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     ctx_size: Option<usize>,
     /// Tokens per forward call while evaluating a prompt.
@@ -162,9 +172,16 @@ struct Args {
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Score a text file teacher-forced and print its perplexity.
+    /// Score a text file teacher-forced and print its perplexity (as llama-perplexity does:
+    /// chunks of the context size, the second half of each scored).
     #[arg(long, value_name = "FILE")]
     perplexity: Option<PathBuf>,
+    /// Which tokens --perplexity scores.
+    #[arg(long, value_enum, default_value_t = PplScoring::SecondHalf, requires = "perplexity")]
+    perplexity_scoring: PplScoring,
+    /// Score at most the first N chunks (windows) of the --perplexity text.
+    #[arg(long, value_name = "N", requires = "perplexity")]
+    chunks: Option<std::num::NonZeroUsize>,
     /// Write every evaluated (with --perplexity: scored) position's logits to FILE as raw
     /// little-endian f32 rows of n_vocab.
     #[arg(long = "dump-logits", value_name = "FILE")]
@@ -797,8 +814,12 @@ fn spec_json(args: &Args, o: &Generation) -> serde_json::Value {
     }
 }
 
-/// `--perplexity`: the text's perplexity over windows of the context length
-/// ([`rknn_llm::perplexity`]), each scored position's logits written to `--dump-logits`.
+/// `-c`'s default with `--perplexity`: llama-perplexity's, so the two score the same chunks.
+const PERPLEXITY_CTX_SIZE: usize = 512;
+
+/// `--perplexity`: the text's perplexity as `--perplexity-scoring` says
+/// ([`rknn_llm::perplexity`]), each scored position's logits written to `--dump-logits`; the
+/// summary as llama-perplexity prints it.
 fn run_perplexity(
     model: &Model,
     session: &Session,
@@ -806,15 +827,26 @@ fn run_perplexity(
     args: &Args,
     dump: Option<SharedFile>,
 ) -> Result<(), Error> {
-    let ids = session.tokenizer().encode(text, true, false)?;
+    let params = PerplexityParams {
+        scoring: match args.perplexity_scoring {
+            PplScoring::SecondHalf => Scoring::SecondHalf,
+            PplScoring::EveryToken => Scoring::EveryToken,
+        },
+        batch: args.batch_size,
+        max_chunks: args.chunks,
+    };
     let mut seq = model.sequence(session.sequence().cache().cache_type());
+    if args.ctx_size.is_none() {
+        seq.limit_context(PERPLEXITY_CTX_SIZE);
+    }
     let t = Instant::now();
     let mut dump = dump;
     let p = perplexity(
         model,
         &mut seq,
-        &ids,
-        args.batch_size,
+        session.tokenizer(),
+        text,
+        &params,
         |row| match &mut dump {
             Some(d) => {
                 for v in row {
@@ -829,13 +861,28 @@ fn run_perplexity(
         d.flush()?;
     }
     eprintln!(
-        "perplexity: {:.4} over {} scored tokens ({} tokens, windows of {}), {:.1} tok/s",
-        p.ppl,
+        "perplexity: {} chunks of {} ({} scoring), {} of the text's {} tokens scored, {:.1} tok/s",
+        p.chunks,
+        p.n_ctx,
+        p.scoring,
         p.scored,
-        ids.len(),
-        model.n_ctx(),
-        rate(ids.len(), t.elapsed())
+        p.tokens,
+        rate(p.evaluated, t.elapsed())
     );
+    let running: Vec<String> = p
+        .running
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("[{}]{v:.4}", i + 1))
+        .collect();
+    eprintln!("{}", running.join(","));
+    match p.ppl_error {
+        Some(e) => eprintln!("Final estimate: PPL = {:.4} +/- {e:.5}", p.ppl),
+        None => eprintln!(
+            "Final estimate: PPL = {:.4} (one token scored: no error estimate)",
+            p.ppl
+        ),
+    }
     let engine = model.engine();
     if let Some(e) = engine {
         eprintln!("{}", engine_line(e));
@@ -844,10 +891,15 @@ fn run_perplexity(
         println!(
             "{}",
             json!({
-                "n_tokens": ids.len(),
-                "n_scored": p.scored,
                 "ppl": p.ppl,
+                "ppl_error": p.ppl_error,
                 "nll": p.nll,
+                "chunks": p.chunks,
+                "n_ctx": p.n_ctx,
+                "n_tokens": p.tokens,
+                "n_scored": p.scored,
+                "scoring": p.scoring.name(),
+                "running": p.running,
                 "backend": backend_name(engine),
                 "wtype": model.backend_kind(),
             })
