@@ -39,6 +39,7 @@ use crate::model::{
     ModelError, Residual, WeightCache, host_pool,
 };
 use crate::sample::SamplerConfig;
+use crate::serve::{Batcher, ServeConfig, ServeError};
 use crate::session::{GenerateError, Session};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -116,6 +117,9 @@ pub enum LoadError {
     /// The host thread pool could not be built.
     #[error("the host thread pool: {0}")]
     Pool(#[from] rayon::ThreadPoolBuildError),
+    /// The batcher of [`ModelBuilder::serve`] could not start.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
     /// A setting is out of its range.
     #[error("{setting} {value}: {rule}")]
     Setting {
@@ -471,6 +475,40 @@ impl ModelBuilder {
         })
     }
 
+    /// Loads the model on a new thread which then serves it: a [`Batcher`] whose thread
+    /// drives the model's host pool (its member 0, as [`ModelBuilder::load`]'s caller is), so
+    /// that each pass runs on it directly. `config` sees the loaded model (its context, say)
+    /// and gives the batcher's settings. Returns once the batcher serves, with what was loaded.
+    ///
+    /// ```no_run
+    /// use rknn_llm::Model;
+    /// use rknn_llm::serve::ServeConfig;
+    ///
+    /// # fn main() -> Result<(), rknn_llm::LoadError> {
+    /// let (loaded, batcher) = Model::builder("model.gguf").context(8192).serve(|loaded| {
+    ///     // Four slots sharing the context, as llama-server's `-c 8192 -np 4`.
+    ///     let slot_ctx = loaded.model.n_ctx() / 4;
+    ///     Ok(ServeConfig { slots: 4, slot_ctx, ..ServeConfig::default() })
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn serve<F>(self, config: F) -> Result<(LoadedModel, Batcher), LoadError>
+    where
+        F: FnOnce(&LoadedModel) -> Result<ServeConfig, ServeError> + Send + 'static,
+    {
+        let (batcher, loaded) = Batcher::start_with(move || {
+            let loaded = self.load()?;
+            let config = config(&loaded)?;
+            Ok::<_, LoadError>((
+                loaded.model.clone(),
+                loaded.tokenizer.clone(),
+                config,
+                loaded,
+            ))
+        })?;
+        Ok((loaded, batcher))
+    }
+
     /// Host threads: the setting, else one per CPU.
     fn host_threads(&self) -> Result<usize, LoadError> {
         match self.threads {
@@ -546,7 +584,7 @@ impl ModelBuilder {
 }
 
 /// A loaded model and what a program needs to use it ([`ModelBuilder::load`]).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct LoadedModel {
     /// The model, shared by every session.

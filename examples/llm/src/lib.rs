@@ -16,7 +16,7 @@
 //! * [`spec`]: lossless speculative decoding by prompt lookup.
 //! * [`chat`]: chat templates (`tokenizer.chat_template`) rendered by minijinja as Hugging
 //!   Face's `apply_chat_template` renders them.
-//! * [`perplexity`]: teacher-forced perplexity.
+//! * [`perplexity`]: teacher-forced perplexity, as llama.cpp's `llama-perplexity` computes it.
 //!
 //! The binaries (`llm-decode`, `llm-server`) and [`cli`], their shared flags for loading a
 //! model, are behind the default `cli` feature; `default-features = false` builds the library

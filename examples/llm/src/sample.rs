@@ -127,6 +127,23 @@ impl Sampler {
         self.recent.push_back(token);
     }
 
+    /// Replaces the recent tokens the repetition penalty considers with the last
+    /// `repeat_last_n` of `context`: after the context was cut back (a rewind), the penalty
+    /// considers only what is left of it. The presence and frequency penalties' counts are the
+    /// current completion's and stay.
+    pub fn set_recent(&mut self, context: &[u32]) {
+        self.recent.clear();
+        let n = self.config.repeat_last_n;
+        self.recent
+            .extend(&context[context.len().saturating_sub(n)..]);
+    }
+
+    /// The recent tokens the repetition penalty considers, oldest first.
+    #[cfg(test)]
+    pub(crate) fn recent(&self) -> Vec<u32> {
+        self.recent.iter().copied().collect()
+    }
+
     /// Picks the next token from one row of logits (ids are positions in `logits`).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         match self.distribution(logits) {
@@ -536,6 +553,40 @@ mod tests {
         s.accept(1);
         // -1.0 * 2 = -2.0 < -1.5.
         assert_eq!(s.sample(&[-1.5, -1.0]), 0);
+    }
+
+    #[test]
+    fn set_recent_keeps_the_last_repeat_last_n_tokens_of_the_context() {
+        let penalised = |s: &mut Sampler, t: u32| {
+            // Token t has the larger logit, 4.0, unless the penalty (2.0) halves it below 3.0.
+            let mut row = [3.0f32; 8];
+            row[t as usize] = 4.0;
+            let other = if t == 0 { 1 } else { 0 };
+            row[other] = 3.5;
+            s.sample(&row) != t
+        };
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            repeat_last_n: 3,
+            ..cfg(0.0, 0, 1.0)
+        });
+        for t in [5, 6, 7] {
+            s.accept(t);
+        }
+        assert!(penalised(&mut s, 7));
+        // Rewound to a context of 1 2 3 4: 7 is gone, and only the last three count.
+        s.set_recent(&[1, 2, 3, 4]);
+        assert!(!penalised(&mut s, 7));
+        assert!(!penalised(&mut s, 1));
+        for t in [2, 3, 4] {
+            assert!(penalised(&mut s, t), "{t}");
+        }
+        // The window still slides from there.
+        s.accept(6);
+        assert!(!penalised(&mut s, 2));
+        assert!(penalised(&mut s, 6));
+        s.set_recent(&[]);
+        assert!(!penalised(&mut s, 6));
     }
 
     #[test]

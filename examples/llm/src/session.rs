@@ -119,14 +119,6 @@ pub enum GenerateError {
     /// Nothing to evaluate: an empty prompt in a session with no pending token.
     #[error("the prompt is empty after tokenization")]
     EmptyPrompt,
-    /// Too few tokens to score ([`crate::perplexity::perplexity`]).
-    #[error("perplexity needs at least {need} tokens, the text has {got}")]
-    TooShort {
-        /// Tokens needed.
-        need: usize,
-        /// Tokens given.
-        got: usize,
-    },
     /// The model and the tokenizer disagree on the vocabulary.
     #[error("the model's {model} logits do not match the vocabulary's {tokenizer} tokens")]
     VocabularyMismatch {
@@ -283,7 +275,9 @@ impl Session {
     /// least one token of `prompt` to evaluate (its logits decide the first token), and
     /// returns its length: the history is then `prompt[..len]`, and the cache holds it (but
     /// for a last token decided and not fed yet). A model with sliding-window layers may keep
-    /// less than the common prefix ([`Sequence::truncate`]).
+    /// less than the common prefix ([`Sequence::truncate`]). The repetition penalty's recent
+    /// tokens are cut back with the history: the next token is penalised as in a session that
+    /// evaluated the kept prefix afresh.
     pub fn keep_prefix(&mut self, prompt: &[u32]) -> usize {
         let common = self
             .history
@@ -293,14 +287,24 @@ impl Session {
             .count()
             .min(prompt.len().saturating_sub(1));
         if self.history.len() > common {
-            self.history.truncate(common);
+            self.truncate_history(common);
             self.seq.truncate(common);
         }
         // A cut the local layers could not follow keeps nothing: restart there.
         if self.seq.len() + 1 < self.history.len() {
-            self.history.truncate(self.seq.len());
+            self.truncate_history(self.seq.len());
         }
         self.history.len()
+    }
+
+    /// Cuts the history back to its first `len` tokens, and the sampler's recent tokens (the
+    /// repetition penalty's window) with it: the next token is penalised only for tokens still
+    /// in the context.
+    fn truncate_history(&mut self, len: usize) {
+        if self.history.len() > len {
+            self.history.truncate(len);
+            self.sampler.set_recent(&self.history);
+        }
     }
 
     /// The sequence, for a batched forward pass ([`crate::serve`]).
@@ -320,7 +324,7 @@ impl Session {
     /// written in one type are not converted to the other).
     pub fn set_cache_type(&mut self, ty: CacheType) {
         self.seq = self.model.sequence(ty);
-        self.history.clear();
+        self.truncate_history(0);
         self.messages.clear();
     }
 
@@ -330,7 +334,7 @@ impl Session {
     pub fn set_context(&mut self, n_ctx: usize) {
         self.seq.limit_context(n_ctx);
         if self.history.len() > self.seq.len() + 1 {
-            self.history.truncate(self.seq.len());
+            self.truncate_history(self.seq.len());
         }
     }
 
@@ -433,7 +437,7 @@ impl Session {
         let (start, pending) = self.begin_prefill(prompt)?;
         if let Err(e) = self.evaluate(&pending, start, params.batch.max(1)) {
             // The cache holds what was evaluated; the history must not claim more.
-            self.history.truncate(self.seq.len());
+            self.truncate_history(self.seq.len());
             return Err(e);
         }
         Ok(self.decide_first(prompt, pending.len(), t, m0))
@@ -657,7 +661,7 @@ impl Gen {
     fn end(&mut self, s: &mut Session, why: Stop) {
         if !self.accepted.is_empty() {
             let keep = s.history.len() - self.accepted.len();
-            s.history.truncate(keep);
+            s.truncate_history(keep);
             s.seq.truncate(keep);
             self.accepted.clear();
         }
@@ -924,5 +928,88 @@ impl Iterator for Generate<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::model::{HostF32Factory, host_pool};
+    use crate::spec::PromptLookup;
+
+    fn tiny_session(sampling: SamplerConfig) -> Session {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/llm/tiny-llama.gguf"
+        );
+        let file = GgufFile::open(path).unwrap();
+        let pool = host_pool(1).unwrap();
+        let model = Model::load(
+            &file,
+            &mut HostF32Factory::new(pool.clone()),
+            pool,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        Session::new(Arc::new(model), Arc::new(tok), sampling).unwrap()
+    }
+
+    /// The repetition penalty's recent tokens are the last `repeat_last_n` of the history.
+    fn assert_window_follows(s: &Session, when: &str) {
+        let n = s.sampler.config().repeat_last_n;
+        let h = &s.history;
+        assert_eq!(s.sampler.recent(), h[h.len().saturating_sub(n)..], "{when}");
+    }
+
+    #[test]
+    fn the_penalty_window_follows_every_cut_of_the_history() {
+        let mut s = tiny_session(SamplerConfig {
+            temperature: 0.0,
+            repeat_last_n: 16,
+            ..SamplerConfig::default()
+        });
+        // A prompt that repeats itself, so prompt lookup drafts and verify passes accept.
+        let prompt: Vec<u32> = (0..40).map(|i| 3 + (i % 7) * 11).collect();
+        let params = GenerateParams {
+            max_tokens: Some(60),
+            lookup: Some(PromptLookup::default()),
+            ..GenerateParams::default()
+        };
+        let mut g = s.generate_tokens(&prompt, &params).unwrap();
+        assert_window_follows(g.s, "after the prompt");
+        // Run until a verify pass leaves accepted drafts to emit, then end there, as a stop
+        // string in the first of them does: the rest leave the history.
+        let cut = loop {
+            match g.g.step(g.s) {
+                Step::Item(Some(piece)) => {
+                    piece.unwrap();
+                }
+                Step::Item(None) => panic!("no verify pass accepted a draft"),
+                Step::Feed(feed) => {
+                    let Session { model, seq, .. } = &mut *g.s;
+                    model
+                        .forward(seq, &feed.fed, feed.pos, feed.logits)
+                        .unwrap();
+                    g.g.fed(g.s, &feed).unwrap();
+                    if !g.g.accepted.is_empty() {
+                        let before = g.s.history.len();
+                        g.g.end(g.s, Stop::StopString);
+                        break before - g.s.history.len();
+                    }
+                }
+            }
+        };
+        drop(g);
+        assert!(cut > 0);
+        assert_window_follows(&s, "after a stop among accepted drafts");
+        let len = s.sequence().len();
+        s.set_context(len - 5);
+        assert!(s.history.len() < len);
+        assert_window_follows(&s, "after set_context");
+        let kept = s.keep_prefix(&prompt[..20]);
+        assert_eq!(kept, 19);
+        assert_window_follows(&s, "after keep_prefix");
     }
 }

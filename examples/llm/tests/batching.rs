@@ -854,3 +854,87 @@ fn a_prefilling_request_whose_listener_vanishes_frees_its_slot_before_the_next_p
     );
     assert_eq!(again.tokens, solo(&model, &tok, &request).0);
 }
+
+#[test]
+fn a_model_whose_pool_another_thread_drives_is_refused_not_stalled() {
+    // A host_pool's member 0 is the thread that built it; a batcher's own thread never
+    // enters that pool, and with one thread nothing would run its passes.
+    std::thread::spawn(|| {
+        let f = file("tiny-llama");
+        let pool = rknn_llm::model::host_pool(1).unwrap();
+        assert!(pool.driver().is_some());
+        let model = Model::load(
+            &f,
+            &mut HostF32Factory::new(pool.clone()),
+            pool,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let tok = Arc::new(Tokenizer::from_gguf(&f).unwrap());
+        match Batcher::start(Arc::new(model), tok, ServeConfig::default()) {
+            Err(ServeError::Config(why)) => assert!(why.contains("member 0"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn the_builder_serves_on_the_batchers_own_thread() {
+    // `ModelBuilder::serve` loads the model on the batcher's thread, which drives its pool:
+    // the requests get their solo tokens, as from any batcher.
+    let path = common::fixtures().join("llm/tiny-llama.gguf");
+    let (loaded, batcher) = rknn_llm::Model::builder(&path)
+        .backend(rknn_llm::Backend::F32)
+        .threads(1)
+        .serve(|loaded| {
+            Ok(ServeConfig {
+                slots: 2,
+                slot_ctx: loaded.model.n_ctx() / 2,
+                ..ServeConfig::default()
+            })
+        })
+        .unwrap();
+    let driver = loaded
+        .model
+        .pool()
+        .driver()
+        .expect("the batcher's thread drives it");
+    assert_ne!(driver, std::thread::current().id());
+    assert_eq!(batcher.config().slot_ctx, loaded.model.n_ctx() / 2);
+    let (model, tok) = (loaded.model.clone(), loaded.tokenizer.clone());
+    let reqs = requests(&tok, 4);
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| submit(&batcher, r.clone()).unwrap())
+        .collect();
+    for (r, rx) in reqs.iter().zip(rxs) {
+        let got = wait(rx);
+        assert!(got.done.is_ok(), "{:?}", got.done);
+        assert_eq!((got.tokens, got.text), solo(&model, &tok, r));
+    }
+
+    // What the batcher refuses, or the load, comes back as the builder's error.
+    let refused = rknn_llm::Model::builder(&path)
+        .backend(rknn_llm::Backend::F32)
+        .serve(|_| {
+            Ok(ServeConfig {
+                slots: 0,
+                ..ServeConfig::default()
+            })
+        });
+    assert!(
+        matches!(
+            refused,
+            Err(rknn_llm::LoadError::Serve(ServeError::Config(_)))
+        ),
+        "{refused:?}"
+    );
+    let missing = rknn_llm::Model::builder(common::fixtures().join("llm/none.gguf"))
+        .serve(|_| Ok(ServeConfig::default()));
+    assert!(
+        matches!(missing, Err(rknn_llm::LoadError::Gguf(_))),
+        "{missing:?}"
+    );
+}

@@ -2,7 +2,8 @@
 //! prompt lookup it decides every position from the same logits as plain decoding (the logits
 //! it taps are the same bytes), the pieces it yields are the text it reports, it stops where
 //! asked (token limit, full context, stop strings), a dropped iterator leaves a conversation
-//! that continues exactly as an uninterrupted one, and sessions share one model.
+//! that continues exactly as an uninterrupted one, a conversation cut back to a prefix
+//! penalises repetitions as a fresh one, and sessions share one model.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model};
-use rknn_llm::sample::SamplerConfig;
+use rknn_llm::sample::{Sampler, SamplerConfig};
 use rknn_llm::session::{GenerateParams, Generation, Session, Stop};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
@@ -253,4 +254,121 @@ fn text_pieces_join_to_the_decoded_tokens_and_the_summary_agrees() {
         .to_vec();
     assert_eq!(n + 1, s.history().len());
     assert_eq!(s.sequence().logits(), &want[..]);
+}
+
+/// The reference for a session's greedy decisions with penalties, written out with the model
+/// and a sampler: `prompt` evaluated from an empty cache, the sampler given `window` (the
+/// tokens its repetition penalty considers) before the completion starts (the presence and
+/// frequency penalties count the completion's tokens), then one token per pass.
+fn reference_decode(
+    model: &Model,
+    sampling: &SamplerConfig,
+    prompt: &[u32],
+    window: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let mut seq = model.sequence(CacheType::F32);
+    let mut sampler = Sampler::new(sampling.clone());
+    window.iter().for_each(|&t| sampler.accept(t));
+    sampler.start_completion();
+    let mut row = model
+        .forward(&mut seq, prompt, 0, Logits::Last)
+        .unwrap()
+        .to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = sampler.sample(&row);
+        sampler.accept(t);
+        out.push(t);
+        let pos = seq.len();
+        row = model
+            .forward(&mut seq, &[t], pos, Logits::Last)
+            .unwrap()
+            .to_vec();
+    }
+    out
+}
+
+/// A conversation cut back to a prefix of it ([`Session::keep_prefix`], as a chat turn or a
+/// server's prompt cache does) decides its next tokens, under the repetition, presence and
+/// frequency penalties, as a fresh session that evaluated only the prefix: the tokens the cut
+/// dropped are no longer penalised.
+#[test]
+fn a_conversation_cut_back_to_a_prefix_penalises_as_a_fresh_one() {
+    for name in ["tiny-llama.gguf", "tiny-qwen2.gguf"] {
+        let (model, tok) = load(name);
+        let sampling = SamplerConfig {
+            repeat_penalty: 1.5,
+            repeat_last_n: 64,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..greedy()
+        };
+        let params = |n| GenerateParams {
+            max_tokens: Some(n),
+            batch: 5,
+            ..GenerateParams::default()
+        };
+        let prefix = tok
+            .encode(
+                "Once upon a time, there was a little robot who",
+                true,
+                false,
+            )
+            .unwrap();
+        let n = 12;
+        // A fresh session's tokens after the prefix, and the reference's.
+        let mut fresh = Session::new(model.clone(), tok.clone(), sampling.clone()).unwrap();
+        let want = fresh
+            .generate_tokens(&prefix, &params(n))
+            .unwrap()
+            .finish()
+            .unwrap()
+            .generated;
+        assert_eq!(
+            want,
+            reference_decode(&model, &sampling, &prefix, &prefix, n),
+            "{name}"
+        );
+        // A session that held the prefix, the very tokens a fresh one picks after it and more,
+        // cut back to the prefix (all but its last token, which is evaluated again).
+        let mut s = Session::new(model.clone(), tok.clone(), sampling.clone()).unwrap();
+        let longer: Vec<u32> = prefix.iter().chain(&want).copied().collect();
+        s.generate_tokens(&longer, &params(8))
+            .unwrap()
+            .finish()
+            .unwrap();
+        let before = s.history().to_vec();
+        let kept = s.keep_prefix(&prefix);
+        assert_eq!(s.history(), &prefix[..kept], "{name}");
+        let got = s
+            .generate_tokens(&prefix[kept..], &params(n))
+            .unwrap()
+            .finish()
+            .unwrap()
+            .generated;
+        assert_eq!(got, want, "{name}");
+        // Forgetting the conversation (a new cache type) forgets its penalties too.
+        let mut s = Session::new(model.clone(), tok.clone(), sampling.clone()).unwrap();
+        s.generate_tokens(&longer, &params(8))
+            .unwrap()
+            .finish()
+            .unwrap();
+        s.set_cache_type(CacheType::F32);
+        let got = s
+            .generate_tokens(&prefix, &params(n))
+            .unwrap()
+            .finish()
+            .unwrap()
+            .generated;
+        assert_eq!(got, want, "{name}: after set_cache_type");
+        // The check has teeth: with the dropped tokens still in its window the penalty picks
+        // other tokens.
+        let stale: Vec<u32> = before.iter().chain(&prefix[kept..]).copied().collect();
+        assert_ne!(
+            reference_decode(&model, &sampling, &prefix, &stale, n),
+            want,
+            "{name}: the dropped tokens do not change the decisions; pick another prompt"
+        );
+    }
 }

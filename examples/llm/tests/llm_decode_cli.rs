@@ -1,6 +1,6 @@
 //! The `llm-decode` binary end to end on the committed tiny qwen2 model: llama.cpp's prompt ids
 //! and greedy tokens (from the forward-pass fixtures), `-n 0`, `--tokenize`, `--perplexity`
-//! with `--dump-logits`, and one-line errors.
+//! (llama-perplexity's scoring and every token's) with `--dump-logits`, and one-line errors.
 
 mod common;
 
@@ -230,8 +230,125 @@ fn tokenize_prints_llama_cpp_ids() {
     assert_eq!(ids(&doc), prompt_ids);
 }
 
+/// The mean, `llama-perplexity`'s `±` and the running perplexities after each chunk of the
+/// negative log-likelihoods `v` of the scored tokens, `per_chunk` to a chunk.
+fn llama_perplexity_summary(v: &[f64], per_chunk: usize) -> (f64, f64, Vec<f64>) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let mean2 = v.iter().map(|x| x * x).sum::<f64>() / n;
+    let error = mean.exp() * ((mean2 - mean * mean) / (n - 1.0)).sqrt();
+    let running = (1..=v.len() / per_chunk)
+        .map(|c| {
+            let s = &v[..c * per_chunk];
+            (s.iter().sum::<f64>() / s.len() as f64).exp()
+        })
+        .collect();
+    (mean, error, running)
+}
+
+/// The negative log-likelihood of `token` under the logits `row`.
+fn nll(row: &[f32], token: u64) -> f64 {
+    let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
+    lse - f64::from(row[token as usize])
+}
+
+fn dumped_rows(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// `--perplexity` by default scores as llama-perplexity: chunks of `-c` tokens, the second half
+/// of each (positions 8..15 of a 16-token chunk predict tokens 9..16), reported with its `±`
+/// and the running values; the dumped rows are the scored positions' logits.
 #[test]
-fn perplexity_matches_the_dumped_logits() {
+fn perplexity_scores_the_second_half_of_each_chunk() {
+    let dir = std::env::temp_dir().join(format!("llm-decode-ppl2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = common::fixtures().join("text/eval_english.txt");
+    let text = text.to_str().unwrap();
+    let dump = dir.join("logits.bin");
+    let doc = json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "--perplexity",
+        text,
+        "-c",
+        "16",
+        "--chunks",
+        "3",
+        "--dump-logits",
+        dump.to_str().unwrap(),
+        "--json",
+        "-b",
+        "5",
+    ]));
+    assert_eq!(doc["scoring"], "second-half");
+    assert_eq!(doc["n_ctx"], 16);
+    assert_eq!(doc["chunks"], 3);
+    assert_eq!(doc["n_scored"], 3 * 7);
+    let token_ids = ids(&json_out(&llm_decode(&[
+        "-m",
+        &tiny(),
+        "-f",
+        text,
+        "--tokenize",
+        "--json",
+    ])));
+    assert_eq!(doc["n_tokens"].as_u64().unwrap() as usize, token_ids.len());
+    let rows = dumped_rows(&dump);
+    let n_vocab = rows.len() / 21;
+    assert_eq!(rows.len(), n_vocab * 21);
+    // The tiny vocabulary adds no BOS: chunk c is tokens 16c..16c+16 as they are.
+    let mut scored = rows.chunks_exact(n_vocab);
+    let mut v = Vec::new();
+    for c in 0..3 {
+        for p in 8..15 {
+            v.push(nll(scored.next().unwrap(), token_ids[16 * c + p + 1]));
+        }
+    }
+    let (mean, error, running) = llama_perplexity_summary(&v, 7);
+    assert!((doc["nll"].as_f64().unwrap() - mean).abs() < 1e-9, "{doc}");
+    assert!((doc["ppl"].as_f64().unwrap() - mean.exp()).abs() < 1e-9 * mean.exp());
+    assert!((doc["ppl_error"].as_f64().unwrap() - error).abs() < 1e-9 * error);
+    for (got, want) in doc["running"].as_array().unwrap().iter().zip(&running) {
+        assert!((got.as_f64().unwrap() - want).abs() < 1e-9 * want, "{doc}");
+    }
+    assert_eq!(doc["running"].as_array().unwrap().len(), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without `-c`, `--perplexity` takes llama-perplexity's chunks of 512, not `llm-decode`'s
+/// default context (tiny-qwen3 is trained for 1024).
+#[test]
+fn perplexity_chunks_default_to_512() {
+    let model = common::fixtures().join("llm/tiny-qwen3.gguf");
+    let text = common::fixtures().join("text/eval_english.txt");
+    for (ctx, want) in [(None, 512), (Some("0"), 1024), (Some("256"), 256)] {
+        let mut args = vec![
+            "-m",
+            model.to_str().unwrap(),
+            "--perplexity",
+            text.to_str().unwrap(),
+            "--chunks",
+            "1",
+            "--json",
+        ];
+        if let Some(c) = ctx {
+            args.extend(["-c", c]);
+        }
+        let doc = json_out(&llm_decode(&args));
+        assert_eq!(doc["n_ctx"], want, "-c {ctx:?}");
+        assert_eq!(doc["n_scored"], want - want / 2 - 1, "-c {ctx:?}");
+    }
+}
+
+/// `--perplexity-scoring every-token` scores every token but the first (one window: the text
+/// is shorter than the context).
+#[test]
+fn every_token_perplexity_matches_the_dumped_logits() {
     let dir = std::env::temp_dir().join(format!("llm-decode-ppl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let text_path = dir.join("text.txt");
@@ -246,12 +363,16 @@ fn perplexity_matches_the_dumped_logits() {
         &tiny(),
         "--perplexity",
         text_path.to_str().unwrap(),
+        "--perplexity-scoring",
+        "every-token",
         "--dump-logits",
         dump.to_str().unwrap(),
         "--json",
         "-b",
         "7",
     ]));
+    assert_eq!(doc["scoring"], "every-token");
+    assert_eq!(doc["chunks"], 1);
     let n_tokens = doc["n_tokens"].as_u64().unwrap() as usize;
     assert_eq!(doc["n_scored"].as_u64().unwrap() as usize, n_tokens - 1);
     let token_ids = ids(&json_out(&llm_decode(&[
@@ -263,26 +384,46 @@ fn perplexity_matches_the_dumped_logits() {
         "--json",
     ])));
     assert_eq!(token_ids.len(), n_tokens);
-    let rows: Vec<f32> = std::fs::read(&dump)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let rows = dumped_rows(&dump);
     let n_vocab = rows.len() / (n_tokens - 1);
     assert_eq!(rows.len(), n_vocab * (n_tokens - 1));
-    // The mean negative log-likelihood of each next token under the dumped rows.
-    let mut nll = 0.0f64;
-    for (r, row) in rows.chunks_exact(n_vocab).enumerate() {
-        let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
-        nll += lse - f64::from(row[token_ids[r + 1] as usize]);
-    }
-    nll /= (n_tokens - 1) as f64;
+    let v: Vec<f64> = rows
+        .chunks_exact(n_vocab)
+        .enumerate()
+        .map(|(r, row)| nll(row, token_ids[r + 1]))
+        .collect();
+    let (mean, error, _) = llama_perplexity_summary(&v, v.len());
     assert!(
-        (nll - doc["nll"].as_f64().unwrap()).abs() < 1e-9,
-        "{nll} vs {doc}"
+        (mean - doc["nll"].as_f64().unwrap()).abs() < 1e-9,
+        "{mean} vs {doc}"
     );
-    assert!((doc["ppl"].as_f64().unwrap() - nll.exp()).abs() < 1e-9);
+    assert!((doc["ppl"].as_f64().unwrap() - mean.exp()).abs() < 1e-9 * mean.exp());
+    assert!((doc["ppl_error"].as_f64().unwrap() - error).abs() < 1e-9 * error);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The perplexity flags are refused where they would be ignored (without `--perplexity`), and
+/// `--chunks 0`.
+#[test]
+fn perplexity_flags_are_refused_without_perplexity() {
+    let model = tiny();
+    for (args, flag) in [
+        (&["-p", "x", "--chunks", "2"][..], "--chunks"),
+        (
+            &["-p", "x", "--perplexity-scoring", "every-token"],
+            "--perplexity-scoring",
+        ),
+        (&["--perplexity", "t.txt", "--chunks", "0"], "--chunks"),
+    ] {
+        let o = common::llm_decode()
+            .args(["-m", &model])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
 }
 
 fn one_line_error(o: &Output, needle: &str) {
@@ -318,6 +459,21 @@ fn errors_are_one_line() {
         "context overflow",
     );
     one_line_error(&llm_decode(&["-m", &tiny()]), "no prompt");
+    // llama-perplexity's scoring needs two chunks of text, and two scored tokens a chunk.
+    let dir = std::env::temp_dir().join(format!("llm-decode-ppl-err-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "abc ".repeat(20)).unwrap();
+    let short = short.to_str().unwrap();
+    one_line_error(
+        &llm_decode(&["-m", &tiny(), "--perplexity", short]),
+        "second-half perplexity with a context of 512 needs at least 1024 tokens; the text has",
+    );
+    one_line_error(
+        &llm_decode(&["-m", &tiny(), "--perplexity", short, "-c", "2"]),
+        "second-half perplexity needs a context of at least 3 positions, not 2",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     let not_gguf = common::fixtures().join("llm/tiny-qwen2.json");
     one_line_error(
         &llm_decode(&["-m", not_gguf.to_str().unwrap(), "-p", "x"]),

@@ -1,7 +1,7 @@
 //! The handle, [`Batcher`]: it starts the batcher's thread, admits requests (or refuses them
 //! at once), reports the metrics, and closes; the thread itself is in `worker.rs`.
 
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::{Sender, channel, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
-use super::shared::{Cmd, Job, Shared, lock};
+use super::shared::{Cmd, Job, Shared, lock, panic_message};
 use super::types::{Metrics, Request, ServeConfig, ServeError, Sink};
 use super::worker::Worker;
 
@@ -32,48 +32,88 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
+/// What the batcher's thread hands back once it has its model and slots.
+type Started<T> = (Arc<Model>, Arc<Tokenizer>, ServeConfig, Arc<Shared>, T);
+
 impl Batcher {
     /// Starts the batcher's thread with `config.slots` empty slots over `model`.
     ///
     /// The thread waits for requests on its own and runs its passes inside the model's pool
-    /// while it has work (so that each pass runs on it directly), so the pool must take work
-    /// from other threads: an ordinary rayon pool, or a [`host_pool`](crate::model::host_pool)
-    /// whose calling thread is not the one waiting for the batcher.
+    /// while it has work, so the pool must take work from other threads: an ordinary pool
+    /// ([`HostPool::workers`](crate::model::HostPool::workers), or any rayon pool), not one
+    /// from [`host_pool`](crate::model::host_pool), whose member 0 is a thread the batcher's
+    /// never is (with one thread in all, nothing would run its passes): such a model is
+    /// refused with [`ServeError::Config`]. [`ModelBuilder::serve`](crate::ModelBuilder::serve)
+    /// loads the model on the batcher's own thread instead, which then drives its pool.
     pub fn start(
         model: Arc<Model>,
         tokenizer: Arc<Tokenizer>,
-        mut config: ServeConfig,
+        config: ServeConfig,
     ) -> Result<Batcher, ServeError> {
-        if config.slots == 0 {
-            return Err(ServeError::Config("at least one slot is needed".into()));
-        }
-        if config.prefill_chunk == 0 {
-            return Err(ServeError::Config(
-                "the prefill chunk must be at least 1 token".into(),
-            ));
-        }
-        if config.slot_ctx == 0 {
-            config.slot_ctx = model.n_ctx();
-        }
-        if config.slot_ctx > model.n_ctx() {
-            return Err(ServeError::Config(format!(
-                "a slot of {} positions is larger than the model's context of {}",
-                config.slot_ctx,
-                model.n_ctx()
-            )));
-        }
-        let shared = Arc::new(Shared::new(config.slots));
+        Batcher::start_with(move || Ok((model, tokenizer, config, ()))).map(|(b, ())| b)
+    }
+
+    /// Starts the batcher's thread, which first calls `make` for its model, tokenizer and
+    /// configuration (and anything else the caller wants back, `T`): a model loaded there has
+    /// the batcher's thread as its host pool's member 0 ([`ModelBuilder::serve`]). Returns
+    /// once the thread serves, or with `make`'s error, or the configuration's.
+    ///
+    /// [`ModelBuilder::serve`]: crate::ModelBuilder::serve
+    pub(crate) fn start_with<T, E>(
+        make: impl FnOnce() -> Result<(Arc<Model>, Arc<Tokenizer>, ServeConfig, T), E> + Send + 'static,
+    ) -> Result<(Batcher, T), E>
+    where
+        T: Send + 'static,
+        E: From<ServeError> + Send + 'static,
+    {
         let (tx, rx) = channel();
-        let worker = Worker::new(&model, &tokenizer, &config, shared.clone(), rx)?;
-        let thread = worker.spawn()?;
-        Ok(Batcher {
-            tx: Mutex::new(tx),
-            shared,
-            config,
-            model,
-            tokenizer,
-            thread: Some(thread),
-        })
+        let (ready_tx, ready_rx) = sync_channel::<Result<Started<T>, E>>(1);
+        let thread = std::thread::Builder::new()
+            .name("rknn-llm-batcher".into())
+            .spawn(move || {
+                let made = make().and_then(|(model, tokenizer, config, extra)| {
+                    let config = resolve(config, &model)?;
+                    let shared = Arc::new(Shared::new(config.slots));
+                    let worker = Worker::new(&model, &tokenizer, &config, shared.clone(), rx)?;
+                    Ok((worker, (model, tokenizer, config, shared, extra)))
+                });
+                match made {
+                    Ok((worker, started)) => {
+                        if ready_tx.send(Ok(started)).is_ok() {
+                            worker.run();
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| ServeError::Config(format!("starting the batcher's thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok((model, tokenizer, config, shared, extra))) => {
+                let batcher = Batcher {
+                    tx: Mutex::new(tx),
+                    shared,
+                    config,
+                    model,
+                    tokenizer,
+                    thread: Some(thread),
+                };
+                Ok((batcher, extra))
+            }
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            // The thread ended without a word: `make` panicked.
+            Err(_) => {
+                let why = match thread.join() {
+                    Err(p) => panic_message(&*p),
+                    Ok(()) => "it ended".into(),
+                };
+                Err(ServeError::Internal(format!("starting the batcher: {why}")).into())
+            }
+        }
     }
 
     /// Queues `request`; its events go to `sink`. Refused at once, with nothing sent to the
@@ -166,6 +206,39 @@ impl Batcher {
             .unwrap_or_else(|e| e.into_inner());
         st.outstanding == 0
     }
+}
+
+/// `config` checked against `model` on the batcher's thread, its slot context resolved.
+fn resolve(mut config: ServeConfig, model: &Model) -> Result<ServeConfig, ServeError> {
+    if let Some(driver) = model.pool().driver() {
+        if driver != std::thread::current().id() {
+            return Err(ServeError::Config(
+                "the model's host pool has another thread as its member 0 (host_pool), which \
+                 the batcher's thread can never be: load the model with an ordinary pool \
+                 (HostPool::workers), or start the batcher with ModelBuilder::serve"
+                    .into(),
+            ));
+        }
+    }
+    if config.slots == 0 {
+        return Err(ServeError::Config("at least one slot is needed".into()));
+    }
+    if config.prefill_chunk == 0 {
+        return Err(ServeError::Config(
+            "the prefill chunk must be at least 1 token".into(),
+        ));
+    }
+    if config.slot_ctx == 0 {
+        config.slot_ctx = model.n_ctx();
+    }
+    if config.slot_ctx > model.n_ctx() {
+        return Err(ServeError::Config(format!(
+            "a slot of {} positions is larger than the model's context of {}",
+            config.slot_ctx,
+            model.n_ctx()
+        )));
+    }
+    Ok(config)
 }
 
 impl Drop for Batcher {

@@ -6,7 +6,6 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::model::{BatchItem, Logits, Model};
@@ -14,7 +13,7 @@ use crate::sample::SamplerConfig;
 use crate::session::{Feed, Gen, GenerateError, GenerateParams, Session, Step, Stop, modelled};
 use crate::tokenizer::Tokenizer;
 
-use super::shared::{Cmd, Job, Shared};
+use super::shared::{Cmd, Job, Shared, panic_message};
 use super::types::{Event, Finished, ROWS_BUCKETS, ServeConfig, ServeError, Sink};
 
 /// One slot: a session (its cache kept between requests, the prompt cache) and the request
@@ -124,19 +123,13 @@ impl Worker {
         })
     }
 
-    /// Runs it on a thread of its own, until told to stop or every handle is gone.
-    pub(super) fn spawn(mut self) -> Result<JoinHandle<()>, ServeError> {
+    /// Serves on this thread (the batcher's) until told to stop or every handle is gone.
+    /// It waits for work outside the model's pool and runs it inside: a thread blocked on
+    /// the channel must not hold one of the pool's workers (the pool's other users, and the
+    /// passes' own parallel work, need them all). When this thread drives the pool (its
+    /// member 0: a model loaded here by `ModelBuilder::serve`) each pass runs on it directly.
+    pub(super) fn run(mut self) {
         let pool = self.model.pool().clone();
-        std::thread::Builder::new()
-            .name("rknn-llm-batcher".into())
-            .spawn(move || self.run(&pool))
-            .map_err(|e| ServeError::Config(format!("starting the batcher's thread: {e}")))
-    }
-
-    /// Waits for work outside the model's pool, and runs it inside: a thread blocked on the
-    /// channel must not hold one of the pool's workers (the pool's other users, and the
-    /// passes' own parallel work, need them all).
-    fn run(&mut self, pool: &rayon::ThreadPool) {
         loop {
             // Nothing to do: sleep until a command (or every handle is gone).
             match self.rx.recv() {
@@ -622,14 +615,6 @@ fn listening(sink: &mut Sink) -> bool {
 /// The same error again, for each request of a failed pass.
 fn copy_error(e: &ServeError) -> ServeError {
     ServeError::Internal(e.to_string())
-}
-
-/// A panic's message.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic in the forward pass".into())
 }
 
 /// The length of the longest common prefix.

@@ -65,6 +65,15 @@ enum Reasoning {
     Off,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PplScoring {
+    /// llama-perplexity's: chunks of the context size, each beginning with BOS, the second
+    /// half of each scored (the text needs two chunks at least).
+    SecondHalf,
+    /// Every token but the first, in windows of the context size each beginning with BOS.
+    EveryToken,
+}
+
 /// Runs a GGUF language model on a prompt.
 #[derive(Debug, Parser)]
 #[command(name = "llm-decode", version, args_override_self = true)]
@@ -110,7 +119,8 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     ngram: u16,
     /// Context size: the most positions the KV cache holds (default 4096, or the trained
-    /// context if shorter; 0 is the trained context; more than it is refused).
+    /// context if shorter; with --perplexity 512, llama-perplexity's chunk size; 0 is the
+    /// trained context; more than it is refused).
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     ctx_size: Option<usize>,
     /// Tokens per forward call while evaluating a prompt.
@@ -167,9 +177,16 @@ struct Args {
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Score a text file teacher-forced and print its perplexity.
+    /// Score a text file teacher-forced and print its perplexity (as llama-perplexity does:
+    /// chunks of the context size, the second half of each scored).
     #[arg(long, value_name = "FILE")]
     perplexity: Option<PathBuf>,
+    /// Which tokens --perplexity scores.
+    #[arg(long, value_enum, default_value_t = PplScoring::SecondHalf, requires = "perplexity")]
+    perplexity_scoring: PplScoring,
+    /// Score at most the first N chunks (windows) of the --perplexity text.
+    #[arg(long, value_name = "N", requires = "perplexity")]
+    chunks: Option<std::num::NonZeroUsize>,
     /// Write every evaluated (with --perplexity: scored) position's logits to FILE as raw
     /// little-endian f32 rows of n_vocab.
     #[arg(long = "dump-logits", value_name = "FILE")]

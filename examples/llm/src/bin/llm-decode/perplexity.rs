@@ -5,14 +5,18 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use rknn_llm::perplexity::perplexity;
+use rknn_llm::perplexity::{PerplexityParams, Scoring, perplexity};
 use rknn_llm::session::rate;
 
 use super::report::engine_line;
-use super::{Args, Error, Prepared};
+use super::{Args, Error, PplScoring, Prepared};
 
-/// `--perplexity`: the text's perplexity over windows of the context length
-/// ([`rknn_llm::perplexity`]), each scored position's logits written to `--dump-logits`.
+/// `-c`'s default with `--perplexity`: llama-perplexity's, so the two score the same chunks.
+const PERPLEXITY_CTX_SIZE: usize = 512;
+
+/// `--perplexity`: the text's perplexity as `--perplexity-scoring` says
+/// ([`rknn_llm::perplexity`]), each scored position's logits written to `--dump-logits`; the
+/// summary as llama-perplexity prints it.
 pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
     let Prepared {
         loaded,
@@ -22,19 +26,27 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
         ..
     } = p;
     let text = prompt.unwrap_or_default();
-    let text = text.as_str();
-    let loaded = &loaded;
-    let session = &session;
     let model = &loaded.model;
-    let ids = session.tokenizer().encode(text, true, false)?;
+    let params = PerplexityParams {
+        scoring: match args.perplexity_scoring {
+            PplScoring::SecondHalf => Scoring::SecondHalf,
+            PplScoring::EveryToken => Scoring::EveryToken,
+        },
+        batch: args.batch_size,
+        max_chunks: args.chunks,
+    };
     let mut seq = model.sequence(session.sequence().cache().cache_type());
+    if args.ctx_size.is_none() {
+        seq.limit_context(PERPLEXITY_CTX_SIZE);
+    }
     let t = Instant::now();
     let mut dump = dump;
     let p = perplexity(
         model,
         &mut seq,
-        &ids,
-        args.batch_size,
+        session.tokenizer(),
+        &text,
+        &params,
         |row| match &mut dump {
             Some(d) => {
                 for v in row {
@@ -49,25 +61,44 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
         d.flush()?;
     }
     eprintln!(
-        "perplexity: {:.4} over {} scored tokens ({} tokens, windows of {}), {:.1} tok/s",
-        p.ppl,
+        "perplexity: {} chunks of {} ({} scoring), {} of the text's {} tokens scored, {:.1} tok/s",
+        p.chunks,
+        p.n_ctx,
+        p.scoring,
         p.scored,
-        ids.len(),
-        model.n_ctx(),
-        rate(ids.len(), t.elapsed())
+        p.tokens,
+        rate(p.evaluated, t.elapsed())
     );
-    let engine = model.engine();
-    if let Some(e) = engine {
+    let running: Vec<String> = p
+        .running
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("[{}]{v:.4}", i + 1))
+        .collect();
+    eprintln!("{}", running.join(","));
+    match p.ppl_error {
+        Some(e) => eprintln!("Final estimate: PPL = {:.4} +/- {e:.5}", p.ppl),
+        None => eprintln!(
+            "Final estimate: PPL = {:.4} (one token scored: no error estimate)",
+            p.ppl
+        ),
+    }
+    if let Some(e) = model.engine() {
         eprintln!("{}", engine_line(e));
     }
     if args.json {
         println!(
             "{}",
             json!({
-                "n_tokens": ids.len(),
-                "n_scored": p.scored,
                 "ppl": p.ppl,
+                "ppl_error": p.ppl_error,
                 "nll": p.nll,
+                "chunks": p.chunks,
+                "n_ctx": p.n_ctx,
+                "n_tokens": p.tokens,
+                "n_scored": p.scored,
+                "scoring": p.scoring.name(),
+                "running": p.running,
                 "backend": loaded.backend.name(),
                 "wtype": model.backend_kind(),
             })

@@ -32,8 +32,7 @@ use tokio::net::TcpListener;
 
 use rknn_llm::Model;
 use rknn_llm::cli::LoadArgs;
-use rknn_llm::model::HostPool;
-use rknn_llm::serve::{Batcher, ServeConfig};
+use rknn_llm::serve::{Batcher, ServeConfig, ServeError};
 
 use api::{AppState, HttpConfig, Loaded};
 
@@ -314,27 +313,34 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
     let mut builder = args
         .load
         .apply(Model::builder(&args.model))?
-        // An ordinary pool (not the builder's default, whose member 0 is the loading thread:
-        // this one is tokio's): the batcher's thread runs its passes inside it.
-        .pool(HostPool::workers(threads)?);
+        .threads(threads);
     if let Some(c) = args.ctx_size {
         builder = builder.context(c);
     }
     if let Some(f) = &args.chat_template_file {
         builder = builder.chat_template_file(f);
     }
-    let loaded = builder.load()?;
+    let (parallel, queue, prefill_chunk) = (args.parallel, args.queue, args.prefill_chunk);
+    // The model loads on the batcher's own thread, which then drives its host pool.
+    let (loaded, batcher) = builder.serve(move |loaded| {
+        // `-c` is the context of all the slots together, as llama-server's.
+        let total = loaded.model.n_ctx();
+        let slot_ctx = total / parallel;
+        if slot_ctx == 0 {
+            return Err(ServeError::Config(format!(
+                "a context of {total} positions leaves none for each of {parallel} slots: raise -c or lower --parallel"
+            )));
+        }
+        Ok(ServeConfig {
+            slots: parallel,
+            slot_ctx,
+            queue,
+            prefill_chunk,
+            cache_type: loaded.kv_cache,
+        })
+    })?;
     if let Some(c) = &loaded.weight_cache {
         eprintln!("llm-server: {c}");
-    }
-    let total = loaded.model.n_ctx();
-    let slot_ctx = total / args.parallel;
-    if slot_ctx == 0 {
-        return Err(format!(
-            "a context of {total} positions leaves none for each of {} slots: raise -c or lower --parallel",
-            args.parallel
-        )
-        .into());
     }
     let template = match &loaded.chat_template {
         Ok(Some(t)) => Ok(Arc::new(t.clone())),
@@ -346,23 +352,12 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
             "the model's chat template is unusable ({e}): start llm-server with --chat-template-file FILE"
         )),
     };
-    let batcher = Batcher::start(
-        loaded.model.clone(),
-        loaded.tokenizer.clone(),
-        ServeConfig {
-            slots: args.parallel,
-            slot_ctx,
-            queue: args.queue,
-            prefill_chunk: args.prefill_chunk,
-            cache_type: loaded.kv_cache,
-        },
-    )?;
     let served = Loaded {
         tokenizer: loaded.tokenizer.clone(),
         template,
-        slot_ctx,
+        slot_ctx: batcher.config().slot_ctx,
         n_ctx_train: loaded.model.config().n_ctx,
-        slots: args.parallel,
+        slots: parallel,
         backend: loaded.backend.name(),
     };
     Ok((served, batcher))
