@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{EngineFactory, EngineOptions, Model, host_pool};
 use rknn_llm::sample::SamplerConfig;
-use rknn_llm::session::{GenerateParams, Generation, Session, rate};
+use rknn_llm::session::{GenerateParams, GenerationSummary, Session, rate};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
@@ -89,7 +89,7 @@ fn main() {
         ..SamplerConfig::default()
     };
     let mut session = Session::new(model, tok.clone(), greedy).unwrap();
-    let mut generate = |ids: &[u32], lookup: Option<PromptLookup>| -> Generation {
+    let mut generate = |ids: &[u32], lookup: Option<PromptLookup>| -> GenerationSummary {
         session.reset();
         let params = GenerateParams {
             max_tokens: Some(tokens),
@@ -132,7 +132,8 @@ fn main() {
         }
         let (tp, ts, pr) = (median(plain), median(spec), median(pairs));
         let st = first_spec.spec;
-        let model_rate = |g: &Generation| g.modelled.map_or(0.0, |(_, d)| rate(g.decisions, d));
+        let model_rate =
+            |g: &GenerationSummary| g.modelled.map_or(0.0, |(_, d)| rate(g.decisions, d));
         let (mp, ms) = (model_rate(&first_plain), model_rate(&first_spec));
         let name = f.file_stem().unwrap().to_string_lossy().to_string();
         println!(

@@ -142,7 +142,7 @@ pub struct Piece {
 
 /// What one generation produced and how long it took.
 #[derive(Clone, Debug, Default)]
-pub struct Generation {
+pub struct GenerationSummary {
     /// The generated ids.
     pub generated: Vec<u32>,
     /// Their text (up to a stop string, which is left out).
@@ -166,7 +166,7 @@ pub struct Generation {
     pub stop: Option<Stop>,
 }
 
-impl Generation {
+impl GenerationSummary {
     /// Decode speed: token decisions per second of decode time.
     pub fn decode_tok_s(&self) -> f64 {
         rate(self.decisions, self.decode_time)
@@ -362,7 +362,7 @@ impl Session {
         &mut self,
         prompt: &str,
         params: &GenerateParams,
-    ) -> Result<Generate<'_>, GenerateError> {
+    ) -> Result<Generation<'_>, GenerateError> {
         let ids = self
             .tokenizer
             .encode(prompt, self.history.is_empty(), true)?;
@@ -379,7 +379,7 @@ impl Session {
         user: &str,
         options: &ChatOptions,
         params: &GenerateParams,
-    ) -> Result<Generate<'_>, GenerateError> {
+    ) -> Result<Generation<'_>, GenerateError> {
         let mut messages = self.messages.clone();
         if let (true, Some(system)) = (messages.is_empty(), system) {
             messages.push(Message::system(system));
@@ -401,7 +401,7 @@ impl Session {
         messages: Vec<Message>,
         options: &ChatOptions,
         params: &GenerateParams,
-    ) -> Result<Generate<'_>, GenerateError> {
+    ) -> Result<Generation<'_>, GenerateError> {
         let text = template.render(&messages, true, options)?;
         let ids = encode_prompt(&self.tokenizer, &text)?;
         if ids.is_empty() {
@@ -420,7 +420,7 @@ impl Session {
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
-    ) -> Result<Generate<'_>, GenerateError> {
+    ) -> Result<Generation<'_>, GenerateError> {
         let started = self.prefill(prompt, params)?;
         Ok(self.iterate(started, params, false))
     }
@@ -479,13 +479,13 @@ impl Session {
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
         Prefilled {
-            out: Generation {
+            out: GenerationSummary {
                 prefill_time,
                 prompt_tokens: pending,
                 modelled: m0
                     .zip(m1.as_ref())
                     .map(|(a, b)| (b.since(&a).busiest_core(), Duration::ZERO)),
-                ..Generation::default()
+                ..GenerationSummary::default()
             },
             modelled_from: m1,
             decided,
@@ -493,15 +493,15 @@ impl Session {
     }
 
     /// The iterator generating after a prefill; `reply`: its text joins the chat's messages.
-    fn iterate(&mut self, p: Prefilled, params: &GenerateParams, reply: bool) -> Generate<'_> {
-        let g = Gen::new(&self.tokenizer, p, params, reply);
-        Generate { s: self, g }
+    fn iterate(&mut self, p: Prefilled, params: &GenerateParams, reply: bool) -> Generation<'_> {
+        let g = GenerationState::new(&self.tokenizer, p, params, reply);
+        Generation { s: self, g }
     }
 }
 
 /// What a prefill leaves for the generation iterator.
 pub(crate) struct Prefilled {
-    out: Generation,
+    out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     decided: u32,
 }
@@ -548,19 +548,19 @@ fn write_rows(out: &mut dyn Write, rows: &[f32]) -> std::io::Result<()> {
 /// The generation iterator of [`Session::generate`]: each item is one generated token and
 /// its text ([`Piece`]); dropping it cancels the generation (the session keeps what was
 /// generated so far).
-pub struct Generate<'s> {
+pub struct Generation<'s> {
     s: &'s mut Session,
-    g: Gen,
+    g: GenerationState,
 }
 
-/// One generation's state, apart from its session: the iterator [`Generate`] holds one with
+/// One generation's state, apart from its session: the iterator [`Generation`] holds one with
 /// its session, a batching server one per slot beside the slot's session
 /// ([`crate::serve`]), stepping it between batched forward passes.
-pub(crate) struct Gen {
+pub(crate) struct GenerationState {
     params: GenerateParams,
     decoder: StreamDecoder<Arc<Tokenizer>>,
     policy: DraftPolicy,
-    out: Generation,
+    out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     /// The token decided for the next position, not emitted yet.
     decided: Option<u32>,
@@ -581,7 +581,7 @@ pub(crate) enum Step {
     /// A piece to hand out, an error, or the end (`None`).
     Item(Option<Result<Piece, GenerateError>>),
     /// A forward pass of `fed` at `pos` of the session's sequence, computing `logits`;
-    /// `drafts` of them are speculative. [`Gen::fed`] takes it from there.
+    /// `drafts` of them are speculative. [`GenerationState::fed`] takes it from there.
     Feed(Feed),
 }
 
@@ -593,19 +593,19 @@ pub(crate) struct Feed {
     pub(crate) drafts: usize,
 }
 
-impl std::fmt::Debug for Generate<'_> {
+impl std::fmt::Debug for Generation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generate")
+        f.debug_struct("Generation")
             .field("generated", &self.g.out.generated.len())
             .field("stop", &self.g.out.stop)
             .finish_non_exhaustive()
     }
 }
 
-impl Generate<'_> {
+impl Generation<'_> {
     /// What has been generated so far, and the timings (complete once the iterator has
     /// returned `None`).
-    pub fn summary(&self) -> &Generation {
+    pub fn summary(&self) -> &GenerationSummary {
         &self.g.out
     }
 
@@ -615,7 +615,7 @@ impl Generate<'_> {
     }
 
     /// Runs the generation to its end and returns the summary.
-    pub fn finish(mut self) -> Result<Generation, GenerateError> {
+    pub fn finish(mut self) -> Result<GenerationSummary, GenerateError> {
         for piece in &mut self {
             piece?;
         }
@@ -623,15 +623,15 @@ impl Generate<'_> {
     }
 }
 
-impl Gen {
+impl GenerationState {
     /// The state after a prefill; `reply`: its text joins the chat's messages.
     pub(crate) fn new(
         tokenizer: &Arc<Tokenizer>,
         p: Prefilled,
         params: &GenerateParams,
         reply: bool,
-    ) -> Gen {
-        Gen {
+    ) -> GenerationState {
+        GenerationState {
             decoder: StreamDecoder::new(tokenizer.clone()),
             policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
             params: params.clone(),
@@ -648,7 +648,7 @@ impl Gen {
     }
 
     /// What has been generated so far, and the timings.
-    pub(crate) fn summary(&self) -> &Generation {
+    pub(crate) fn summary(&self) -> &GenerationSummary {
         &self.out
     }
 
@@ -831,7 +831,7 @@ impl Gen {
     }
 
     /// The next thing the generation needs: a piece to hand out (or its end), or a forward
-    /// pass, after which [`Gen::fed`] must be called.
+    /// pass, after which [`GenerationState::fed`] must be called.
     pub(crate) fn step(&mut self, s: &mut Session) -> Step {
         if self.out.stop.is_some() {
             return Step::Item(self.flush(s).map(Ok));
@@ -903,14 +903,14 @@ impl Gen {
     }
 }
 
-impl Drop for Generate<'_> {
+impl Drop for Generation<'_> {
     /// A chat turn cancelled by dropping its iterator still records what was generated.
     fn drop(&mut self) {
         self.g.record_reply(self.s);
     }
 }
 
-impl Iterator for Generate<'_> {
+impl Iterator for Generation<'_> {
     type Item = Result<Piece, GenerateError>;
 
     fn next(&mut self) -> Option<Self::Item> {

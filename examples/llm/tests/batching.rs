@@ -564,7 +564,7 @@ impl LinearOp for TrappedOp {
             _ => self.inner.forward(x, m, out),
         }
     }
-    fn kind(&self) -> &'static str {
+    fn weight_format(&self) -> &'static str {
         "trapped"
     }
 }
@@ -856,34 +856,53 @@ fn a_prefilling_request_whose_listener_vanishes_frees_its_slot_before_the_next_p
 }
 
 #[test]
-fn a_model_whose_pool_another_thread_drives_is_refused_not_stalled() {
-    // A host_pool's member 0 is the thread that built it; a batcher's own thread never
-    // enters that pool, and with one thread nothing would run its passes.
-    std::thread::spawn(|| {
-        let f = file("tiny-llama");
-        let pool = rknn_llm::model::host_pool(1).unwrap();
-        assert!(pool.driver().is_some());
-        let model = Model::load(
-            &f,
-            &mut HostF32Factory::new(pool.clone()),
-            pool,
-            &mut |_, _| {},
-        )
+fn a_model_whose_pool_another_thread_drives_is_served_not_stalled() {
+    // A host_pool's member 0 is the thread that built it, and a batcher's own thread never
+    // enters that pool: with two threads the passes run on the other one, with one (nothing
+    // else would ever run them) on the batcher's thread itself. Either way every request gets
+    // its solo tokens, the solo runs here on the pool's driving thread.
+    for threads in [1, 2] {
+        std::thread::spawn(move || {
+            let f = file("tiny-llama");
+            let pool = rknn_llm::model::host_pool(threads).unwrap();
+            assert_eq!(pool.driver(), Some(std::thread::current().id()));
+            let model = Arc::new(
+                Model::load(
+                    &f,
+                    &mut HostF32Factory::new(pool.clone()),
+                    pool,
+                    &mut |_, _| {},
+                )
+                .unwrap(),
+            );
+            let tok = Arc::new(Tokenizer::from_gguf(&f).unwrap());
+            let batcher =
+                Batcher::start(model.clone(), tok.clone(), ServeConfig::default()).unwrap();
+            let reqs = requests(&tok, 3);
+            let rxs: Vec<_> = reqs
+                .iter()
+                .map(|r| submit(&batcher, r.clone()).unwrap())
+                .collect();
+            for (r, rx) in reqs.iter().zip(rxs) {
+                let got = wait(rx);
+                assert!(got.done.is_ok(), "{threads} threads: {:?}", got.done);
+                assert_eq!(
+                    (got.tokens, got.text),
+                    solo(&model, &tok, r),
+                    "{threads} threads"
+                );
+            }
+        })
+        .join()
         .unwrap();
-        let tok = Arc::new(Tokenizer::from_gguf(&f).unwrap());
-        match Batcher::start(Arc::new(model), tok, ServeConfig::default()) {
-            Err(ServeError::Config(why)) => assert!(why.contains("member 0"), "{why}"),
-            other => panic!("{other:?}"),
-        }
-    })
-    .join()
-    .unwrap();
+    }
 }
 
 #[test]
 fn the_builder_serves_on_the_batchers_own_thread() {
     // `ModelBuilder::serve` loads the model on the batcher's thread, which drives its pool:
-    // the requests get their solo tokens, as from any batcher.
+    // the requests get their solo tokens, as from any batcher, and the model serves this
+    // thread too (its one host thread is the batcher's: this thread runs its own passes).
     let path = common::fixtures().join("llm/tiny-llama.gguf");
     let (loaded, batcher) = rknn_llm::Model::builder(&path)
         .backend(rknn_llm::Backend::F32)

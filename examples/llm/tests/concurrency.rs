@@ -113,7 +113,7 @@ fn one_linear_of_each_backend_serves_several_threads() {
                         assert!(
                             y.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{} linear: a result under concurrency differs",
-                            linear.kind()
+                            linear.weight_format()
                         );
                     }
                 });

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model};
 use rknn_llm::sample::{Sampler, SamplerConfig};
-use rknn_llm::session::{GenerateParams, Generation, Session, Stop};
+use rknn_llm::session::{GenerateParams, GenerationSummary, Session, Stop};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
 
@@ -64,7 +64,7 @@ fn generate(
     prompt: &[u32],
     lookup: Option<PromptLookup>,
     n: usize,
-) -> (Generation, Session, String, Vec<u8>) {
+) -> (GenerationSummary, Session, String, Vec<u8>) {
     let mut s = Session::new(model.clone(), tok.clone(), greedy()).unwrap();
     let tap = Tap::default();
     s.set_logits_tap(Some(Box::new(tap.clone())));

@@ -30,8 +30,9 @@ pub trait LinearOp: Send + Sync {
     /// whatever `m` and the thread count (batch invariance).
     fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), BackendError>;
 
-    /// A short name of the implementation for statistics (`"f32"`, ...).
-    fn kind(&self) -> &'static str;
+    /// The weights' format as this implementation holds them, for statistics (`"f32"`,
+    /// `"w8a8"`, `"f16"`).
+    fn weight_format(&self) -> &'static str;
 }
 
 /// Builds the [`LinearOp`] of each weight matrix as the model loads.

@@ -184,9 +184,12 @@ impl Model {
     /// has changed then. A backend failure during the pass leaves the items' caches undefined:
     /// truncate or reset them.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), ModelError> {
-        if self.pool.current_thread_index().is_none() {
+        if self.pool.current_num_threads() > 1 && self.pool.current_thread_index().is_none() {
             // The whole pass on a pool thread: its parallel loops then split work among the
-            // pool's threads directly instead of each waking the pool from outside.
+            // pool's threads directly instead of each waking the pool from outside. With one
+            // host thread the calling thread does all the host work itself, whichever thread
+            // it is: a one-thread pool may be another thread's (`host_pool`), and work handed
+            // to it would wait for that thread.
             return self.pool.install(|| self.forward_batch(items));
         }
         let c = &self.config;
@@ -286,7 +289,9 @@ impl Model {
                 let seen = window.map_or(pos + n, |w| w.min(pos + n));
                 let work = n * c.n_head * seen * c.head_dim;
                 let kv = it.seq.cache.layer(l);
-                let pool = (work >= ATTENTION_PARALLEL_WORK).then_some(&*self.pool);
+                let parallel =
+                    work >= ATTENTION_PARALLEL_WORK && self.pool.current_num_threads() > 1;
+                let pool = parallel.then_some(&*self.pool);
                 let out = &mut att[r.start * qd..r.end * qd];
                 attention(c, pool, q, &kv, window, score_scale, pos, out);
             }

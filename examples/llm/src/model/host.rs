@@ -104,7 +104,7 @@ impl LinearOp for F32Linear {
         self.n
     }
 
-    fn kind(&self) -> &'static str {
+    fn weight_format(&self) -> &'static str {
         "f32"
     }
 
@@ -122,23 +122,31 @@ impl LinearOp for F32Linear {
             return Ok(());
         }
         // Several tasks per thread so a thread slowed by a neighbour does not hold up the rest.
-        let tasks = self.pool.current_num_threads() * 4;
-        let chunk = n.div_ceil(tasks).next_multiple_of(ROW_BLOCK).min(n);
-        use rayon::prelude::*;
+        let threads = self.pool.current_num_threads();
+        let chunk = n.div_ceil(threads * 4).next_multiple_of(ROW_BLOCK).min(n);
+        // Each task's columns: on the pool, or with one thread on the calling thread itself
+        // (whichever it is: a one-thread pool may be another thread's, which would never run
+        // work handed to it). Every column is computed the same way either way.
+        let run = |buf: &mut [f32], rows: usize| {
+            let width = chunk * rows;
+            if threads == 1 {
+                for (c, o) in buf.chunks_mut(width).enumerate() {
+                    self.block(x, rows, c * chunk, o);
+                }
+            } else {
+                use rayon::prelude::*;
+                self.pool.install(|| {
+                    buf.par_chunks_mut(width)
+                        .enumerate()
+                        .for_each(|(c, o)| self.block(x, rows, c * chunk, o));
+                });
+            }
+        };
         if m == 1 {
-            self.pool.install(|| {
-                out.par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(c, o)| self.block(x, 1, c * chunk, o));
-            });
+            run(out, 1);
         } else {
             let mut out_t = vec![0.0f32; m * n];
-            self.pool.install(|| {
-                out_t
-                    .par_chunks_mut(chunk * m)
-                    .enumerate()
-                    .for_each(|(c, o)| self.block(x, m, c * chunk, o));
-            });
+            run(&mut out_t, m);
             for (j, col) in out_t.chunks_exact(m).enumerate() {
                 for (i, &v) in col.iter().enumerate() {
                     out[i * n + j] = v;

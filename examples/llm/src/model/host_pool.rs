@@ -12,12 +12,12 @@
 //! tg64 went from 263-278 to 287-293 tok/s in three alternating pairs.
 //!
 //! The price: such a pool's member 0 takes work only while that thread is inside the pool
-//! (running a pass). A thread that never enters it, such as a [`Batcher`](crate::serve::Batcher)'s
-//! own thread, cannot be member 0; with one thread in all, nothing would ever run the
-//! injected work. [`HostPool`] remembers which thread is its member 0, and the batcher refuses
-//! a model whose pool belongs to another thread
-//! ([`ModelBuilder::serve`](crate::ModelBuilder::serve) loads the model on the batcher's own
-//! thread instead, so that its passes run there directly).
+//! (running a pass). Another thread can use the model all the same: its passes run on the
+//! pool's other threads, or, when the pool has one thread in all, on the calling thread itself
+//! (a model with one host thread never hands work to its pool). [`HostPool`] remembers which
+//! thread is its member 0; [`ModelBuilder::serve`](crate::ModelBuilder::serve) loads a model on
+//! a [`Batcher`](crate::serve::Batcher)'s own thread so that the batcher's passes run there
+//! directly.
 
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -52,6 +52,17 @@ impl HostPool {
     /// The thread that is the pool's member 0 ([`host_pool`]), if a program thread is.
     pub fn driver(&self) -> Option<ThreadId> {
         self.driver
+    }
+
+    /// Runs `op` as host work of this pool: on the calling thread when it is in the pool, or
+    /// when the pool has one thread in all (which may be another thread's, busy elsewhere, so
+    /// that work handed to it would wait); else on a thread of the pool, the caller waiting.
+    pub fn run<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
+        if self.pool.current_num_threads() == 1 && self.pool.current_thread_index().is_none() {
+            op()
+        } else {
+            self.pool.install(op)
+        }
     }
 }
 
@@ -129,6 +140,24 @@ mod tests {
             assert_eq!(other.current_num_threads(), 3);
             assert_eq!(other.current_thread_index(), None);
             assert!(other.install(|| rayon::current_thread_index().is_some()));
+        })
+        .join()
+        .expect("the test thread");
+    }
+
+    #[test]
+    fn another_thread_runs_its_work_on_a_one_thread_pool_itself_and_on_the_others_else() {
+        std::thread::spawn(|| {
+            let (one, two) = (host_pool(1).unwrap(), HostPool::workers(2).unwrap());
+            // This thread drives `one`; from here its work runs here, in the pool.
+            assert_eq!(one.run(rayon::current_thread_index), Some(0));
+            let other = std::thread::spawn(move || {
+                // Handed to `one`, it would wait for this thread's parent forever.
+                let here = one.run(|| std::thread::current().id());
+                assert_eq!(here, std::thread::current().id());
+                assert!(two.run(rayon::current_thread_index).is_some());
+            });
+            other.join().expect("no stall, no panic");
         })
         .join()
         .expect("the test thread");

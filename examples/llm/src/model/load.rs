@@ -69,7 +69,7 @@ pub struct Model {
     pub(super) pool: HostPool,
     /// The context size of its sequences.
     pub(super) n_ctx: usize,
-    backend_kind: &'static str,
+    weight_format: &'static str,
     engine: Option<Engine>,
 }
 
@@ -77,7 +77,7 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
             .field("config", &self.config)
-            .field("backend", &self.backend_kind)
+            .field("weight_format", &self.weight_format)
             .finish_non_exhaustive()
     }
 }
@@ -288,7 +288,7 @@ impl Model {
         })?;
         progress(total, total);
 
-        let backend_kind = output.op.kind();
+        let weight_format = output.op.weight_format();
         Ok(Model {
             engine: factory.engine().cloned(),
             embd_ty: embd.ty(),
@@ -300,7 +300,7 @@ impl Model {
             rope_freqs,
             pool,
             n_ctx: c.n_ctx,
-            backend_kind,
+            weight_format,
             config: c,
         })
     }
@@ -330,9 +330,10 @@ impl Model {
         &self.config
     }
 
-    /// The kind of the backend's linears (`"f32"`, `"w8a8"`, `"f16"`).
-    pub fn backend_kind(&self) -> &'static str {
-        self.backend_kind
+    /// The format its linears hold their weights in (`"f32"` on the host path, `"w8a8"` or `"f16"`
+    /// on the NPU).
+    pub fn weight_format(&self) -> &'static str {
+        self.weight_format
     }
 
     /// The engine the linears run on, if they run on the NPU (or its emulator).

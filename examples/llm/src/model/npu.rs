@@ -219,7 +219,7 @@ impl LinearOp for Linear {
         Ok(Linear::forward(self, x, m, out)?)
     }
 
-    fn kind(&self) -> &'static str {
+    fn weight_format(&self) -> &'static str {
         self.format().name()
     }
 }

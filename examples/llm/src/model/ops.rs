@@ -21,10 +21,12 @@ const ROWS_PER_TASK: usize = 16;
 
 /// `f(out rows, in rows)` over blocks of [`ROWS_PER_TASK`] rows of `width`, on the current
 /// rayon pool when there are two blocks or more (a prompt chunk; one decode row stays on this
-/// thread). Each row is computed the same way whatever block it is in.
+/// thread) and this thread is in one (the model's; a model with one host thread runs its
+/// passes on the calling thread, outside any pool). Each row is computed the same way whatever
+/// block it is in.
 fn by_row_blocks(width: usize, out: &mut [f32], x: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
     let block = ROWS_PER_TASK * width;
-    if out.len() >= 2 * block {
+    if out.len() >= 2 * block && rayon::current_thread_index().is_some() {
         out.par_chunks_mut(block)
             .zip(x.par_chunks(block))
             .for_each(|(o, x)| f(o, x));

@@ -39,12 +39,12 @@ impl Batcher {
     /// Starts the batcher's thread with `config.slots` empty slots over `model`.
     ///
     /// The thread waits for requests on its own and runs its passes inside the model's pool
-    /// while it has work, so the pool must take work from other threads: an ordinary pool
-    /// ([`HostPool::workers`](crate::model::HostPool::workers), or any rayon pool), not one
-    /// from [`host_pool`](crate::model::host_pool), whose member 0 is a thread the batcher's
-    /// never is (with one thread in all, nothing would run its passes): such a model is
-    /// refused with [`ServeError::Config`]. [`ModelBuilder::serve`](crate::ModelBuilder::serve)
-    /// loads the model on the batcher's own thread instead, which then drives its pool.
+    /// while it has work. Any pool serves; the fastest is one the batcher's thread drives (its
+    /// member 0), so that each pass runs on it directly:
+    /// [`ModelBuilder::serve`](crate::ModelBuilder::serve) loads the model on the batcher's
+    /// thread for that. Over a [`host_pool`](crate::model::host_pool) another thread drives,
+    /// the passes run on the pool's other threads (or, with one thread in all, on the
+    /// batcher's own).
     pub fn start(
         model: Arc<Model>,
         tokenizer: Arc<Tokenizer>,
@@ -208,18 +208,8 @@ impl Batcher {
     }
 }
 
-/// `config` checked against `model` on the batcher's thread, its slot context resolved.
+/// `config` checked against `model`, its slot context resolved.
 fn resolve(mut config: ServeConfig, model: &Model) -> Result<ServeConfig, ServeError> {
-    if let Some(driver) = model.pool().driver() {
-        if driver != std::thread::current().id() {
-            return Err(ServeError::Config(
-                "the model's host pool has another thread as its member 0 (host_pool), which \
-                 the batcher's thread can never be: load the model with an ordinary pool \
-                 (HostPool::workers), or start the batcher with ModelBuilder::serve"
-                    .into(),
-            ));
-        }
-    }
     if config.slots == 0 {
         return Err(ServeError::Config("at least one slot is needed".into()));
     }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::model::{BatchItem, Logits, Model};
 use crate::sample::SamplerConfig;
-use crate::session::{Feed, Gen, GenerateError, GenerateParams, Session, Step, Stop, modelled};
+use crate::session::{
+    Feed, GenerateError, GenerateParams, GenerationState, Session, Step, Stop, modelled,
+};
 use crate::tokenizer::Tokenizer;
 
 use super::shared::{Cmd, Job, Shared, panic_message};
@@ -50,7 +52,7 @@ enum Phase {
         began: Instant,
         modelled_from: Option<rknn_matmul::ModelledTime>,
     },
-    Decode(Box<Gen>),
+    Decode(Box<GenerationState>),
 }
 
 /// What a slot contributes to a pass.
@@ -139,7 +141,7 @@ impl Worker {
                     return;
                 }
             }
-            if !pool.install(|| self.run_busy()) {
+            if !pool.run(|| self.run_busy()) {
                 return;
             }
         }
@@ -485,7 +487,7 @@ impl Worker {
                             modelled_from.take(),
                         );
                         job.first_token = Some(job.submitted.elapsed());
-                        let g = Gen::new(&self.tokenizer, p, &job.params, false);
+                        let g = GenerationState::new(&self.tokenizer, p, &job.params, false);
                         job.phase = Phase::Decode(Box::new(g));
                     }
                     Ok(())

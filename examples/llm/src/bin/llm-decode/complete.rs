@@ -96,7 +96,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
                     "cores": cores,
                     "note": "rknn_emu::cost model of the NPU time only (docs/npu-matmul-performance.md)",
                 })),
-                "wtype": model.backend_kind(),
+                "wtype": model.weight_format(),
                 "engine": engine.map(engine_json),
                 "load_s": loaded.load_time.as_secs_f64(),
                 "prompt_tokens": prompt_ids.len(),

@@ -100,7 +100,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
                 "scoring": p.scoring.name(),
                 "running": p.running,
                 "backend": loaded.backend.name(),
-                "wtype": model.backend_kind(),
+                "wtype": model.weight_format(),
             })
         );
     } else {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use rknn_llm::Model;
-use rknn_llm::session::Generation;
+use rknn_llm::session::GenerationSummary;
 use rknn_matmul::engine::Engine;
 
 use super::{Args, Error, SpecArg};
@@ -35,7 +35,7 @@ pub(crate) fn print_kernels(json: bool) -> Result<(), Error> {
 pub(crate) struct Summary<'a> {
     pub(crate) speculating: bool,
     pub(crate) load_time: Duration,
-    pub(crate) out: &'a Generation,
+    pub(crate) out: &'a GenerationSummary,
     pub(crate) threads: usize,
     pub(crate) seed: u64,
     pub(crate) backend: &'static str,
@@ -70,7 +70,7 @@ impl Summary<'_> {
     }
 }
 
-pub(crate) fn spec_json(args: &Args, o: &Generation) -> serde_json::Value {
+pub(crate) fn spec_json(args: &Args, o: &GenerationSummary) -> serde_json::Value {
     match args.spec {
         SpecArg::None => json!({"mode": "none"}),
         SpecArg::Lookup => json!({
