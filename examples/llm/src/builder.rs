@@ -544,7 +544,7 @@ impl ModelBuilder {
             TemplateSource::Model => return Ok(ChatTemplate::from_gguf(file, tokenizer)),
             TemplateSource::File(path) => {
                 let source = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-                    what: "the chat template",
+                    what: "chat template",
                     path: path.clone(),
                     source,
                 })?;

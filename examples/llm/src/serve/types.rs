@@ -55,7 +55,8 @@ pub struct Request {
     /// Whether the request may reuse a slot's cached prefix (llama-server's `cache_prompt`;
     /// the output is the same either way).
     pub cache_prompt: bool,
-    /// When the request is cancelled ([`ServeError::DeadlineExceeded`]) if still running.
+    /// When the request is cancelled ([`ServeError::DeadlineExceeded`]) if it has not ended, waiting
+    /// or running.
     pub deadline: Option<Instant>,
 }
 
