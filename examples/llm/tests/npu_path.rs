@@ -73,12 +73,11 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, qwen3's
-    // head size), then the demo model.
-    let mut models: Vec<_> = ["qwen2", "qwen3", "gemma3", "phi3"]
+    // head size). The demo model goes through the drop-in in the pessimistic test below.
+    let models: Vec<_> = ["qwen2", "qwen3", "gemma3", "phi3"]
         .iter()
         .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
         .collect();
-    models.extend(common::demo_model_forward());
     let lib = common::dropin();
     for model in &models {
         for prompt in [
@@ -121,9 +120,10 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
 
 /// Every [open] fact the engine relies on answered the pessimistic way (docs/hardware-facts.md):
 /// N <= 4096 per context, no memory shared between contexts, native inputs copied at bind,
-/// non-coherent caches. The engine finds the first two out when it starts, through the drop-in
-/// (whose settings the safe layer cannot see) and the in-process emulator alike, and the tokens
-/// are those of the default run. With per-context memories the demo model needs more handles
+/// non-coherent caches, a runtime that reports no SDK version through a matmul context. The
+/// engine finds the first two out when it starts, through the drop-in (whose settings the safe
+/// layer cannot see) and the in-process emulator alike, and the tokens are those of the default
+/// run (the demo model through the drop-in: the board's code path). With per-context memories the demo model needs more handles
 /// than the default budget of 1020: a one-line error naming `ulimit -n`, not a crash.
 #[test]
 fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
@@ -146,6 +146,7 @@ fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
         ("RKNN_EMU_SHARED_MEMORIES", Path::new("refuse")),
         ("RKNN_EMU_NATIVE_INPUTS", Path::new("bind")),
         ("RKNN_EMU_STRICT_CACHE", one),
+        ("RKNN_EMU_SDK_VERSION_ON_MATMUL", Path::new("0")),
         ("RKNN_EMU_HANDLE_BUDGET", Path::new("4096")),
         ("RKNN_EMU_LOG", Path::new("0")),
     ];

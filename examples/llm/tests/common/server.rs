@@ -98,8 +98,14 @@ impl Server {
     /// Starts `llm-server -m MODEL --host 127.0.0.1 --port 0 ARGS...`, reads the port from its
     /// "listening on" line and waits for `GET /health` to answer 200.
     pub fn start(model: &Path, args: &[&str]) -> Server {
+        Self::start_with(model, args, &[])
+    }
+
+    /// [`Server::start`] with `envs` set in the server's environment.
+    pub fn start_with(model: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let exe = env!("CARGO_BIN_EXE_llm-server");
         let mut cmd = command(exe);
+        cmd.envs(envs.iter().copied());
         cmd.arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0"])
