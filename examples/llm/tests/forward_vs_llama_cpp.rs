@@ -134,9 +134,9 @@ fn check_within(name: &str, model_path: &Path, tolerance: f32) {
         // it. The teacher-forced rows are computed from the reference's tokens; while they
         // agree, greedy decoding feeds the model exactly those tokens, so it generates the
         // same ones if the rows of a one-token pass are those of a chunked one.
-        let n_vocab_rows = |r: usize| &logits[r * n_vocab..(r + 1) * n_vocab];
+        let row = |r: usize| &logits[r * n_vocab..(r + 1) * n_vocab];
         let greedy: Vec<u32> = (p.n_prompt - 1..p.ids.len() - 1)
-            .map(|r| argmax(n_vocab_rows(r)))
+            .map(|r| argmax(row(r)))
             .collect();
         assert_eq!(
             greedy,
@@ -151,10 +151,10 @@ fn check_within(name: &str, model_path: &Path, tolerance: f32) {
                 .forward(&p.ids[..p.n_prompt], 0, Logits::Last)
                 .unwrap()
                 .to_vec();
-            assert_bits(&last, n_vocab_rows(p.n_prompt - 1), name, pi);
+            assert_bits(&last, row(p.n_prompt - 1), name, pi);
             for pos in p.n_prompt..p.ids.len() - 1 {
-                let row = model.forward(&p.ids[pos..=pos], pos, Logits::Last).unwrap();
-                assert_bits(row, n_vocab_rows(pos), name, pi);
+                let one = model.forward(&p.ids[pos..=pos], pos, Logits::Last).unwrap();
+                assert_bits(one, row(pos), name, pi);
             }
         }
     }
