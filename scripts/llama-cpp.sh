@@ -12,7 +12,8 @@
 #                                      on 2 cores); no web UI is fetched or embedded
 #
 # Everything lands under ${RKNPU_CACHE:-$HOME/.cache/rknpu-rs}/llama.cpp/:
-#   bin/      llama-tokenize, llama-completion, llama-cli, llama-bench, llama-perplexity
+#   bin/      llama-tokenize, llama-completion, llama-cli, llama-bench, llama-perplexity,
+#             llama-embedding
 #             (+ llama-server with --server)
 #   vocab/    ggml-vocab-*.gguf, *.gguf.inp, *.gguf.out
 #   templates/  *.jinja (the chat templates of llama.cpp's tests, MIT like llama.cpp)
@@ -27,7 +28,7 @@ CACHE="${RKNPU_CACHE:-$HOME/.cache/rknpu-rs}"
 ROOT="$CACHE/llama.cpp"
 DL="$CACHE/downloads"
 JOBS="${LLAMA_CPP_JOBS:-2}"
-TARGETS=(llama-tokenize llama-completion llama-cli llama-bench llama-perplexity)
+TARGETS=(llama-tokenize llama-completion llama-cli llama-bench llama-perplexity llama-embedding)
 
 mode=build
 case "${1:-}" in
