@@ -16,6 +16,8 @@
 //! * [`spec`]: lossless speculative decoding by prompt lookup.
 //! * [`chat`]: chat templates (`tokenizer.chat_template`) rendered by minijinja as Hugging
 //!   Face's `apply_chat_template` renders them.
+//! * `constraint` (feature `constraint`, on with `cli`): structured output, a JSON Schema or a
+//!   grammar enforced while sampling.
 //! * [`perplexity`]: teacher-forced perplexity, as llama.cpp's `llama-perplexity` computes it.
 //!
 //! The binaries (`llm-decode`, `llm-server`) and [`cli`], their shared flags for loading a
@@ -26,6 +28,8 @@ pub mod builder;
 pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "constraint")]
+pub mod constraint;
 pub mod gguf;
 pub mod model;
 pub mod perplexity;

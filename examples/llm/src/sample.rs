@@ -389,6 +389,11 @@ fn draw(probs: &[f64], candidates: &[(u32, f32)], u: f64, skip: Option<u32>) -> 
         if Some(cand.0) == skip {
             continue;
         }
+        if *p <= 0.0 {
+            // Never drawn, not even by the rounding fallback below (a token a grammar masked
+            // out has probability 0).
+            continue;
+        }
         cum += p;
         last = Some(cand.0);
         if u < cum {

@@ -87,6 +87,10 @@ pub struct GenerateParams {
     pub lookup: Option<PromptLookup>,
     /// Prompt tokens per forward pass (default 128; at least 1).
     pub batch: usize,
+    /// The grammar the output must follow ([`crate::constraint`]): every token is sampled
+    /// among those it allows, and the generation ends when it is complete.
+    #[cfg(feature = "constraint")]
+    pub constraint: Option<crate::constraint::Grammar>,
 }
 
 impl Default for GenerateParams {
@@ -96,6 +100,8 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             lookup: None,
             batch: 128,
+            #[cfg(feature = "constraint")]
+            constraint: None,
         }
     }
 }
@@ -119,6 +125,10 @@ pub enum GenerateError {
     /// Nothing to evaluate: an empty prompt in a session with no pending token.
     #[error("the prompt is empty after tokenization")]
     EmptyPrompt,
+    /// The grammar of [`GenerateParams::constraint`] failed while generating.
+    #[cfg(feature = "constraint")]
+    #[error(transparent)]
+    Grammar(#[from] crate::constraint::GrammarError),
     /// The model and the tokenizer disagree on the vocabulary.
     #[error("the model's {model} logits do not match the vocabulary's {tokenizer} tokens")]
     VocabularyMismatch {
@@ -440,7 +450,7 @@ impl Session {
             self.truncate_history(self.seq.len());
             return Err(e);
         }
-        Ok(self.decide_first(prompt, pending.len(), t, m0))
+        self.decide_first(prompt, pending.len(), t, m0, params)
     }
 
     /// Adds `prompt` to the history and returns where evaluation starts and what it
@@ -459,26 +469,38 @@ impl Session {
     }
 
     /// After the pending tokens were evaluated (the last row's logits in the sequence): the
-    /// sampler takes the prompt in and decides the first token; `t`, `m0`: when the prefill
-    /// began, and the modelled NPU time then.
+    /// sampler takes the prompt in and decides the first token (under `params`' constraint,
+    /// whose state starts here); `t`, `m0`: when the prefill began, and the modelled NPU time
+    /// then.
     pub(crate) fn decide_first(
         &mut self,
         prompt: &[u32],
         pending: usize,
         t: Instant,
         m0: Option<rknn_matmul::ModelledTime>,
-    ) -> Prefilled {
+        params: &GenerateParams,
+    ) -> Result<Prefilled, GenerateError> {
         let n_vocab = self.model.config().n_vocab;
         for &t in prompt {
             self.sampler.accept(t);
         }
         self.sampler.start_completion();
+        #[cfg(feature = "constraint")]
+        let mut constraint = params.constraint.as_ref().map(|g| g.start());
+        #[cfg(not(feature = "constraint"))]
+        let mut constraint: Option<Never> = {
+            let _ = params;
+            None
+        };
+        let mut scratch = Vec::new();
         // The last evaluated row's logits decide the first token.
         let logits = self.seq.logits();
-        let decided = self.sampler.sample(&logits[logits.len() - n_vocab..]);
+        let row = &logits[logits.len() - n_vocab..];
+        let row = allowed(constraint.as_mut(), row, &mut scratch)?;
+        let decided = self.sampler.sample(row);
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
-        Prefilled {
+        Ok(Prefilled {
             out: GenerationSummary {
                 prefill_time,
                 prompt_tokens: pending,
@@ -489,7 +511,9 @@ impl Session {
             },
             modelled_from: m1,
             decided,
-        }
+            constraint,
+            scratch,
+        })
     }
 
     /// The iterator generating after a prefill; `reply`: its text joins the chat's messages.
@@ -504,6 +528,55 @@ pub(crate) struct Prefilled {
     out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     decided: u32,
+    constraint: Option<ConstraintState>,
+    scratch: Vec<f32>,
+}
+
+/// A generation's grammar state ([`GenerateParams::constraint`]).
+#[cfg(feature = "constraint")]
+type ConstraintState = crate::constraint::Constraint;
+/// Without the `constraint` feature there is no grammar state.
+#[cfg(not(feature = "constraint"))]
+type ConstraintState = Never;
+
+/// A type without values: the grammar state of a build without the `constraint` feature.
+#[cfg(not(feature = "constraint"))]
+#[derive(Debug)]
+pub(crate) enum Never {}
+
+/// `row`, or under a constraint a copy of it (in `scratch`) with every token the grammar does
+/// not allow next at minus infinity.
+fn allowed<'a>(
+    constraint: Option<&mut ConstraintState>,
+    row: &'a [f32],
+    scratch: &'a mut Vec<f32>,
+) -> Result<&'a [f32], GenerateError> {
+    match constraint {
+        None => Ok(row),
+        #[cfg(feature = "constraint")]
+        Some(c) => {
+            scratch.clear();
+            scratch.extend_from_slice(row);
+            c.mask(scratch)?;
+            Ok(scratch)
+        }
+        #[cfg(not(feature = "constraint"))]
+        Some(never) => match *never {},
+    }
+}
+
+/// Advances the grammar past a generated `token`.
+fn commit(constraint: Option<&mut ConstraintState>, token: u32) -> Result<(), GenerateError> {
+    match constraint {
+        None => Ok(()),
+        #[cfg(feature = "constraint")]
+        Some(c) => Ok(c.commit(token)?),
+        #[cfg(not(feature = "constraint"))]
+        Some(never) => {
+            let _ = token;
+            match *never {}
+        }
+    }
 }
 
 impl Session {
@@ -574,6 +647,10 @@ pub(crate) struct GenerationState {
     /// The generated text is still to join the chat's messages as the assistant's reply.
     reply: bool,
     started: Instant,
+    /// The grammar's state, advanced by every token emitted or accepted from a draft.
+    constraint: Option<ConstraintState>,
+    /// A masked copy of a row of logits, under a constraint.
+    scratch: Vec<f32>,
 }
 
 /// What a generation needs next.
@@ -644,6 +721,8 @@ impl GenerationState {
             flushed: false,
             reply,
             started: Instant::now(),
+            constraint: p.constraint,
+            scratch: p.scratch,
         }
     }
 
@@ -681,6 +760,7 @@ impl GenerationState {
     fn emit(&mut self, s: &mut Session, token: u32, fed: bool) -> Result<Piece, GenerateError> {
         self.out.generated.push(token);
         if !fed {
+            commit(self.constraint.as_mut(), token)?;
             s.sampler.accept(token);
             s.history.push(token);
         }
@@ -784,11 +864,24 @@ impl GenerationState {
         } = s;
         let n_vocab = model.config().n_vocab;
         let mut accepted = Vec::new();
+        // A failure (the tap, the grammar) still leaves the cache and the history as the
+        // accepted drafts say.
+        let mut outcome = Ok(());
         for (i, row) in seq.logits().chunks_exact(n_vocab).enumerate() {
             if let Some(tap) = tap {
-                write_rows(tap, row)?;
+                if let Err(e) = write_rows(tap, row) {
+                    outcome = Err(e.into());
+                    break;
+                }
             }
             self.out.decisions += 1;
+            let row = match allowed(self.constraint.as_mut(), row, &mut self.scratch) {
+                Ok(row) => row,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            };
             let Some(&drafted) = drafts.get(i) else {
                 self.decided = Some(sampler.sample(row));
                 break;
@@ -802,6 +895,10 @@ impl GenerationState {
                     self.out.spec.accepted += 1;
                     if tokenizer.is_eog(drafted) {
                         self.stop_after = Some(Stop::Eog);
+                        break;
+                    }
+                    if let Err(e) = commit(self.constraint.as_mut(), drafted) {
+                        outcome = Err(e);
                         break;
                     }
                     sampler.accept(drafted);
@@ -818,7 +915,7 @@ impl GenerationState {
         history.extend_from_slice(&accepted);
         accepted.reverse();
         self.accepted = accepted;
-        Ok(())
+        outcome
     }
 
     /// Ends the generation now (a client gone, a deadline): what was generated stays.

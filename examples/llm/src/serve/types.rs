@@ -58,6 +58,10 @@ pub struct Request {
     /// When the request is cancelled ([`ServeError::DeadlineExceeded`]) if it has not ended, waiting
     /// or running.
     pub deadline: Option<Instant>,
+    /// The grammar the output must follow ([`crate::constraint`]); each request has its own
+    /// parser state.
+    #[cfg(feature = "constraint")]
+    pub constraint: Option<crate::constraint::Grammar>,
 }
 
 impl Default for Request {
@@ -69,6 +73,8 @@ impl Default for Request {
             stop: Vec::new(),
             cache_prompt: true,
             deadline: None,
+            #[cfg(feature = "constraint")]
+            constraint: None,
         }
     }
 }

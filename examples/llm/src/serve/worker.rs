@@ -295,6 +295,8 @@ impl Worker {
                 stop: r.stop,
                 lookup: None,
                 batch: self.config.prefill_chunk,
+                #[cfg(feature = "constraint")]
+                constraint: r.constraint,
             },
             deadline: r.deadline,
             prompt_tokens: r.prompt.len(),
@@ -485,12 +487,16 @@ impl Worker {
                             pending.len(),
                             *began,
                             modelled_from.take(),
+                            &job.params,
                         );
                         job.first_token = Some(job.submitted.elapsed());
-                        let g = GenerationState::new(&self.tokenizer, p, &job.params, false);
-                        job.phase = Phase::Decode(Box::new(g));
+                        p.map(|p| {
+                            let g = GenerationState::new(&self.tokenizer, p, &job.params, false);
+                            job.phase = Phase::Decode(Box::new(g));
+                        })
+                    } else {
+                        Ok(())
                     }
-                    Ok(())
                 }
                 _ => unreachable!("a part matches its phase"),
             };

@@ -39,6 +39,7 @@ use clap::{Parser, ValueEnum};
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate};
 use rknn_llm::cli::LoadArgs;
+use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Session};
@@ -177,6 +178,25 @@ struct Args {
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Constrain the output to JSON that validates against this JSON Schema (inline, as
+    /// llama.cpp's -j); every token is sampled among those that keep it valid.
+    #[arg(
+        short = 'j',
+        long = "json-schema",
+        value_name = "SCHEMA",
+        group = "constraint"
+    )]
+    json_schema: Option<String>,
+    /// --json-schema, read from FILE.
+    #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]
+    json_schema_file: Option<PathBuf>,
+    /// Constrain the output to this GBNF grammar (llama.cpp's format; a `root` rule), or a
+    /// Lark grammar (llguidance's dialect) when it begins with `%llguidance`.
+    #[arg(long, value_name = "GRAMMAR", group = "constraint")]
+    grammar: Option<String>,
+    /// --grammar, read from FILE.
+    #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
+    grammar_file: Option<PathBuf>,
     /// Score a text file teacher-forced and print its perplexity (as llama-perplexity does:
     /// chunks of the context size, the second half of each scored).
     #[arg(long, value_name = "FILE")]
@@ -292,6 +312,7 @@ impl Prepared {
             ),
             None => prompt_text(args)?,
         };
+        let spec = constraint_spec(args)?;
         let loaded = load(args, &model_path)?;
         let load_peak = report::Memory::rss().map(|r| r.1);
         let seed = args.seed.unwrap_or_else(random_seed);
@@ -325,6 +346,14 @@ impl Prepared {
                 }),
             },
             batch: args.batch_size,
+            constraint: match spec {
+                Some(spec) => Some(
+                    GrammarCompiler::new(&loaded.tokenizer)
+                        .and_then(|c| c.compile(&spec))
+                        .map_err(|e| format!("--{}: {e}", spec_flag(&spec)))?,
+                ),
+                None => None,
+            },
         };
         Ok(Prepared {
             loaded,
@@ -475,5 +504,49 @@ impl Write for SharedFile {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.lock().flush()
+    }
+}
+
+/// The grammar of --json-schema(-file) or --grammar(-file), read and parsed before the model
+/// loads so that a bad file is reported at once.
+fn constraint_spec(args: &Args) -> Result<Option<GrammarSpec>, Error> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("{flag}: cannot read {}: {e}", path.display()))
+    };
+    let schema = |flag: &str, text: &str| -> Result<GrammarSpec, Error> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("{flag}: not JSON: {e}"))?;
+        Ok(GrammarSpec::JsonSchema(v))
+    };
+    let grammar = |text: String| {
+        if text.trim_start().starts_with("%llguidance") {
+            GrammarSpec::Lark(text)
+        } else {
+            GrammarSpec::Gbnf(text)
+        }
+    };
+    let spec = if let Some(s) = &args.json_schema {
+        schema("--json-schema", s)?
+    } else if let Some(p) = &args.json_schema_file {
+        schema("--json-schema-file", &read("--json-schema-file", p)?)?
+    } else if let Some(g) = &args.grammar {
+        grammar(g.clone())
+    } else if let Some(p) = &args.grammar_file {
+        grammar(read("--grammar-file", p)?)
+    } else {
+        return Ok(None);
+    };
+    if args.perplexity.is_some() {
+        return Err("a grammar constrains generation; --perplexity scores a text as it is".into());
+    }
+    Ok(Some(spec))
+}
+
+/// The flag a grammar came from, for messages.
+fn spec_flag(spec: &GrammarSpec) -> &'static str {
+    match spec {
+        GrammarSpec::JsonSchema(_) => "json-schema",
+        _ => "grammar",
     }
 }

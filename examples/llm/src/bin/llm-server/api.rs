@@ -29,6 +29,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
+use rknn_llm::constraint::GrammarCompiler;
 use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
@@ -70,6 +71,9 @@ pub struct Loaded {
     pub slots: usize,
     /// "npu", "emulator" or "f32".
     pub backend: &'static str,
+    /// Compiles the requests' grammars (`response_format`, `json_schema`, `grammar`), or why
+    /// this vocabulary cannot be constrained.
+    pub grammars: Result<Arc<GrammarCompiler>, String>,
 }
 
 /// The state every handler shares.
@@ -398,7 +402,25 @@ async fn generate(
     options: Options,
     deadline: Instant,
 ) -> Result<Response, ApiError> {
-    let (_, batcher) = st.serving()?;
+    let (loaded, batcher) = st.serving()?;
+    let constraint = match options.constraint {
+        None => None,
+        Some((spec, param)) => {
+            let grammars = loaded
+                .grammars
+                .clone()
+                .map_err(|e| ApiError::param(param, e))?;
+            // Compiling a schema takes milliseconds (more for a large one): off the async
+            // workers, bounded by the engine's limits on grammar size and lexer states.
+            let grammar = blocking(move || {
+                grammars
+                    .compile(&spec)
+                    .map_err(|e| ApiError::param(param, format!("`{param}`: {e}")))
+            })
+            .await?;
+            Some(grammar)
+        }
+    };
     let (tx, mut rx) = unbounded_channel();
     let request = GenRequest {
         prompt,
@@ -407,6 +429,7 @@ async fn generate(
         stop: options.stop,
         cache_prompt: options.cache_prompt,
         deadline: Some(deadline),
+        constraint,
     };
     batcher
         .submit(request, Box::new(ChannelSink(tx)))

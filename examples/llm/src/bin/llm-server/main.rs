@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 
 use rknn_llm::Model;
 use rknn_llm::cli::LoadArgs;
+use rknn_llm::constraint::GrammarCompiler;
 use rknn_llm::serve::{Batcher, ServeConfig, ServeError};
 
 use api::{AppState, HttpConfig, Loaded};
@@ -359,6 +360,9 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
         n_ctx_train: loaded.model.config().n_ctx,
         slots: parallel,
         backend: loaded.backend.name(),
+        grammars: GrammarCompiler::new(&loaded.tokenizer)
+            .map(Arc::new)
+            .map_err(|e| e.to_string()),
     };
     Ok((served, batcher))
 }

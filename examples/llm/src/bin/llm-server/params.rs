@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use rknn_llm::chat::Message;
+use rknn_llm::constraint::GrammarSpec;
 use rknn_llm::sample::SamplerConfig;
 
 use crate::error::ApiError;
@@ -67,6 +68,9 @@ pub struct Options {
     pub include_usage: bool,
     /// `cache_prompt` (llama.cpp's; default true).
     pub cache_prompt: bool,
+    /// The grammar the output must follow: `response_format` (`json_object`, `json_schema`),
+    /// or llama-server's `json_schema` or `grammar`; and the field it came from.
+    pub constraint: Option<(GrammarSpec, &'static str)>,
 }
 
 /// A number parameter within `lo..=hi`.
@@ -194,6 +198,7 @@ pub fn options(obj: &Obj, random_seed: impl FnOnce() -> u64) -> Result<Options, 
         }
     };
     let cache_prompt = get::<bool>(obj, "cache_prompt")?.unwrap_or(true);
+    let constraint = constraint(obj)?;
     Ok(Options {
         max_tokens,
         sampling: SamplerConfig {
@@ -209,7 +214,152 @@ pub fn options(obj: &Obj, random_seed: impl FnOnce() -> u64) -> Result<Options, 
         stream,
         include_usage,
         cache_prompt,
+        constraint,
     })
+}
+
+/// The output's grammar, from whichever of `response_format`, `json_schema` and `grammar` the
+/// request gives (more than one is a 400: which would win is not obvious).
+fn constraint(obj: &Obj) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(spec) = response_format(obj)? {
+        found.push((spec, "response_format"));
+    }
+    match obj.get("json_schema") {
+        None | Some(Value::Null) => {}
+        Some(v @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push((GrammarSpec::JsonSchema(v.clone()), "json_schema"))
+        }
+        Some(other) => {
+            return Err(ApiError::param(
+                "json_schema",
+                format!(
+                    "`json_schema` must be a JSON Schema object, not {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    }
+    if let Some(g) = get::<String>(obj, "grammar")? {
+        // llama.cpp's convention: a grammar beginning `%llguidance` is Lark, otherwise GBNF.
+        let spec = if g.trim_start().starts_with("%llguidance") {
+            GrammarSpec::Lark(g)
+        } else {
+            GrammarSpec::Gbnf(g)
+        };
+        found.push((spec, "grammar"));
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|f| f.1).collect();
+        return Err(ApiError::param(
+            found[1].1,
+            format!(
+                "give one of `response_format`, `json_schema` and `grammar`, not {}",
+                names.join(" and ")
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`
+/// (llama-server's extra `schema` member too) or `{"type": "json_schema", "json_schema":
+/// {"name", "schema", "strict", "description"}}`.
+fn response_format(obj: &Obj) -> Result<Option<GrammarSpec>, ApiError> {
+    const P: &str = "response_format";
+    let rf = match obj.get(P) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(ApiError::param(
+                P,
+                format!("`{P}` must be an object, not {}", type_name(other)),
+            ));
+        }
+    };
+    let only = |o: &Obj, allowed: &[&str], at: &str| -> Result<(), ApiError> {
+        match o.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(ApiError::param(
+                P,
+                format!(
+                    "`{at}` has a member `{k}` this server does not know (it knows {})",
+                    allowed.join(", ")
+                ),
+            )),
+            None => Ok(()),
+        }
+    };
+    let schema_of = |v: &Value, at: &str| match v {
+        Value::Object(_) | Value::Bool(_) => Ok(GrammarSpec::JsonSchema(v.clone())),
+        other => Err(ApiError::param(
+            P,
+            format!(
+                "`{at}` must be a JSON Schema object, not {}",
+                type_name(other)
+            ),
+        )),
+    };
+    let ty = get::<&str>(rf, "type").map_err(|e| ApiError {
+        param: Some(P.into()),
+        ..e
+    })?;
+    match ty {
+        None => Err(ApiError::param(
+            P,
+            format!("`{P}` needs a `type`: text, json_object or json_schema"),
+        )),
+        Some("text") => {
+            only(rf, &["type"], P)?;
+            Ok(None)
+        }
+        Some("json_object") => {
+            only(rf, &["type", "schema"], P)?;
+            match rf.get("schema") {
+                None | Some(Value::Null) => Ok(Some(GrammarSpec::JsonObject)),
+                Some(v) => schema_of(v, "response_format.schema").map(Some),
+            }
+        }
+        Some("json_schema") => {
+            only(rf, &["type", "json_schema"], P)?;
+            let Some(Value::Object(js)) = rf.get("json_schema") else {
+                return Err(ApiError::param(
+                    P,
+                    "`response_format.json_schema` must be an object with the `schema` (and `name`)",
+                ));
+            };
+            only(
+                js,
+                &["name", "schema", "strict", "description"],
+                "response_format.json_schema",
+            )?;
+            if let Some(name) = js.get("name") {
+                if !name.is_string() {
+                    return Err(ApiError::param(
+                        P,
+                        "`response_format.json_schema.name` must be a string",
+                    ));
+                }
+            }
+            match js.get("strict") {
+                None | Some(Value::Null | Value::Bool(_)) => {}
+                Some(_) => {
+                    return Err(ApiError::param(
+                        P,
+                        "`response_format.json_schema.strict` must be a boolean",
+                    ));
+                }
+            }
+            match js.get("schema") {
+                // OpenAI's default when the schema is left out: any JSON object.
+                None | Some(Value::Null) => Ok(Some(GrammarSpec::JsonObject)),
+                Some(v) => schema_of(v, "response_format.json_schema.schema").map(Some),
+            }
+        }
+        Some(t) => Err(ApiError::param(
+            P,
+            format!("`{P}.type` must be text, json_object or json_schema, not {t:?}"),
+        )),
+    }
 }
 
 /// The chat's `messages`: a non-empty list of `{"role": str, "content": str | parts | null}`,
