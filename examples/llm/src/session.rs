@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::chat::{ChatError, ChatOptions, ChatTemplate, Message, encode_prompt};
 use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
-use crate::sample::{Sampler, SamplerConfig, Verdict};
+use crate::sample::{Sampler, SamplerConfig, TokenLogprobs, Verdict, token_logprobs};
 use crate::spec::{DraftPolicy, PromptLookup, SpecStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
@@ -87,6 +87,10 @@ pub struct GenerateParams {
     pub lookup: Option<PromptLookup>,
     /// Prompt tokens per forward pass (default 128; at least 1).
     pub batch: usize,
+    /// Log-probabilities of each generated token and of the `n` most likely tokens at its
+    /// position (at most [`MAX_TOP_LOGPROBS`](crate::sample::MAX_TOP_LOGPROBS)) in
+    /// [`Piece::logprobs`], from the raw logits ([`token_logprobs`]); `None` computes none.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -96,6 +100,7 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             lookup: None,
             batch: 128,
+            logprobs: None,
         }
     }
 }
@@ -132,12 +137,14 @@ pub enum GenerateError {
 /// One generated token and the text it completes (possibly empty: a piece of a character, or
 /// text held back because a stop string may begin there). A final piece without a token
 /// carries the text still held back when generation ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Piece {
     /// The token, `None` for the final piece.
     pub token: Option<u32>,
     /// The text released with it.
     pub text: String,
+    /// The token's log-probabilities, when [`GenerateParams::logprobs`] asks for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What one generation produced and how long it took.
@@ -440,7 +447,7 @@ impl Session {
             self.truncate_history(self.seq.len());
             return Err(e);
         }
-        Ok(self.decide_first(prompt, pending.len(), t, m0))
+        Ok(self.decide_first(prompt, pending.len(), t, m0, params.logprobs))
     }
 
     /// Adds `prompt` to the history and returns where evaluation starts and what it
@@ -460,13 +467,14 @@ impl Session {
 
     /// After the pending tokens were evaluated (the last row's logits in the sequence): the
     /// sampler takes the prompt in and decides the first token; `t`, `m0`: when the prefill
-    /// began, and the modelled NPU time then.
+    /// began, and the modelled NPU time then; `logprobs`: [`GenerateParams::logprobs`].
     pub(crate) fn decide_first(
         &mut self,
         prompt: &[u32],
         pending: usize,
         t: Instant,
         m0: Option<rknn_matmul::ModelledTime>,
+        logprobs: Option<usize>,
     ) -> Prefilled {
         let n_vocab = self.model.config().n_vocab;
         for &t in prompt {
@@ -475,7 +483,9 @@ impl Session {
         self.sampler.start_completion();
         // The last evaluated row's logits decide the first token.
         let logits = self.seq.logits();
-        let decided = self.sampler.sample(&logits[logits.len() - n_vocab..]);
+        let row = &logits[logits.len() - n_vocab..];
+        let decided = self.sampler.sample(row);
+        let decided_lp = logprobs.map(|n| token_logprobs(row, decided, n));
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
         Prefilled {
@@ -489,6 +499,7 @@ impl Session {
             },
             modelled_from: m1,
             decided,
+            decided_lp,
         }
     }
 
@@ -504,6 +515,7 @@ pub(crate) struct Prefilled {
     out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     decided: u32,
+    decided_lp: Option<TokenLogprobs>,
 }
 
 impl Session {
@@ -564,9 +576,13 @@ pub(crate) struct GenerationState {
     modelled_from: Option<rknn_matmul::ModelledTime>,
     /// The token decided for the next position, not emitted yet.
     decided: Option<u32>,
+    /// Its log-probabilities, when asked for.
+    decided_lp: Option<TokenLogprobs>,
     /// Drafted tokens the last verify pass accepted (fed already, and in the history), to
     /// emit in order (the next one last), and the stop that ends the generation after them.
     accepted: Vec<u32>,
+    /// Their log-probabilities (in the same order), when asked for.
+    accepted_lp: Vec<Option<TokenLogprobs>>,
     stop_after: Option<Stop>,
     /// Released text not yet returned because a stop string may begin in it.
     held: String,
@@ -638,7 +654,9 @@ impl GenerationState {
             out: p.out,
             modelled_from: p.modelled_from,
             decided: Some(p.decided),
+            decided_lp: p.decided_lp,
             accepted: Vec::new(),
+            accepted_lp: Vec::new(),
             stop_after: None,
             held: String::new(),
             flushed: false,
@@ -664,8 +682,10 @@ impl GenerationState {
             s.truncate_history(keep);
             s.seq.truncate(keep);
             self.accepted.clear();
+            self.accepted_lp.clear();
         }
         self.decided = None;
+        self.decided_lp = None;
         self.out.stop = Some(why);
         self.out.decode_time = self.started.elapsed();
         if let (Some(m), Some(from)) = (modelled(&s.model), &self.modelled_from) {
@@ -675,10 +695,16 @@ impl GenerationState {
         }
     }
 
-    /// Emits a generated token (decided now, or an accepted draft when `fed`): recorded as
-    /// generated (and, unless fed, in the history, unfed), decoded, and its text released as
-    /// far as a stop string allows.
-    fn emit(&mut self, s: &mut Session, token: u32, fed: bool) -> Result<Piece, GenerateError> {
+    /// Emits a generated token (decided now, or an accepted draft when `fed`) with its
+    /// log-probabilities `lp`: recorded as generated (and, unless fed, in the history, unfed),
+    /// decoded, and its text released as far as a stop string allows.
+    fn emit(
+        &mut self,
+        s: &mut Session,
+        token: u32,
+        fed: bool,
+        lp: Option<TokenLogprobs>,
+    ) -> Result<Piece, GenerateError> {
         self.out.generated.push(token);
         if !fed {
             s.sampler.accept(token);
@@ -692,6 +718,7 @@ impl GenerationState {
         Ok(Piece {
             token: Some(token),
             text,
+            logprobs: lp,
         })
     }
 
@@ -748,7 +775,11 @@ impl GenerationState {
             let mut text = std::mem::take(&mut self.held);
             text.push_str(&self.decoder.finish());
             self.out.text.push_str(&text);
-            (!text.is_empty()).then_some(Piece { token: None, text })
+            (!text.is_empty()).then_some(Piece {
+                token: None,
+                text,
+                logprobs: None,
+            })
         };
         self.record_reply(s);
         piece
@@ -784,18 +815,25 @@ impl GenerationState {
         } = s;
         let n_vocab = model.config().n_vocab;
         let mut accepted = Vec::new();
+        let mut accepted_lp = Vec::new();
+        let logprobs = self.params.logprobs;
+        // Each decided or accepted token's log-probabilities come from its own row.
+        let lp = |row: &[f32], t: u32| logprobs.map(|n| token_logprobs(row, t, n));
         for (i, row) in seq.logits().chunks_exact(n_vocab).enumerate() {
             if let Some(tap) = tap {
                 write_rows(tap, row)?;
             }
             self.out.decisions += 1;
             let Some(&drafted) = drafts.get(i) else {
-                self.decided = Some(sampler.sample(row));
+                let t = sampler.sample(row);
+                self.decided = Some(t);
+                self.decided_lp = lp(row, t);
                 break;
             };
             match sampler.verify(row, drafted) {
                 Verdict::Reject(t) => {
                     self.decided = Some(t);
+                    self.decided_lp = lp(row, t);
                     break;
                 }
                 Verdict::Accept => {
@@ -806,6 +844,7 @@ impl GenerationState {
                     }
                     sampler.accept(drafted);
                     accepted.push(drafted);
+                    accepted_lp.push(lp(row, drafted));
                     if self.out.generated.len() + accepted.len() >= limit {
                         self.stop_after = Some(Stop::MaxTokens);
                         break;
@@ -817,7 +856,9 @@ impl GenerationState {
         history.truncate(pos + 1);
         history.extend_from_slice(&accepted);
         accepted.reverse();
+        accepted_lp.reverse();
         self.accepted = accepted;
+        self.accepted_lp = accepted_lp;
         Ok(())
     }
 
@@ -838,7 +879,8 @@ impl GenerationState {
         }
         // Drafts a verify pass accepted come first: they are fed already.
         if let Some(t) = self.accepted.pop() {
-            return Step::Item(Some(self.emit(s, t, true)));
+            let lp = self.accepted_lp.pop().flatten();
+            return Step::Item(Some(self.emit(s, t, true, lp)));
         }
         if let Some(why) = self.stop_after.take() {
             self.end(s, why);
@@ -853,7 +895,8 @@ impl GenerationState {
                 self.end(s, Stop::Eog);
                 return self.step(s);
             }
-            return Step::Item(Some(self.emit(s, token, false)));
+            let lp = self.decided_lp.take();
+            return Step::Item(Some(self.emit(s, token, false, lp)));
         }
         // Feed the last emitted token (and drafts) and decide the next.
         let pos = s.seq.len();

@@ -295,6 +295,7 @@ impl Worker {
                 stop: r.stop,
                 lookup: None,
                 batch: self.config.prefill_chunk,
+                logprobs: r.logprobs,
             },
             deadline: r.deadline,
             prompt_tokens: r.prompt.len(),
@@ -485,6 +486,7 @@ impl Worker {
                             pending.len(),
                             *began,
                             modelled_from.take(),
+                            job.params.logprobs,
                         );
                         job.first_token = Some(job.submitted.elapsed());
                         let g = GenerationState::new(&self.tokenizer, p, &job.params, false);

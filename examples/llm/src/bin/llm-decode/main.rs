@@ -325,6 +325,7 @@ impl Prepared {
                 }),
             },
             batch: args.batch_size,
+            logprobs: None,
         };
         Ok(Prepared {
             loaded,

@@ -407,6 +407,7 @@ async fn generate(
         stop: options.stop,
         cache_prompt: options.cache_prompt,
         deadline: Some(deadline),
+        logprobs: None,
     };
     batcher
         .submit(request, Box::new(ChannelSink(tx)))
