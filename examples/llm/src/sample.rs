@@ -429,7 +429,9 @@ pub fn token_logprobs(row: &[f32], chosen: u32, top: usize) -> TokenLogprobs {
     };
     TokenLogprobs {
         token: chosen,
-        logprob: row.get(chosen as usize).map_or(f32::NEG_INFINITY, |&l| lp(l)),
+        logprob: row
+            .get(chosen as usize)
+            .map_or(f32::NEG_INFINITY, |&l| lp(l)),
         top: best.into_iter().map(|(id, l)| (id, lp(l))).collect(),
     }
 }
@@ -858,7 +860,10 @@ mod tests {
         // +∞ logits share all the mass; a row with no number has none.
         let got = token_logprobs(&[f32::INFINITY, 3.0, f32::INFINITY], 2, 1);
         assert!((got.logprob - half).abs() < 1e-6);
-        assert_eq!(token_logprobs(&[f32::INFINITY, 3.0], 1, 0).logprob, f32::NEG_INFINITY);
+        assert_eq!(
+            token_logprobs(&[f32::INFINITY, 3.0], 1, 0).logprob,
+            f32::NEG_INFINITY
+        );
         let none = token_logprobs(&[f32::NEG_INFINITY, f32::NAN], 0, 1);
         assert_eq!(none.logprob, f32::NEG_INFINITY);
         assert_eq!(none.top.len(), 1);

@@ -116,7 +116,10 @@ fn check(name: &str, path: &Path) -> f64 {
             }
         }
     }
-    assert!(accepted > 0, "{name}: prompt lookup never had a draft accepted");
+    assert!(
+        accepted > 0,
+        "{name}: prompt lookup never had a draft accepted"
+    );
     println!("{name}: max |Δ| {worst:.2e}, {accepted} drafts accepted");
     worst
 }

@@ -57,7 +57,8 @@ pub struct Request {
     pub cache_prompt: bool,
     /// When the request is cancelled ([`ServeError::DeadlineExceeded`]) if it has not ended, waiting
     /// or running.
-    pub deadline: Option<Instant>,    /// Log-probabilities of each generated token and of the `n` most likely at its position
+    pub deadline: Option<Instant>,
+    /// Log-probabilities of each generated token and of the `n` most likely at its position
     /// in each [`Piece`] ([`GenerateParams::logprobs`](crate::session::GenerateParams::logprobs));
     /// `None` computes none.
     pub logprobs: Option<usize>,
