@@ -1156,6 +1156,25 @@ fn logprobs_have_openai_shapes() {
         [tokens, logprobs, tops, offsets]
     );
 
+    // A stop string: every generated token has its entry (those of the stop string too, the
+    // text leaves it out), streamed as not.
+    let text: Vec<char> = g.text.chars().collect();
+    let stop: String = text[text.len() / 2..text.len() / 2 + 2].iter().collect();
+    let mut stopped = body.clone();
+    stopped["stop"] = json!(stop);
+    let c = s.post(COMPLETIONS, &stopped).json();
+    let whole = completion_logprobs(&[&c["choices"][0]]);
+    let g = Gen::from_answer(&c);
+    assert_eq!(g.finish, "stop", "{c}");
+    assert_eq!(whole[0].len() as u64, g.completion_tokens, "{c}");
+    let st = s.generate_stream(COMPLETIONS, &stopped);
+    let choices: Vec<&Json> = st
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .collect();
+    assert_eq!(completion_logprobs(&choices), whole);
+
     // The refusals.
     for (path, extra, param) in [
         (CHAT, json!({"top_logprobs": 2}), "top_logprobs"),
