@@ -10,7 +10,10 @@ finish reason streamed and not; the streamed usage chunk (stream_options include
 the non-streamed usage, and total = prompt + completion; a completion's prompt_tokens equals the
 count of /tokenize; models.list() has the alias; max_tokens=5 ends with finish_reason "length"
 after 5 tokens, a prefix of the longer answer; a stop string ends the text just before it; n=2
-and temperature=5 raise openai.BadRequestError (400); on the --auth-base-url server a wrong key
+and temperature=5 raise openai.BadRequestError (400); chat logprobs=True with top_logprobs=3
+have one entry per completion token, 3 alternatives each, the chosen token first (greedy), the
+same streamed, and top_logprobs=21 is a 400; a completion's logprobs=2 has its four lists of one
+entry per token, each dict holding the chosen token; on the --auth-base-url server a wrong key
 raises openai.AuthenticationError (401) and the right one is served.
 
 Prints one line per check; exits 1 naming every failed check, 2 on a usage error.
@@ -177,6 +180,34 @@ def main():
         check((st.choices[0].message.content, st.choices[0].finish_reason) == (before, "stop"),
               f"chat stop={piece!r}",
               f"{st.choices[0].message.content!r} {st.choices[0].finish_reason}")
+
+    # Log-probabilities (greedy: the chosen token is the most likely one).
+    lp = client.chat.completions.create(logprobs=True, top_logprobs=3, **{**kw, "max_tokens": 8})
+    content = lp.choices[0].logprobs.content if lp.choices[0].logprobs else None
+    if check(content is not None and len(content) == lp.usage.completion_tokens,
+             "chat logprobs: one entry per token", f"{lp.choices[0].logprobs}"):
+        check(all(len(e.top_logprobs) == 3 for e in content), "chat top_logprobs: 3 each",
+              [len(e.top_logprobs) for e in content])
+        check(all(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+                  for e in content), "chat logprobs: greedy chose the top one")
+        check(all(e.logprob <= 0 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+                  for e in content), "chat logprobs: logprob <= 0, bytes spell the token")
+    slp = client.chat.completions.create(logprobs=True, top_logprobs=3, stream=True,
+                                         **{**kw, "max_tokens": 8})
+    streamed = [e for chunk in slp for c in chunk.choices if c.logprobs and c.logprobs.content
+                for e in c.logprobs.content]
+    check(content is not None and [(e.token, e.logprob) for e in streamed]
+          == [(e.token, e.logprob) for e in content], "chat logprobs streamed = not streamed")
+    clp = client.completions.create(logprobs=2, **{**ckw, "max_tokens": 8})
+    l = clp.choices[0].logprobs
+    if check(l is not None and len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs)
+             == len(l.text_offset) == clp.usage.completion_tokens,
+             "completion logprobs: one entry per token", f"{l}"):
+        check(all(t in d and d[t] == v and len(d) <= 3
+                  for t, v, d in zip(l.tokens, l.token_logprobs, l.top_logprobs)),
+              "completion top_logprobs: the chosen token among at most 3", f"{l.top_logprobs}")
+    expect_error(openai.BadRequestError, 400, "top_logprobs=21 raises BadRequestError 400",
+                 lambda: client.chat.completions.create(logprobs=True, top_logprobs=21, **kw))
 
     # Refusals.
     expect_error(openai.BadRequestError, 400, "n=2 raises BadRequestError 400",

@@ -366,6 +366,89 @@ fn top_k_into(row: PenalisedRow<'_>, k: usize, out: &mut Vec<(u32, f32)>) {
     });
 }
 
+/// The most alternatives [`token_logprobs`] lists (OpenAI's cap on `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The log-probabilities of one decided token: the log-softmax of the model's raw logits (no
+/// penalty, temperature, top-k/top-p or mask applied) at its position, as OpenAI reports them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The decided token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, most likely first (the lowest id
+    /// first among equals); as many as asked for, at most [`MAX_TOP_LOGPROBS`] and the
+    /// vocabulary.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-probabilities of `chosen` and of the `top` most likely tokens of `row` (at most
+/// [`MAX_TOP_LOGPROBS`]), from the log-softmax of `row`: `l - max - ln Σ exp(l - max)`,
+/// within about 1e-6 of the exact value. NaN logits count as −∞. Costs one pass to select the top ones (the single-pass
+/// top-k of the sampler, no sort of the row) and one log-sum-exp pass; a `chosen` outside the
+/// row gets −∞.
+pub fn token_logprobs(row: &[f32], chosen: u32, top: usize) -> TokenLogprobs {
+    let top = top.min(MAX_TOP_LOGPROBS).min(row.len());
+    let plain = PenalisedRow {
+        logits: row,
+        penalised: &[],
+    };
+    let mut best = Vec::with_capacity(top);
+    if top > 0 {
+        top_k_into(plain, top, &mut best);
+    }
+    let max = match best.first() {
+        Some(&(_, l)) if !l.is_nan() => l,
+        _ => block_max(row),
+    };
+    // ln Σ exp(l): finite, or −∞ when no logit is a number above −∞; ln of the number of +∞
+    // logits when there are any (they share all the mass).
+    let lse = if max.is_finite() {
+        // The host's `e^x` (a few ulp; plain arithmetic the compiler vectorises, where a C
+        // library call per element kept this loop scalar), in 8 lanes of f32 over blocks of
+        // 64 terms of at most 1 each, the blocks summed in f64.
+        let term = |l: f32| {
+            let e = crate::model::exp::exp(l - max);
+            if e.is_nan() { 0.0 } else { e }
+        };
+        let sum: f64 = row
+            .chunks(64)
+            .map(|block| {
+                let mut lanes = [0.0f32; 8];
+                let mut eights = block.chunks_exact(8);
+                for eight in &mut eights {
+                    for (acc, &l) in lanes.iter_mut().zip(eight) {
+                        *acc += term(l);
+                    }
+                }
+                let rest: f32 = eights.remainder().iter().map(|&l| term(l)).sum();
+                f64::from(lanes.iter().sum::<f32>() + rest)
+            })
+            .sum();
+        f64::from(max) + sum.ln()
+    } else if max == f32::INFINITY {
+        (row.iter().filter(|&&l| l == f32::INFINITY).count() as f64).ln()
+    } else {
+        f64::NEG_INFINITY
+    };
+    let lp = |l: f32| -> f32 {
+        match (l, max) {
+            (l, _) if l.is_nan() || lse == f64::NEG_INFINITY => f32::NEG_INFINITY,
+            (f32::INFINITY, f32::INFINITY) => (-lse) as f32,
+            (_, f32::INFINITY) => f32::NEG_INFINITY,
+            (l, _) => (f64::from(l) - lse) as f32,
+        }
+    };
+    TokenLogprobs {
+        token: chosen,
+        logprob: row
+            .get(chosen as usize)
+            .map_or(f32::NEG_INFINITY, |&l| lp(l)),
+        top: best.into_iter().map(|(id, l)| (id, lp(l))).collect(),
+    }
+}
+
 /// The outcome of [`Sampler::verify`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -725,6 +808,95 @@ mod tests {
             by_id.sort_by_key(|c| c.0);
             assert_eq!(s.sample(&logits), greedy(&by_id), "trial {trial}");
         }
+    }
+
+    /// The log-softmax of a row the plain way: every logit in f64, `ln(exp(l) / Σ exp)`
+    /// with the sum over the whole row (no max taken out: the test rows stay small), ranked
+    /// by a full sort.
+    fn naive_log_softmax(row: &[f32]) -> Vec<(u32, f64)> {
+        let sum: f64 = row.iter().map(|&l| f64::from(l).exp()).sum();
+        let mut all: Vec<(u32, f64)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, (f64::from(l).exp() / sum).ln()))
+            .collect();
+        all.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        all
+    }
+
+    #[test]
+    fn token_logprobs_are_the_log_softmax_of_the_raw_row() {
+        let mut rng = Rng::new(23);
+        for trial in 0..200 {
+            let n = 1 + (rng.next_u64() % 300) as usize;
+            // Ties now and then: values on a grid of quarters.
+            let row: Vec<f32> = (0..n)
+                .map(|_| ((rng.next_f64() * 40.0 - 20.0) * 4.0).round() as f32 / 4.0)
+                .collect();
+            let want = naive_log_softmax(&row);
+            let chosen = (rng.next_u64() % n as u64) as u32;
+            for top in [0usize, 1, 3, 5, 20, 25] {
+                let got = token_logprobs(&row, chosen, top);
+                assert_eq!(got.token, chosen);
+                let exact = want.iter().find(|w| w.0 == chosen).unwrap().1;
+                assert!(
+                    (f64::from(got.logprob) - exact).abs() < 1e-5,
+                    "trial {trial}: {} vs {exact}",
+                    got.logprob
+                );
+                let k = top.min(MAX_TOP_LOGPROBS).min(n);
+                assert_eq!(got.top.len(), k, "trial {trial} top {top}");
+                for (g, w) in got.top.iter().zip(&want) {
+                    assert_eq!(g.0, w.0, "trial {trial} top {top}: {:?}", got.top);
+                    assert!((f64::from(g.1) - w.1).abs() < 1e-5, "trial {trial}");
+                }
+            }
+        }
+        // The probabilities of the whole row sum to 1.
+        let row: Vec<f32> = (0..20).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let total: f64 = (0..20)
+            .map(|t| f64::from(token_logprobs(&row, t, 0).logprob).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+    }
+
+    #[test]
+    fn token_logprobs_ignore_the_penalties_and_take_degenerate_rows() {
+        // Large logits: the max is taken out before exp (the naive form would overflow).
+        let got = token_logprobs(&[1000.0, 1000.0 + 2.0f32.ln()], 0, 2);
+        // (1000 + ln 2 in f32 is off by up to half an ulp of 1000, 3e-5.)
+        assert!((got.logprob - (1.0f32 / 3.0).ln()).abs() < 1e-4);
+        assert_eq!(got.top[0].0, 1);
+        // NaN and −∞ have no probability; an id outside the row neither.
+        let got = token_logprobs(&[f32::NAN, 0.0, f32::NEG_INFINITY, 0.0], 0, 4);
+        assert_eq!(got.logprob, f32::NEG_INFINITY);
+        let half = -(2.0f32.ln());
+        assert!(got.top[0].0 == 1 && (got.top[0].1 - half).abs() < 1e-6);
+        assert!(got.top[1].0 == 3 && (got.top[1].1 - half).abs() < 1e-6);
+        assert_eq!(got.top[2], (2, f32::NEG_INFINITY));
+        assert_eq!(token_logprobs(&[0.0], 5, 0).logprob, f32::NEG_INFINITY);
+        // +∞ logits share all the mass; a row with no number has none.
+        let got = token_logprobs(&[f32::INFINITY, 3.0, f32::INFINITY], 2, 1);
+        assert!((got.logprob - half).abs() < 1e-6);
+        assert_eq!(
+            token_logprobs(&[f32::INFINITY, 3.0], 1, 0).logprob,
+            f32::NEG_INFINITY
+        );
+        let none = token_logprobs(&[f32::NEG_INFINITY, f32::NAN], 0, 1);
+        assert_eq!(none.logprob, f32::NEG_INFINITY);
+        assert_eq!(none.top.len(), 1);
+        // A sampler with penalties decides on penalised logits; the logprobs stay the raw
+        // row's.
+        let row = [4.0f32, 3.0];
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..cfg(0.0, 0, 1.0)
+        });
+        s.accept(0);
+        assert_eq!(s.sample(&row), 1);
+        let got = token_logprobs(&row, 1, 1);
+        assert!((f64::from(got.logprob) - naive_log_softmax(&row)[1].1).abs() < 1e-6);
+        assert_eq!(got.top[0].0, 0);
     }
 
     #[test]

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::chat::{ChatError, ChatOptions, ChatTemplate, Message, encode_prompt};
 use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
-use crate::sample::{Sampler, SamplerConfig, Verdict};
+use crate::sample::{Sampler, SamplerConfig, TokenLogprobs, Verdict, token_logprobs};
 use crate::spec::{DraftPolicy, PromptLookup, SpecStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
@@ -91,6 +91,10 @@ pub struct GenerateParams {
     /// among those it allows, and the generation ends when it is complete.
     #[cfg(feature = "constraint")]
     pub constraint: Option<crate::constraint::Grammar>,
+    /// Log-probabilities of each generated token and of the `n` most likely tokens at its
+    /// position (at most [`MAX_TOP_LOGPROBS`](crate::sample::MAX_TOP_LOGPROBS)) in
+    /// [`Piece::logprobs`], from the raw logits ([`token_logprobs`]); `None` computes none.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -102,6 +106,7 @@ impl Default for GenerateParams {
             batch: 128,
             #[cfg(feature = "constraint")]
             constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -142,12 +147,14 @@ pub enum GenerateError {
 /// One generated token and the text it completes (possibly empty: a piece of a character, or
 /// text held back because a stop string may begin there). A final piece without a token
 /// carries the text still held back when generation ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Piece {
     /// The token, `None` for the final piece.
     pub token: Option<u32>,
     /// The text released with it.
     pub text: String,
+    /// The token's log-probabilities, when [`GenerateParams::logprobs`] asks for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What one generation produced and how long it took.
@@ -496,8 +503,11 @@ impl Session {
         // The last evaluated row's logits decide the first token.
         let logits = self.seq.logits();
         let row = &logits[logits.len() - n_vocab..];
+        let raw = row;
         let row = allowed(constraint.as_mut(), row, &mut scratch)?;
         let decided = self.sampler.sample(row);
+        // From the model's own row, before the grammar's mask.
+        let decided_lp = params.logprobs.map(|n| token_logprobs(raw, decided, n));
         let prefill_time = t.elapsed();
         let m1 = modelled(&self.model);
         Ok(Prefilled {
@@ -513,6 +523,7 @@ impl Session {
             decided,
             constraint,
             scratch,
+            decided_lp,
         })
     }
 
@@ -528,6 +539,7 @@ pub(crate) struct Prefilled {
     out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     decided: u32,
+    decided_lp: Option<TokenLogprobs>,
     constraint: Option<ConstraintState>,
     scratch: Vec<f32>,
 }
@@ -637,9 +649,13 @@ pub(crate) struct GenerationState {
     modelled_from: Option<rknn_matmul::ModelledTime>,
     /// The token decided for the next position, not emitted yet.
     decided: Option<u32>,
+    /// Its log-probabilities, when asked for.
+    decided_lp: Option<TokenLogprobs>,
     /// Drafted tokens the last verify pass accepted (fed already, and in the history), to
     /// emit in order (the next one last), and the stop that ends the generation after them.
     accepted: Vec<u32>,
+    /// Their log-probabilities (in the same order), when asked for.
+    accepted_lp: Vec<Option<TokenLogprobs>>,
     stop_after: Option<Stop>,
     /// Released text not yet returned because a stop string may begin in it.
     held: String,
@@ -715,7 +731,9 @@ impl GenerationState {
             out: p.out,
             modelled_from: p.modelled_from,
             decided: Some(p.decided),
+            decided_lp: p.decided_lp,
             accepted: Vec::new(),
+            accepted_lp: Vec::new(),
             stop_after: None,
             held: String::new(),
             flushed: false,
@@ -743,8 +761,10 @@ impl GenerationState {
             s.truncate_history(keep);
             s.seq.truncate(keep);
             self.accepted.clear();
+            self.accepted_lp.clear();
         }
         self.decided = None;
+        self.decided_lp = None;
         self.out.stop = Some(why);
         self.out.decode_time = self.started.elapsed();
         if let (Some(m), Some(from)) = (modelled(&s.model), &self.modelled_from) {
@@ -754,10 +774,16 @@ impl GenerationState {
         }
     }
 
-    /// Emits a generated token (decided now, or an accepted draft when `fed`): recorded as
-    /// generated (and, unless fed, in the history, unfed), decoded, and its text released as
-    /// far as a stop string allows.
-    fn emit(&mut self, s: &mut Session, token: u32, fed: bool) -> Result<Piece, GenerateError> {
+    /// Emits a generated token (decided now, or an accepted draft when `fed`) with its
+    /// log-probabilities `lp`: recorded as generated (and, unless fed, in the history, unfed),
+    /// decoded, and its text released as far as a stop string allows.
+    fn emit(
+        &mut self,
+        s: &mut Session,
+        token: u32,
+        fed: bool,
+        lp: Option<TokenLogprobs>,
+    ) -> Result<Piece, GenerateError> {
         self.out.generated.push(token);
         if !fed {
             commit(self.constraint.as_mut(), token)?;
@@ -772,6 +798,7 @@ impl GenerationState {
         Ok(Piece {
             token: Some(token),
             text,
+            logprobs: lp,
         })
     }
 
@@ -828,7 +855,11 @@ impl GenerationState {
             let mut text = std::mem::take(&mut self.held);
             text.push_str(&self.decoder.finish());
             self.out.text.push_str(&text);
-            (!text.is_empty()).then_some(Piece { token: None, text })
+            (!text.is_empty()).then_some(Piece {
+                token: None,
+                text,
+                logprobs: None,
+            })
         };
         self.record_reply(s);
         piece
@@ -867,6 +898,10 @@ impl GenerationState {
         // A failure (the tap, the grammar) still leaves the cache and the history as the
         // accepted drafts say.
         let mut outcome = Ok(());
+        let mut accepted_lp = Vec::new();
+        let logprobs = self.params.logprobs;
+        // Each decided or accepted token's log-probabilities come from its own row.
+        let lp = |row: &[f32], t: u32| logprobs.map(|n| token_logprobs(row, t, n));
         for (i, row) in seq.logits().chunks_exact(n_vocab).enumerate() {
             if let Some(tap) = tap {
                 if let Err(e) = write_rows(tap, row) {
@@ -875,6 +910,7 @@ impl GenerationState {
                 }
             }
             self.out.decisions += 1;
+            let raw = row;
             let row = match allowed(self.constraint.as_mut(), row, &mut self.scratch) {
                 Ok(row) => row,
                 Err(e) => {
@@ -883,12 +919,15 @@ impl GenerationState {
                 }
             };
             let Some(&drafted) = drafts.get(i) else {
-                self.decided = Some(sampler.sample(row));
+                let t = sampler.sample(row);
+                self.decided = Some(t);
+                self.decided_lp = lp(raw, t);
                 break;
             };
             match sampler.verify(row, drafted) {
                 Verdict::Reject(t) => {
                     self.decided = Some(t);
+                    self.decided_lp = lp(raw, t);
                     break;
                 }
                 Verdict::Accept => {
@@ -903,6 +942,7 @@ impl GenerationState {
                     }
                     sampler.accept(drafted);
                     accepted.push(drafted);
+                    accepted_lp.push(lp(raw, drafted));
                     if self.out.generated.len() + accepted.len() >= limit {
                         self.stop_after = Some(Stop::MaxTokens);
                         break;
@@ -914,7 +954,9 @@ impl GenerationState {
         history.truncate(pos + 1);
         history.extend_from_slice(&accepted);
         accepted.reverse();
+        accepted_lp.reverse();
         self.accepted = accepted;
+        self.accepted_lp = accepted_lp;
         outcome
     }
 
@@ -935,7 +977,8 @@ impl GenerationState {
         }
         // Drafts a verify pass accepted come first: they are fed already.
         if let Some(t) = self.accepted.pop() {
-            return Step::Item(Some(self.emit(s, t, true)));
+            let lp = self.accepted_lp.pop().flatten();
+            return Step::Item(Some(self.emit(s, t, true, lp)));
         }
         if let Some(why) = self.stop_after.take() {
             self.end(s, why);
@@ -950,7 +993,8 @@ impl GenerationState {
                 self.end(s, Stop::Eog);
                 return self.step(s);
             }
-            return Step::Item(Some(self.emit(s, token, false)));
+            let lp = self.decided_lp.take();
+            return Step::Item(Some(self.emit(s, token, false, lp)));
         }
         // Feed the last emitted token (and drafts) and decide the next.
         let pos = s.seq.len();

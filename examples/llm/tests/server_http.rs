@@ -966,3 +966,247 @@ fn answers_have_openai_shapes() {
         );
     }
 }
+
+/// The chat's `logprobs.content` entries of an answer, or of every chunk of a stream in order.
+fn chat_logprobs(choices: &[&Json]) -> Vec<Json> {
+    choices
+        .iter()
+        .filter_map(|c| c["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// A completion's four `logprobs` lists of an answer, or of every chunk of a stream joined.
+fn completion_logprobs(choices: &[&Json]) -> [Vec<Json>; 4] {
+    let mut out: [Vec<Json>; 4] = Default::default();
+    for c in choices.iter().filter(|c| !c["logprobs"].is_null()) {
+        for (list, key) in
+            out.iter_mut()
+                .zip(["tokens", "token_logprobs", "top_logprobs", "text_offset"])
+        {
+            list.extend(c["logprobs"][key].as_array().unwrap().iter().cloned());
+        }
+    }
+    out
+}
+
+/// The bytes of `entry` (`bytes`: a list of numbers).
+fn bytes_of(entry: &Json) -> Vec<u8> {
+    entry
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+/// Log-probabilities in OpenAI's shapes: a chat's `logprobs.content` (token, logprob, bytes,
+/// `top_logprobs`), one entry per completion token whose bytes spell the text, the greedy
+/// choice the first alternative, the same entries streamed (each chunk its own tokens), and
+/// the same values as the library's `Piece::logprobs`; a completion's four lists, `text_offset`
+/// from the prompt's length; `n_probs`; the refusals.
+#[test]
+fn logprobs_have_openai_shapes() {
+    let model = server::tiny_llama();
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "256",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let chat = json!({
+        "messages": [{"role": "user", "content": "the sea"}],
+        "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+    });
+    let r = s.post(CHAT, &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = r.json();
+    let content = chat_logprobs(&[&a["choices"][0]]);
+    let g = Gen::from_answer(&a);
+    assert_eq!(content.len() as u64, g.completion_tokens, "{a}");
+    assert_eq!(a["choices"][0]["logprobs"]["refusal"], Json::Null, "{a}");
+    let mut spelled = Vec::new();
+    for e in &content {
+        let bytes = bytes_of(&e["bytes"]);
+        assert_eq!(e["token"], json!(String::from_utf8_lossy(&bytes)), "{e}");
+        spelled.extend_from_slice(&bytes);
+        let lp = e["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{e}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(
+            (&top[0]["token"], &top[0]["logprob"]),
+            (&e["token"], &e["logprob"])
+        );
+        for pair in top.windows(2) {
+            assert!(
+                pair[0]["logprob"].as_f64() >= pair[1]["logprob"].as_f64(),
+                "{e}"
+            );
+        }
+        for t in top {
+            let b = bytes_of(&t["bytes"]);
+            assert_eq!(t["token"], json!(String::from_utf8_lossy(&b)), "{t}");
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&spelled),
+        g.text,
+        "the tokens spell the text"
+    );
+    // The library's logprobs for the same prompt, through the same batcher code path.
+    let lib = {
+        let loaded = rknn_llm::Model::builder(&model)
+            .backend(rknn_llm::Backend::F32)
+            .load()
+            .unwrap();
+        let greedy = rknn_llm::sample::SamplerConfig {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let tok = loaded.tokenizer.clone();
+        let mut session = rknn_llm::session::Session::new(loaded.model, tok, greedy).unwrap();
+        let rendered = server::render_plain(&[("user", "the sea")]);
+        let ids = rknn_llm::chat::encode_prompt(&loaded.tokenizer, &rendered).unwrap();
+        let params = rknn_llm::session::GenerateParams {
+            max_tokens: Some(12),
+            logprobs: Some(3),
+            ..Default::default()
+        };
+        let g = session.generate_tokens(&ids, &params).unwrap();
+        g.filter_map(|p| p.unwrap().logprobs).collect::<Vec<_>>()
+    };
+    assert_eq!(lib.len(), content.len());
+    // The f32 values, through JSON's decimal digits.
+    let f32_of = |v: &Json| v.as_f64().unwrap() as f32;
+    for (l, e) in lib.iter().zip(&content) {
+        assert_eq!(l.logprob, f32_of(&e["logprob"]), "{e}");
+        let top: Vec<f32> = l.top.iter().map(|t| t.1).collect();
+        let got: Vec<f32> = e["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| f32_of(&t["logprob"]))
+            .collect();
+        assert_eq!(top, got, "{e}");
+    }
+    // Streamed: the same entries, spread over the chunks with text.
+    let st = s.generate_stream(CHAT, &chat);
+    let choices: Vec<&Json> = st
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .collect();
+    assert_eq!(chat_logprobs(&choices), content);
+    for c in &choices {
+        let lp = chat_logprobs(&[c]);
+        let text = c["delta"]["content"].as_str().unwrap_or_default();
+        if !lp.is_empty() {
+            let b: Vec<u8> = lp.iter().flat_map(|e| bytes_of(&e["bytes"])).collect();
+            assert!(String::from_utf8_lossy(&b).ends_with(text), "{c}");
+        }
+    }
+    // llama-server's n_probs asks the same.
+    let mut by_n_probs = json!({"messages": chat["messages"], "max_tokens": 12, "temperature": 0});
+    by_n_probs["n_probs"] = json!(3);
+    let b = s.post(CHAT, &by_n_probs).json();
+    assert_eq!(chat_logprobs(&[&b["choices"][0]]), content);
+    // Not asked: null.
+    let mut plain = chat.clone();
+    plain["logprobs"] = json!(false);
+    plain["top_logprobs"] = Json::Null;
+    let p = s.post(CHAT, &plain).json();
+    assert_eq!(p["choices"][0]["logprobs"], Json::Null, "{p}");
+
+    // Completions: four lists, text_offset from the prompt's characters.
+    let prompt = "héllo world";
+    let body = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "logprobs": 2});
+    let c = s.post(COMPLETIONS, &body).json();
+    let [tokens, logprobs, tops, offsets] = completion_logprobs(&[&c["choices"][0]]);
+    let g = Gen::from_answer(&c);
+    assert_eq!(tokens.len() as u64, g.completion_tokens, "{c}");
+    assert_eq!(tokens.concat_strings(), g.text);
+    let mut at = prompt.chars().count() as u64;
+    for i in 0..tokens.len() {
+        let top = tops[i].as_object().unwrap();
+        // The chosen token and the 2 alternatives (the chosen the first of them, greedy),
+        // fewer where texts coincide (byte tokens are all "\u{fffd}").
+        assert!((1..=3).contains(&top.len()), "{c}");
+        assert_eq!(top[tokens[i].as_str().unwrap()], logprobs[i], "{c}");
+        assert_eq!(offsets[i], json!(at), "{c}");
+        at += tokens[i].as_str().unwrap().chars().count() as u64;
+    }
+    let st = s.generate_stream(COMPLETIONS, &body);
+    let choices: Vec<&Json> = st
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .collect();
+    assert_eq!(
+        completion_logprobs(&choices),
+        [tokens, logprobs, tops, offsets]
+    );
+
+    // A stop string: every generated token has its entry (those of the stop string too, the
+    // text leaves it out), streamed as not.
+    let text: Vec<char> = g.text.chars().collect();
+    let stop: String = text[text.len() / 2..text.len() / 2 + 2].iter().collect();
+    let mut stopped = body.clone();
+    stopped["stop"] = json!(stop);
+    let c = s.post(COMPLETIONS, &stopped).json();
+    let whole = completion_logprobs(&[&c["choices"][0]]);
+    let g = Gen::from_answer(&c);
+    assert_eq!(g.finish, "stop", "{c}");
+    assert_eq!(whole[0].len() as u64, g.completion_tokens, "{c}");
+    let st = s.generate_stream(COMPLETIONS, &stopped);
+    let choices: Vec<&Json> = st
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .collect();
+    assert_eq!(completion_logprobs(&choices), whole);
+
+    // The refusals.
+    for (path, extra, param) in [
+        (CHAT, json!({"top_logprobs": 2}), "top_logprobs"),
+        (
+            CHAT,
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (COMPLETIONS, json!({"logprobs": 6}), "logprobs"),
+        (COMPLETIONS, json!({"n_probs": 21}), "n_probs"),
+    ] {
+        let mut b = if path == CHAT {
+            json!({"messages": chat["messages"]})
+        } else {
+            json!({"prompt": prompt})
+        };
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = s.post(path, &b);
+        assert_error(&r, 400, &format!("{path} {extra}"));
+        assert_eq!(r.json()["error"]["param"], param, "{extra}");
+    }
+}
+
+/// Joins a list of JSON strings.
+trait ConcatStrings {
+    fn concat_strings(&self) -> String;
+}
+
+impl ConcatStrings for Vec<Json> {
+    fn concat_strings(&self) -> String {
+        self.iter().map(|t| t.as_str().unwrap()).collect()
+    }
+}

@@ -17,7 +17,7 @@
 mod backend;
 mod config;
 mod error;
-mod exp;
+pub(crate) mod exp;
 mod family;
 mod forward;
 mod host;

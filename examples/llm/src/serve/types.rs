@@ -62,6 +62,10 @@ pub struct Request {
     /// parser state.
     #[cfg(feature = "constraint")]
     pub constraint: Option<crate::constraint::Grammar>,
+    /// Log-probabilities of each generated token and of the `n` most likely at its position
+    /// in each [`Piece`] ([`GenerateParams::logprobs`](crate::session::GenerateParams::logprobs));
+    /// `None` computes none.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for Request {
@@ -75,6 +79,7 @@ impl Default for Request {
             deadline: None,
             #[cfg(feature = "constraint")]
             constraint: None,
+            logprobs: None,
         }
     }
 }

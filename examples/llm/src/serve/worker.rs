@@ -297,6 +297,7 @@ impl Worker {
                 batch: self.config.prefill_chunk,
                 #[cfg(feature = "constraint")]
                 constraint: r.constraint,
+                logprobs: r.logprobs,
             },
             deadline: r.deadline,
             prompt_tokens: r.prompt.len(),

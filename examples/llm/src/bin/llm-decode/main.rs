@@ -354,6 +354,7 @@ impl Prepared {
                 ),
                 None => None,
             },
+            logprobs: None,
         };
         Ok(Prepared {
             loaded,

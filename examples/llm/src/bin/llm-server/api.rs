@@ -30,6 +30,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
 use rknn_llm::constraint::GrammarCompiler;
+use rknn_llm::sample::TokenLogprobs;
 use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
@@ -363,6 +364,7 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
     let obj = read_json(&st, req).await?;
     let messages = params::messages(&obj)?;
     let options = params::options(&obj, random_seed)?;
+    let logprobs = params::chat_logprobs(&obj)?;
     let template = loaded.template.clone().map_err(ApiError::bad_request)?;
     let tok = loaded.tokenizer.clone();
     let prompt = blocking(move || {
@@ -375,7 +377,7 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
         encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))
     })
     .await?;
-    generate(&st, Kind::Chat, prompt, options, deadline).await
+    generate(&st, Kind::Chat, prompt, options, (logprobs, 0), deadline).await
 }
 
 /// `POST /v1/completions`.
@@ -385,21 +387,28 @@ async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> 
     let obj = read_json(&st, req).await?;
     let prompt = params::prompt(&obj)?;
     let options = params::options(&obj, random_seed)?;
+    let logprobs = params::completion_logprobs(&obj)?;
+    // `text_offset` counts the prompt's characters too, as OpenAI's does.
+    let prompt_chars = prompt.chars().count();
     let tok = loaded.tokenizer.clone();
     let prompt = blocking(move || {
         tok.encode(&prompt, true, true)
             .map_err(|e| ApiError::param("prompt", e.to_string()))
     })
     .await?;
-    generate(&st, Kind::Completion, prompt, options, deadline).await
+    let logprobs = (logprobs, prompt_chars);
+    generate(&st, Kind::Completion, prompt, options, logprobs, deadline).await
 }
 
-/// Submits the request and answers: the whole completion, or a stream of its pieces.
+/// Submits the request and answers: the whole completion, or a stream of its pieces;
+/// `(logprobs, prompt_chars)`: the alternatives asked for (`None`: no log-probabilities),
+/// and where a completion's `text_offset` begins.
 async fn generate(
     st: &AppState,
     kind: Kind,
     prompt: Vec<u32>,
     options: Options,
+    (logprobs, prompt_chars): (Option<usize>, usize),
     deadline: Instant,
 ) -> Result<Response, ApiError> {
     let (loaded, batcher) = st.serving()?;
@@ -421,6 +430,13 @@ async fn generate(
             Some(grammar)
         }
     };
+    let mut lp = logprobs.map(|top| LogprobsOut {
+        kind,
+        top,
+        tokenizer: loaded.tokenizer.clone(),
+        offset: prompt_chars,
+        pending: Vec::new(),
+    });
     let (tx, mut rx) = unbounded_channel();
     let request = GenRequest {
         prompt,
@@ -430,6 +446,7 @@ async fn generate(
         cache_prompt: options.cache_prompt,
         deadline: Some(deadline),
         constraint,
+        logprobs,
     };
     batcher
         .submit(request, Box::new(ChannelSink(tx)))
@@ -452,6 +469,7 @@ async fn generate(
             pending: Some(first),
             head: (kind == Kind::Chat).then(|| reply.role_chunk()),
             reply,
+            logprobs: lp,
             done: false,
             give_up: Box::pin(tokio::time::sleep_until(give_up)),
         };
@@ -467,8 +485,15 @@ async fn generate(
     let mut event = first;
     loop {
         match event {
-            Event::Piece(_) => {}
-            Event::Done(f) => return Ok(json_response(StatusCode::OK, &reply.whole(&f))),
+            Event::Piece(p) => {
+                if let (Some(lp), Some(t)) = (&mut lp, p.logprobs) {
+                    lp.pending.push(t);
+                }
+            }
+            Event::Done(f) => {
+                let lp = lp.as_mut().map_or(Value::Null, LogprobsOut::take);
+                return Ok(json_response(StatusCode::OK, &reply.whole(&f, lp)));
+            }
             Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
         }
         event = next_event(&mut rx, give_up, kind).await?;
@@ -607,28 +632,34 @@ impl Reply {
         v
     }
 
-    /// The non-streamed response.
-    fn whole(&self, f: &Finished) -> Value {
+    /// The non-streamed response, with its `logprobs` (null when not asked for).
+    fn whole(&self, f: &Finished, logprobs: Value) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": f.text},
                 "finish_reason": finish_reason(f.stop),
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
             Kind::Completion => json!({
                 "index": 0,
                 "text": f.text,
                 "finish_reason": finish_reason(f.stop),
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
         self.envelope(self.object(), json!([choice]), Some(usage(f)))
     }
 
-    /// A stream's chunk of one choice: `text` (a delta of `role` and `content` for a chat)
-    /// and the finish reason.
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+    /// A stream's chunk of one choice: `text` (a delta of `role` and `content` for a chat),
+    /// the finish reason and the chunk's tokens' `logprobs` (null when not asked for).
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -638,13 +669,13 @@ impl Reply {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
             }
             Kind::Completion => json!({
                 "index": 0,
                 "text": text.unwrap_or(""),
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
         self.envelope(self.chunk_object(), json!([choice]), None)
@@ -652,19 +683,107 @@ impl Reply {
 
     /// The chat stream's first event: the assistant's role and no text yet.
     fn role_chunk(&self) -> Bytes {
-        sse(&self.chunk(Some(""), true, None))
+        sse(&self.chunk(Some(""), true, None, Value::Null))
     }
 
     /// The stream's closing events: the finish reason, the usage if asked, `[DONE]`.
     fn closing(&self, f: &Finished) -> Bytes {
         let mut out = Vec::new();
-        out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish_reason(f.stop)))));
+        let last = self.chunk(None, false, Some(finish_reason(f.stop)), Value::Null);
+        out.extend_from_slice(&sse(&last));
         if self.include_usage {
             let u = self.envelope(self.chunk_object(), json!([]), Some(usage(f)));
             out.extend_from_slice(&sse(&u));
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
         Bytes::from(out)
+    }
+}
+
+/// A request's log-probabilities in OpenAI's shapes, as its tokens arrive.
+struct LogprobsOut {
+    /// The endpoint: a chat's `content` list, or a completion's four lists.
+    kind: Kind,
+    /// The alternatives asked for.
+    top: usize,
+    /// The vocabulary, for the tokens' text and bytes.
+    tokenizer: Arc<Tokenizer>,
+    /// A completion's `text_offset` of the next token: characters of the prompt and of the
+    /// text so far.
+    offset: usize,
+    /// Tokens not rendered yet.
+    pending: Vec<TokenLogprobs>,
+}
+
+impl LogprobsOut {
+    /// The token's text (lossy for a part of a character, as OpenAI's is) and its bytes as
+    /// a list of numbers (the raw bytes, a part of a character included).
+    fn text_and_bytes(&self, id: u32) -> (String, Value) {
+        let bytes = self.tokenizer.token_to_piece(id);
+        (String::from_utf8_lossy(bytes).into_owned(), json!(bytes))
+    }
+
+    /// The pending tokens' `logprobs` object (then none is pending): a chat's
+    /// `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+    /// "refusal": null}`, or a completion's `{tokens, token_logprobs, top_logprobs: [{token:
+    /// logprob}], text_offset}`.
+    fn take(&mut self) -> Value {
+        let pending = std::mem::take(&mut self.pending);
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = pending
+                    .iter()
+                    .map(|t| {
+                        let (token, bytes) = self.text_and_bytes(t.token);
+                        let top: Vec<Value> = t
+                            .top
+                            .iter()
+                            .take(self.top)
+                            .map(|&(id, logprob)| {
+                                let (token, bytes) = self.text_and_bytes(id);
+                                json!({"token": token, "logprob": logprob, "bytes": bytes})
+                            })
+                            .collect();
+                        json!({
+                            "token": token,
+                            "logprob": t.logprob,
+                            "bytes": bytes,
+                            "top_logprobs": top,
+                        })
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let (mut tokens, mut logprobs, mut tops, mut offsets) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for t in &pending {
+                    let token = self.text_and_bytes(t.token).0;
+                    // The chosen token and the alternatives (up to `logprobs` + 1 entries, as
+                    // OpenAI's may have; fewer where two tokens' texts are the same key, the
+                    // chosen token's value kept).
+                    let mut top = serde_json::Map::new();
+                    top.insert(token.clone(), json!(t.logprob));
+                    for &(id, lp) in t.top.iter().take(self.top) {
+                        top.entry(self.text_and_bytes(id).0).or_insert(json!(lp));
+                    }
+                    offsets.push(self.offset);
+                    // Characters the token adds to the text: the bytes that begin one (a
+                    // control token adds none).
+                    let text = self.tokenizer.piece(t.token, false).unwrap_or(&[]);
+                    self.offset += text.iter().filter(|&&b| b & 0xC0 != 0x80).count();
+                    tokens.push(token);
+                    logprobs.push(t.logprob);
+                    tops.push(Value::Object(top));
+                }
+                json!({
+                    "tokens": tokens,
+                    "token_logprobs": logprobs,
+                    "top_logprobs": tops,
+                    "text_offset": offsets,
+                })
+            }
+        }
     }
 }
 
@@ -702,6 +821,8 @@ struct SseBody {
     head: Option<Bytes>,
     /// The response objects' common fields.
     reply: Reply,
+    /// The log-probabilities, when asked for: of the tokens not sent yet.
+    logprobs: Option<LogprobsOut>,
     /// Nothing more to send.
     done: bool,
     /// When to stop waiting for the batcher (its deadline plus a grace).
@@ -750,14 +871,32 @@ impl HttpBody for SseBody {
                 },
             };
             match event {
-                Event::Piece(p) if p.text.is_empty() => continue,
                 Event::Piece(p) => {
-                    let chunk = this.reply.chunk(Some(&p.text), false, None);
+                    if let (Some(lp), Some(t)) = (&mut this.logprobs, p.logprobs) {
+                        lp.pending.push(t);
+                    }
+                    // A token without text yet (part of a character, text a stop string may
+                    // begin): its log-probabilities go with the next chunk.
+                    if p.text.is_empty() {
+                        continue;
+                    }
+                    let lp = this
+                        .logprobs
+                        .as_mut()
+                        .map_or(Value::Null, LogprobsOut::take);
+                    let chunk = this.reply.chunk(Some(&p.text), false, None, lp);
                     return Poll::Ready(Some(Ok(Frame::data(sse(&chunk)))));
                 }
                 Event::Done(f) => {
                     this.done = true;
-                    return Poll::Ready(Some(Ok(Frame::data(this.reply.closing(&f)))));
+                    let mut out = Vec::new();
+                    // Tokens whose text never came (a stop string's): an empty chunk.
+                    if let Some(lp) = this.logprobs.as_mut().filter(|l| !l.pending.is_empty()) {
+                        let chunk = this.reply.chunk(Some(""), false, None, lp.take());
+                        out.extend_from_slice(&sse(&chunk));
+                    }
+                    out.extend_from_slice(&this.reply.closing(&f));
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                 }
                 Event::Failed(e) => {
                     let kind = this.reply.kind;
@@ -984,7 +1123,7 @@ mod tests {
 
     #[test]
     fn a_chat_completion_has_openais_shape() {
-        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog));
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Value::Null);
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");

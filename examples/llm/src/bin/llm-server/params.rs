@@ -362,6 +362,53 @@ fn response_format(obj: &Obj) -> Result<Option<GrammarSpec>, ApiError> {
     }
 }
 
+/// The most `top_logprobs` a chat request may ask for (OpenAI's cap), and the most `n_probs`.
+pub const MAX_TOP_LOGPROBS: usize = rknn_llm::sample::MAX_TOP_LOGPROBS;
+
+/// The most alternatives a completion's integer `logprobs` may ask for (OpenAI's legacy cap).
+pub const MAX_COMPLETION_LOGPROBS: usize = 5;
+
+/// An integer parameter within `0..=hi`.
+fn up_to(obj: &Obj, name: &str, hi: usize) -> Result<Option<usize>, ApiError> {
+    match get::<i64>(obj, name)? {
+        None => Ok(None),
+        Some(n) if (0..=hi as i64).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::param(
+            name,
+            format!("`{name}` must be an integer from 0 to {hi}, not {n}"),
+        )),
+    }
+}
+
+/// llama-server's `n_probs` (0..=20; 0 is off): the number of alternatives, when positive.
+fn n_probs(obj: &Obj) -> Result<Option<usize>, ApiError> {
+    Ok(up_to(obj, "n_probs", MAX_TOP_LOGPROBS)?.filter(|&n| n > 0))
+}
+
+/// A chat's log-probabilities: `logprobs: true` with `top_logprobs` alternatives (0..=20,
+/// default 0; given without `logprobs: true`, a 400), else llama-server's `n_probs`.
+pub fn chat_logprobs(obj: &Obj) -> Result<Option<usize>, ApiError> {
+    let on = get::<bool>(obj, "logprobs")?.unwrap_or(false);
+    let top = up_to(obj, "top_logprobs", MAX_TOP_LOGPROBS)?;
+    match (on, top) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, Some(_)) => Err(ApiError::param(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs` set to true",
+        )),
+        (false, None) => n_probs(obj),
+    }
+}
+
+/// A completion's log-probabilities: the integer `logprobs` (0..=5, OpenAI's legacy API:
+/// the chosen token's and that many alternatives), else llama-server's `n_probs`.
+pub fn completion_logprobs(obj: &Obj) -> Result<Option<usize>, ApiError> {
+    match up_to(obj, "logprobs", MAX_COMPLETION_LOGPROBS)? {
+        Some(n) => Ok(Some(n)),
+        None => n_probs(obj),
+    }
+}
+
 /// The chat's `messages`: a non-empty list of `{"role": str, "content": str | parts | null}`,
 /// where parts are `{"type": "text", "text": str}` objects, concatenated.
 pub fn messages(obj: &Obj) -> Result<Vec<Message>, ApiError> {
@@ -561,6 +608,63 @@ mod tests {
             (json!({"model": 1}), "model"),
         ] {
             let e = opts(body.clone()).expect_err(&body.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.status.as_u16(), 400);
+        }
+    }
+
+    #[test]
+    fn logprobs_follow_openais_fields_and_caps() {
+        let chat = |v| chat_logprobs(&obj(v));
+        let cmpl = |v| completion_logprobs(&obj(v));
+        assert_eq!(chat(json!({})), Ok(None));
+        assert_eq!(chat(json!({"logprobs": false})), Ok(None));
+        assert_eq!(chat(json!({"logprobs": true})), Ok(Some(0)));
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 20})),
+            Ok(Some(20))
+        );
+        assert_eq!(
+            chat(json!({"logprobs": null, "top_logprobs": null})),
+            Ok(None)
+        );
+        assert_eq!(chat(json!({"n_probs": 3})), Ok(Some(3)));
+        assert_eq!(chat(json!({"n_probs": 0})), Ok(None));
+        assert_eq!(
+            chat(json!({"logprobs": true, "top_logprobs": 2, "n_probs": 7})),
+            Ok(Some(2))
+        );
+        assert_eq!(cmpl(json!({})), Ok(None));
+        assert_eq!(cmpl(json!({"logprobs": 0})), Ok(Some(0)));
+        assert_eq!(cmpl(json!({"logprobs": 5})), Ok(Some(5)));
+        assert_eq!(cmpl(json!({"n_probs": 20})), Ok(Some(20)));
+        for (body, param) in [
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (
+                json!({"logprobs": false, "top_logprobs": 0}),
+                "top_logprobs",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": -1}),
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 1}), "logprobs"),
+            (json!({"n_probs": 21}), "n_probs"),
+        ] {
+            let e = chat(body.clone()).expect_err(&body.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+        for (body, param) in [
+            (json!({"logprobs": 6}), "logprobs"),
+            (json!({"logprobs": -1}), "logprobs"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"n_probs": -1}), "n_probs"),
+        ] {
+            let e = cmpl(body.clone()).expect_err(&body.to_string());
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
             assert_eq!(e.status.as_u16(), 400);
         }
