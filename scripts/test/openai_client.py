@@ -12,7 +12,10 @@ count of /tokenize; models.list() has the alias; max_tokens=5 ends with finish_r
 after 5 tokens, a prefix of the longer answer; a stop string ends the text just before it; n=2
 and temperature=5 raise openai.BadRequestError (400); chat logprobs=True with top_logprobs=3
 have one entry per completion token, 3 alternatives each, the chosen token first (greedy), the
-same streamed, and top_logprobs=21 is a 400; a completion's logprobs=2 has its four lists of one
+same streamed, and top_logprobs=21 is a 400; response_format json_object gives a JSON object and
+json_schema (strict) a valid document, both with finish_reason "stop", the same streamed, and
+beta.chat.completions.parse with a pydantic model parses; a schema keyword the server cannot
+enforce (uniqueItems) is a 400; a completion's logprobs=2 has its four lists of one
 entry per token, each dict holding the chosen token; on the --auth-base-url server a wrong key
 raises openai.AuthenticationError (401) and the right one is served.
 
@@ -208,6 +211,53 @@ def main():
               "completion top_logprobs: the chosen token among at most 3", f"{l.top_logprobs}")
     expect_error(openai.BadRequestError, 400, "top_logprobs=21 raises BadRequestError 400",
                  lambda: client.chat.completions.create(logprobs=True, top_logprobs=21, **kw))
+
+    # Structured output: json_object, a strict json_schema, and the client's own parse() with a
+    # pydantic model (its strict schema), streamed and not.
+    city = {"role": "user", "content": "Return a JSON object with the keys city and country for Paris."}
+    jkw = {**kw, "messages": [city], "max_tokens": 64}
+    j = client.chat.completions.create(response_format={"type": "json_object"}, **jkw)
+    try:
+        doc = json.loads(j.choices[0].message.content)
+    except ValueError:
+        doc = None
+    check(isinstance(doc, dict) and j.choices[0].finish_reason == "stop",
+          "response_format json_object: a JSON object, finish_reason stop",
+          f"{j.choices[0].finish_reason}: {j.choices[0].message.content!r}")
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "country"],
+              "properties": {"city": {"type": "string", "maxLength": 20},
+                             "country": {"enum": ["France", "Germany", "Italy"]}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    j = client.chat.completions.create(response_format=rf, **jkw)
+    text = j.choices[0].message.content
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    check(isinstance(doc, dict) and set(doc) == {"city", "country"}
+          and doc["country"] in ("France", "Germany", "Italy") and len(doc["city"]) <= 20
+          and j.choices[0].finish_reason == "stop", "response_format json_schema: valid, stop",
+          repr(text))
+    streamed, finish, _ = stream_chat(client, response_format=rf, **jkw)
+    check((streamed, finish) == (text, "stop"), "json_schema streamed = not streamed",
+          f"{streamed!r} {finish}")
+    try:
+        import pydantic
+
+        class Place(pydantic.BaseModel):
+            city: str
+            country: str
+
+        parsed = client.beta.chat.completions.parse(response_format=Place, **jkw)
+        p = parsed.choices[0].message.parsed
+        check(isinstance(p, Place), "beta.chat.completions.parse(response_format=Place) parses",
+              f"{parsed.choices[0].message.content!r}")
+    except ImportError:
+        check(False, "pydantic (the openai client's dependency) is importable")
+    expect_error(openai.BadRequestError, 400, "a schema with uniqueItems raises BadRequestError 400",
+                 lambda: client.chat.completions.create(response_format={
+                     "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                         "type": "array", "uniqueItems": True}}}, **jkw))
 
     # Refusals.
     expect_error(openai.BadRequestError, 400, "n=2 raises BadRequestError 400",

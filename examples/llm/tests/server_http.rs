@@ -168,6 +168,8 @@ fn counted(s: &Server, answers: &[Gen]) -> server::Metrics {
         m.get("llm_prompt_tokens_total") == prompt as f64
             && m.get("llm_prompt_tokens_cached_total") == cached as f64
             && m.get("llm_completion_tokens_total") == completion as f64
+            // A slot is freed just after its client heard the end (and its tokens counted).
+            && m.get("llm_slots_active") == 0.0
     })
 }
 
@@ -1209,4 +1211,157 @@ impl ConcatStrings for Vec<Json> {
     fn concat_strings(&self) -> String {
         self.iter().map(|t| t.as_str().unwrap()).collect()
     }
+}
+
+/// `response_format` (json_object, json_schema), llama-server's `json_schema` and `grammar`:
+/// every answer, streamed or not, chat or completion, follows its constraint and ends with
+/// `stop`, the same streamed and not; `max_tokens` cuts one with `length`; what cannot be
+/// enforced, or does not compile, is a 400 naming the field and the reason, and the server
+/// goes on. On the tiny random model, whose logits favour no JSON: the constraint alone makes
+/// the answers valid (finite languages, so that every answer ends).
+#[test]
+fn structured_output_follows_its_constraint() {
+    let model = server::tiny_llama();
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "512",
+            "--parallel",
+            "2",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "colour": {"enum": ["red", "green", "blue"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 99},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["colour", "count", "ok"],
+        "additionalProperties": false
+    });
+    let v = jsonschema::options().build(&schema).unwrap();
+    let fields = [
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": true}}),
+        ),
+        ("json_schema", schema.clone()),
+    ];
+    for (field, value) in fields {
+        for (path, prompt_field, prompt) in [
+            (
+                CHAT,
+                "messages",
+                json!([{"role": "user", "content": "colour?"}]),
+            ),
+            (COMPLETIONS, "prompt", json!("colour:")),
+        ] {
+            for temperature in [0.0, 1.0] {
+                let mut body = json!({"max_tokens": 64, "temperature": temperature, "seed": 3});
+                body[prompt_field] = prompt.clone();
+                body[field] = value.clone();
+                let g = s.generate(path, &body);
+                let what = format!("{field} {path} t={temperature}: {:?}", g.text);
+                assert_eq!(g.finish, "stop", "{what}");
+                let doc: Json = serde_json::from_str(&g.text).expect(&what);
+                assert!(v.is_valid(&doc), "{what}");
+                let streamed = s.generate_stream(path, &body);
+                assert_eq!(streamed.key(), g.key(), "{what}: streamed");
+            }
+        }
+    }
+    // json_object and a GBNF grammar.
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 400,
+                      "temperature": 0, "response_format": {"type": "json_object"}});
+    let g = s.generate(CHAT, &body);
+    if g.finish == "stop" {
+        assert!(
+            serde_json::from_str::<Json>(&g.text).unwrap().is_object(),
+            "{}",
+            g.text
+        );
+    } else {
+        assert_eq!(g.finish, "length");
+        assert!(g.text.starts_with('{'), "{}", g.text);
+    }
+    let gbnf = "root ::= (\"yes\" | \"no\") \", \" [0-9] [0-9]?\n";
+    let body = json!({"prompt": "answer:", "max_tokens": 16, "temperature": 1, "seed": 5, "grammar": gbnf});
+    let g = s.generate(COMPLETIONS, &body);
+    assert_eq!(g.finish, "stop");
+    let re = fancy_regex::Regex::new(r"^(yes|no), [0-9][0-9]?$").unwrap();
+    assert!(re.is_match(&g.text).unwrap(), "{}", g.text);
+    // max_tokens cuts it: `length`, an unfinished object.
+    let body = json!({"prompt": "x", "max_tokens": 3, "temperature": 0, "json_schema": schema});
+    let g = s.generate(COMPLETIONS, &body);
+    assert_eq!(g.finish, "length");
+    assert!(serde_json::from_str::<Json>(&g.text).is_err());
+    // Refusals name the field and the reason.
+    let bad = [
+        (
+            json!({"json_schema": {"type": "array", "uniqueItems": true}}),
+            "json_schema",
+            "uniqueItems",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}),
+            "response_format",
+            "not",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+            "xml",
+        ),
+        (
+            json!({"response_format": {"type": "json_object", "extra": 1}}),
+            "response_format",
+            "extra",
+        ),
+        (
+            json!({"response_format": "json"}),
+            "response_format",
+            "must be an object",
+        ),
+        (
+            json!({"grammar": "root ::= nothing\n"}),
+            "grammar",
+            "`nothing`, which is not defined",
+        ),
+        (
+            json!({"grammar": "%llguidance {}\nstart: (\n"}),
+            "grammar",
+            "lark",
+        ),
+        (
+            json!({"grammar": "root ::= \"a\"", "json_schema": {}}),
+            "grammar",
+            "give one of",
+        ),
+        (
+            json!({"json_schema": "object"}),
+            "json_schema",
+            "JSON Schema object",
+        ),
+    ];
+    for (extra, param, needle) in bad {
+        let mut body = json!({"prompt": "x", "max_tokens": 4});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = s.request("POST", COMPLETIONS, &[], body.to_string().as_bytes());
+        assert_error(&r, 400, &format!("{extra}"));
+        let e = r.json();
+        assert_eq!(e["error"]["param"], json!(param), "{e}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{extra}: {msg}");
+    }
+    assert!(s.alive());
 }
