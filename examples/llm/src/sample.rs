@@ -23,6 +23,10 @@ pub struct SamplerConfig {
     /// OpenAI's frequency penalty: subtracted from a token's logit once per time it was
     /// generated in the current completion; 0 is off.
     pub frequency_penalty: f32,
+    /// OpenAI's `logit_bias`: added to these tokens' logits before the penalties (as
+    /// llama.cpp's chain orders them); a bias of −∞ bans a token. Ids past the vocabulary
+    /// are ignored (a server checks them first).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -36,6 +40,7 @@ impl Default for SamplerConfig {
             seed: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -226,10 +231,10 @@ impl Sampler {
         Dist::Probs(softmax(&self.candidates, c.temperature))
     }
 
-    /// The ids the penalties change and their logits after them, ascending by id: the
-    /// repetition penalty on the recent tokens (positive logits divided by it, others
-    /// multiplied), then OpenAI's `logit - count * frequency - (count > 0) * presence` on the
-    /// completion's tokens, in llama.cpp's order (none when both are off).
+    /// The ids the logit bias and the penalties change and their logits after them, ascending
+    /// by id: the bias, the repetition penalty on the recent tokens (positive logits divided
+    /// by it, others multiplied), then OpenAI's `logit - count * frequency - (count > 0) *
+    /// presence` on the completion's tokens, in llama.cpp's order (none when all are off).
     fn penalised(&self, logits: &[f32]) -> Vec<(u32, f32)> {
         let c = &self.config;
         let n_vocab = logits.len();
@@ -240,12 +245,16 @@ impl Sampler {
             Vec::new()
         };
         seen.extend(self.counts.keys());
+        seen.extend(c.logit_bias.iter().map(|b| b.0));
         seen.retain(|&t| (t as usize) < n_vocab);
         seen.sort_unstable();
         seen.dedup();
         seen.into_iter()
             .map(|id| {
                 let mut l = logits[id as usize];
+                for &(_, bias) in c.logit_bias.iter().filter(|b| b.0 == id) {
+                    l += bias;
+                }
                 if repeat && self.recent.contains(&id) {
                     l = if l > 0.0 {
                         l / c.repeat_penalty
@@ -957,5 +966,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn logit_bias_shifts_and_bans() {
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let with = |bias: Vec<(u32, f32)>, temperature: f32| {
+            let mut s = Sampler::new(SamplerConfig {
+                temperature,
+                logit_bias: bias,
+                seed: 5,
+                ..SamplerConfig::default()
+            });
+            (0..64).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert!(with(vec![], 0.0).iter().all(|&t| t == 1));
+        // Banned: the next best wins, greedy; sampled, it never comes.
+        assert!(
+            with(vec![(1, f32::NEG_INFINITY)], 0.0)
+                .iter()
+                .all(|&t| t == 2)
+        );
+        assert!(!with(vec![(1, f32::NEG_INFINITY)], 1.0).contains(&1));
+        // +3 on token 3 (0.5 + 3 = 3.5 > 3).
+        assert!(with(vec![(3, 3.0)], 0.0).iter().all(|&t| t == 3));
+        // An id past the row changes nothing.
+        assert!(with(vec![(99, 100.0)], 0.0).iter().all(|&t| t == 1));
     }
 }

@@ -363,7 +363,9 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
     let (loaded, _) = st.serving()?;
     let obj = read_json(&st, req).await?;
     let messages = params::messages(&obj)?;
-    let options = params::options(&obj, random_seed)?;
+    params::check_fields(&obj, params::Endpoint::Chat)?;
+    let mut options = params::options(&obj, random_seed)?;
+    options.sampling.logit_bias = params::logit_bias(&obj, loaded.tokenizer.n_vocab())?;
     let logprobs = params::chat_logprobs(&obj)?;
     let template = loaded.template.clone().map_err(ApiError::bad_request)?;
     let tok = loaded.tokenizer.clone();
@@ -386,7 +388,9 @@ async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> 
     let (loaded, _) = st.serving()?;
     let obj = read_json(&st, req).await?;
     let prompt = params::prompt(&obj)?;
-    let options = params::options(&obj, random_seed)?;
+    params::check_fields(&obj, params::Endpoint::Completion)?;
+    let mut options = params::options(&obj, random_seed)?;
+    options.sampling.logit_bias = params::logit_bias(&obj, loaded.tokenizer.n_vocab())?;
     let logprobs = params::completion_logprobs(&obj)?;
     // `text_offset` counts the prompt's characters too, as OpenAI's does.
     let prompt_chars = prompt.chars().count();
@@ -412,6 +416,12 @@ async fn generate(
     deadline: Instant,
 ) -> Result<Response, ApiError> {
     let (loaded, batcher) = st.serving()?;
+    if options.n > 1 {
+        return Err(ApiError::param(
+            "n",
+            "more than one choice is not served yet",
+        ));
+    }
     let constraint = match options.constraint {
         None => None,
         Some((spec, param)) => {

@@ -1,6 +1,7 @@
 //! Reading the JSON requests: each known field on its own, so that a type error names its
-//! parameter; unknown fields are ignored (OpenAI clients send many), and `null` is the same as
-//! leaving a field out.
+//! parameter, and `null` is the same as leaving a field out. A field this server does not
+//! know, or knows but does not honour with the value given, is a 400 naming it
+//! ([`check_fields`]; the table is in docs/serving.md): never silently ignored.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -13,6 +14,9 @@ use crate::error::ApiError;
 
 /// A request body: a JSON object.
 pub type Obj = Map<String, Value>;
+
+/// The most choices a request may ask for (`n`): each takes a slot while it runs.
+pub const MAX_N: usize = 8;
 
 /// The most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
@@ -68,6 +72,9 @@ pub struct Options {
     pub include_usage: bool,
     /// `cache_prompt` (llama.cpp's; default true).
     pub cache_prompt: bool,
+    /// `n`: choices to generate (each its own request, seeds `seed`, `seed + 1`, ...; the
+    /// prompt is evaluated once and shared through the prompt cache).
+    pub n: usize,
     /// The grammar the output must follow: `response_format` (`json_object`, `json_schema`),
     /// or llama-server's `json_schema` or `grammar`; and the field it came from.
     pub constraint: Option<(GrammarSpec, &'static str)>,
@@ -101,7 +108,19 @@ fn count(obj: &Obj, name: &str) -> Result<Option<usize>, ApiError> {
 pub fn options(obj: &Obj, random_seed: impl FnOnce() -> u64) -> Result<Options, ApiError> {
     let max_tokens = match count(obj, "max_completion_tokens")? {
         Some(n) => Some(n),
-        None => count(obj, "max_tokens")?,
+        None => match count(obj, "max_tokens")? {
+            Some(n) => Some(n),
+            // llama-server's name; -1 is no limit.
+            None => match get::<i64>(obj, "n_predict")? {
+                None | Some(-1) => None,
+                Some(n) => Some(usize::try_from(n).map_err(|_| {
+                    ApiError::param(
+                        "n_predict",
+                        format!("`n_predict` must be -1 or at least 0, not {n}"),
+                    )
+                })?),
+            },
+        },
     };
     let defaults = SamplerConfig::default();
     let temperature = ranged(obj, "temperature", 0.0, 2.0)?.unwrap_or(defaults.temperature);
@@ -168,15 +187,19 @@ pub fn options(obj: &Obj, random_seed: impl FnOnce() -> u64) -> Result<Options, 
     };
     // An empty stop string would end every generation before its first token.
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
-    match get::<i64>(obj, "n")? {
-        None | Some(1) => {}
+    let n = match get::<i64>(obj, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
         Some(n) => {
             return Err(ApiError::param(
                 "n",
-                format!("only one choice per request is supported (`n` = 1), not {n}"),
+                format!("`n` must be from 1 to {MAX_N} choices, not {n}"),
             ));
         }
-    }
+    };
+    let repeat_penalty =
+        ranged(obj, "repeat_penalty", 0.0, 10.0)?.unwrap_or(defaults.repeat_penalty);
+    let repeat_last_n = count(obj, "repeat_last_n")?.unwrap_or(defaults.repeat_last_n);
     get::<&str>(obj, "model")?;
     let stream = get::<bool>(obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
@@ -208,8 +231,11 @@ pub fn options(obj: &Obj, random_seed: impl FnOnce() -> u64) -> Result<Options, 
             seed,
             presence_penalty,
             frequency_penalty,
+            repeat_penalty,
+            repeat_last_n,
             ..defaults
         },
+        n,
         stop,
         stream,
         include_usage,
@@ -526,6 +552,260 @@ pub fn prompt(obj: &Obj) -> Result<String, ApiError> {
     }
 }
 
+/// The generating endpoints, for [`check_fields`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// Fields read by [`options`] and the handlers, on both endpoints.
+const SHARED: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "n",
+    "stream",
+    "stream_options",
+    "cache_prompt",
+    "n_probs",
+    "json_schema",
+    "grammar",
+    "repeat_penalty",
+    "repeat_last_n",
+    "n_predict",
+    // Identifiers and labels for the caller's bookkeeping; they do not change the answer.
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "metadata",
+    // Accepted with the values that ask for what the server does (checked below).
+    "store",
+    "service_tier",
+];
+
+/// Chat-only fields.
+const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "modalities",
+];
+
+/// Completion-only fields.
+const COMPLETION: &[&str] = &["prompt", "logprobs", "echo", "best_of", "suffix"];
+
+/// OpenAI's fields that ask for what this server does not do, with why (a 400 when given
+/// a value other than `null`).
+const NOT_HONOURED: &[(&str, &str)] = &[
+    (
+        "audio",
+        "audio output is not supported: the model writes text",
+    ),
+    (
+        "prediction",
+        "predicted outputs are not supported (llm-decode's --spec lookup drafts from the prompt instead)",
+    ),
+    (
+        "reasoning_effort",
+        "reasoning effort is not supported: a reasoning model thinks as its chat template says",
+    ),
+    ("verbosity", "verbosity is not supported"),
+    ("web_search_options", "web search is not supported"),
+    (
+        "functions",
+        "`functions` is OpenAI's deprecated form: give `tools`",
+    ),
+    (
+        "function_call",
+        "`function_call` is OpenAI's deprecated form: give `tool_choice`",
+    ),
+];
+
+/// Refuses, with a 400 naming it, every field of `obj` that `endpoint` does not know and every
+/// known field whose value asks for what the server does not do.
+pub fn check_fields(obj: &Obj, endpoint: Endpoint) -> Result<(), ApiError> {
+    let own = match endpoint {
+        Endpoint::Chat => CHAT,
+        Endpoint::Completion => COMPLETION,
+    };
+    for (key, value) in obj {
+        if value.is_null() {
+            continue;
+        }
+        if let Some((_, why)) = NOT_HONOURED.iter().find(|(k, _)| k == key) {
+            return Err(ApiError::param(key.as_str(), format!("`{key}`: {why}")));
+        }
+        if !SHARED.contains(&key.as_str()) && !own.contains(&key.as_str()) {
+            let other = match endpoint {
+                Endpoint::Chat => COMPLETION
+                    .contains(&key.as_str())
+                    .then_some("/v1/completions"),
+                Endpoint::Completion => CHAT
+                    .contains(&key.as_str())
+                    .then_some("/v1/chat/completions"),
+            };
+            let hint = other.map_or(String::new(), |e| format!(" (it is a field of {e})"));
+            return Err(ApiError::param(
+                key.as_str(),
+                format!(
+                    "unknown field `{key}`{hint}: this server refuses what it would not honour (docs/serving.md lists the fields)"
+                ),
+            ));
+        }
+    }
+    let refuse = |key: &str, why: String| Err(ApiError::param(key, why));
+    match obj.get("store") {
+        None | Some(Value::Null | Value::Bool(false)) => {}
+        Some(_) => {
+            return refuse(
+                "store",
+                "`store`: this server does not store completions (only `false`)".into(),
+            );
+        }
+    }
+    match obj.get("service_tier").map(|v| v.as_str()) {
+        None | Some(Some("auto" | "default")) => {}
+        Some(_) if obj["service_tier"].is_null() => {}
+        Some(_) => {
+            return refuse(
+                "service_tier",
+                "`service_tier`: one tier here (`auto` or `default`)".into(),
+            );
+        }
+    }
+    match obj.get("modalities") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(m)) if m.iter().all(|v| v == "text") && !m.is_empty() => {}
+        Some(_) => return refuse("modalities", "`modalities`: only [\"text\"]".into()),
+    }
+    match obj.get("echo") {
+        None | Some(Value::Null | Value::Bool(false)) => {}
+        Some(_) => {
+            return refuse(
+                "echo",
+                "`echo`: the prompt is not echoed (only `false`)".into(),
+            );
+        }
+    }
+    match obj.get("suffix") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => {
+            return refuse(
+                "suffix",
+                "`suffix`: fill-in-the-middle is not supported".into(),
+            );
+        }
+    }
+    if let Some(best_of) = get::<i64>(obj, "best_of")? {
+        let n = get::<i64>(obj, "n")?.unwrap_or(1);
+        if best_of != n {
+            return refuse(
+                "best_of",
+                format!(
+                    "`best_of`: only equal to `n` ({n}): completions are not ranked, not {best_of}"
+                ),
+            );
+        }
+    }
+    match obj.get("metadata") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) if m.len() <= 16 && m.values().all(|v| v.is_string()) => {}
+        Some(_) => {
+            return refuse(
+                "metadata",
+                "`metadata` must be an object of at most 16 strings".into(),
+            );
+        }
+    }
+    for key in ["user", "safety_identifier", "prompt_cache_key"] {
+        get::<&str>(obj, key)?;
+    }
+    Ok(())
+}
+
+/// The most entries `logit_bias` may have (OpenAI's cap).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// OpenAI's `logit_bias`: `{"token id": bias}`, the bias from −100 to 100 (−100 bans the
+/// token), the ids within the vocabulary of `n_vocab`.
+pub fn logit_bias(obj: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    const P: &str = "logit_bias";
+    let map = match obj.get(P) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(ApiError::param(
+                P,
+                format!(
+                    "`{P}` must be an object of token ids to biases, not {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::param(
+            P,
+            format!(
+                "`{P}` has {} entries, more than {MAX_LOGIT_BIAS}",
+                map.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id = k
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < n_vocab)
+            .ok_or_else(|| {
+                ApiError::param(
+                    P,
+                    format!(
+                        "`{P}`: {k:?} is not a token id of this model's vocabulary of {n_vocab}"
+                    ),
+                )
+            })?;
+        let bias = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::param(
+                    P,
+                    format!(
+                        "`{P}`: the bias of token {id} must be a number from -100 to 100, not {v}"
+                    ),
+                )
+            })?;
+        // -100 bans the token, as OpenAI's does.
+        out.push((
+            id,
+            if bias <= -100.0 {
+                f32::NEG_INFINITY
+            } else {
+                bias as f32
+            },
+        ));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,7 +877,7 @@ mod tests {
             (json!({"stop": 1}), "stop"),
             (json!({"presence_penalty": 3}), "presence_penalty"),
             (json!({"frequency_penalty": -2.01}), "frequency_penalty"),
-            (json!({"n": 2}), "n"),
+            (json!({"n": 9}), "n"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"stream_options": true}), "stream_options"),
             (
@@ -727,5 +1007,81 @@ mod tests {
         assert!(parse_object(b"{").is_err());
         assert!(parse_object(b"[1]").is_err());
         assert!(parse_object(b"{\"a\":1}").is_ok());
+    }
+
+    #[test]
+    fn unknown_or_unhonoured_fields_are_refused_by_name() {
+        let ok = |v: Value, e: Endpoint| check_fields(&obj(v), e);
+        let param = |v: Value, e: Endpoint| ok(v, e).unwrap_err().param.unwrap();
+        assert!(
+            ok(
+                json!({"messages": [], "user": "u", "store": false, "metadata": {"a": "b"},
+                          "service_tier": "auto", "modalities": ["text"], "audio": null}),
+                Endpoint::Chat
+            )
+            .is_ok()
+        );
+        assert!(
+            ok(
+                json!({"prompt": "x", "echo": false, "best_of": 2, "n": 2, "suffix": ""}),
+                Endpoint::Completion
+            )
+            .is_ok()
+        );
+        assert_eq!(param(json!({"mirostat": 2}), Endpoint::Chat), "mirostat");
+        assert_eq!(
+            param(json!({"audio": {"voice": "x"}}), Endpoint::Chat),
+            "audio"
+        );
+        assert_eq!(param(json!({"functions": []}), Endpoint::Chat), "functions");
+        assert_eq!(param(json!({"store": true}), Endpoint::Chat), "store");
+        assert_eq!(
+            param(json!({"modalities": ["text", "audio"]}), Endpoint::Chat),
+            "modalities"
+        );
+        assert_eq!(
+            param(json!({"service_tier": "flex"}), Endpoint::Chat),
+            "service_tier"
+        );
+        assert_eq!(param(json!({"echo": true}), Endpoint::Completion), "echo");
+        assert_eq!(
+            param(json!({"suffix": "end"}), Endpoint::Completion),
+            "suffix"
+        );
+        assert_eq!(
+            param(json!({"best_of": 3}), Endpoint::Completion),
+            "best_of"
+        );
+        // A field of the other endpoint says so.
+        let e = ok(json!({"messages": []}), Endpoint::Completion).unwrap_err();
+        assert!(e.message.contains("/v1/chat/completions"), "{}", e.message);
+        assert_eq!(
+            param(json!({"top_logprobs": 2}), Endpoint::Completion),
+            "top_logprobs"
+        );
+    }
+
+    #[test]
+    fn logit_bias_is_checked_against_the_vocabulary() {
+        let lb = |v: Value| logit_bias(&obj(json!({"logit_bias": v})), 100);
+        assert_eq!(
+            lb(json!({"5": 2.5, "7": -100})).unwrap(),
+            vec![(5, 2.5), (7, f32::NEG_INFINITY)]
+        );
+        for bad in [
+            json!({"100": 1}),
+            json!({"x": 1}),
+            json!({"5": 101}),
+            json!({"5": "1"}),
+            json!([1]),
+        ] {
+            assert_eq!(
+                lb(bad.clone()).unwrap_err().param.as_deref(),
+                Some("logit_bias"),
+                "{bad}"
+            );
+        }
+        let many: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
+        assert!(logit_bias(&obj(json!({"logit_bias": many})), 1000).is_err());
     }
 }
