@@ -560,6 +560,7 @@ mod tests {
             seed: 7,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 
