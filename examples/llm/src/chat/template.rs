@@ -8,8 +8,10 @@ use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
 
 use super::datetime::DateTime;
+use super::json::{self, Json};
 use super::python::{join, py_methods, py_str, py_strip};
 use super::tojson::tojson;
+use super::tools::Tools;
 use super::worker::{RENDERERS, RunError};
 use crate::gguf::GgufFile;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -18,12 +20,67 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 pub const GGUF_KEY: &str = "tokenizer.chat_template";
 
 /// One message of a conversation.
+///
+/// The template gets it as Hugging Face's `apply_chat_template` gets an OpenAI message: a map
+/// of `role` and `content`, with `tool_calls` (a list of `{"id", "type": "function",
+/// "function": {"name", "arguments"}}`) only when the message has calls, and `tool_call_id`
+/// and `name` only when set. `content` is always text (an OpenAI client's `null` is empty
+/// text: Qwen 3's template requires a string beside calls); each call's arguments are given as the object they parse to (as
+/// HF's templates expect), or as the text when they are not a JSON object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
-    /// `system`, `user`, `assistant`, or whatever else the template knows.
+    /// `system`, `user`, `assistant`, `tool`, or whatever else the template knows.
     pub role: String,
     /// The text.
     pub content: String,
+    /// The calls of an assistant message.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    /// The name of the tool a `tool` message comes from (or of the participant).
+    pub name: Option<String>,
+}
+
+/// A function call, in an assistant message or parsed from a model's output
+/// ([`parse_tool_calls`](super::parse_tool_calls)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id (`call_...`), when it has one.
+    pub id: Option<String>,
+    /// The function's name.
+    pub name: String,
+    /// The arguments: JSON text (an object, as OpenAI gives it).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// A call of `name` with `arguments` (JSON text), without id.
+    pub fn new(name: impl Into<String>, arguments: impl Into<String>) -> ToolCall {
+        ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// The call as the template gets it (see [`Message`]).
+    fn to_value(&self) -> Value {
+        let arguments = match json::parse(&self.arguments) {
+            Ok(j @ Json::Obj(_)) => j.to_value(),
+            _ => Value::from(self.arguments.as_str()),
+        };
+        let function = Value::from_pairs([
+            ("name", Value::from(self.name.as_str())),
+            ("arguments", arguments),
+        ]);
+        let mut pairs = Vec::with_capacity(3);
+        if let Some(id) = &self.id {
+            pairs.push(("id", Value::from(id.as_str())));
+        }
+        pairs.push(("type", Value::from("function")));
+        pairs.push(("function", function));
+        Value::from_pairs(pairs)
+    }
 }
 
 impl Message {
@@ -32,7 +89,46 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+
+    /// An assistant message with calls (and text, often empty).
+    pub fn assistant_calls(content: impl Into<String>, calls: Vec<ToolCall>) -> Message {
+        Message {
+            tool_calls: calls,
+            ..Message::assistant(content)
+        }
+    }
+
+    /// A `tool` message: the result of the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Message {
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::new("tool", content)
+        }
+    }
+
+    /// The message as the template gets it (see [`Message`]).
+    fn to_value(&self) -> Value {
+        let content = Value::from(self.content.as_str());
+        let mut pairs = vec![
+            ("role", Value::from(self.role.as_str())),
+            ("content", content),
+        ];
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self.tool_calls.iter().map(ToolCall::to_value).collect();
+            pairs.push(("tool_calls", Value::from(calls)));
+        }
+        if let Some(id) = &self.tool_call_id {
+            pairs.push(("tool_call_id", Value::from(id.as_str())));
+        }
+        if let Some(name) = &self.name {
+            pairs.push(("name", Value::from(name.as_str())));
+        }
+        Value::from_pairs(pairs)
     }
 
     /// A system message.
@@ -83,6 +179,8 @@ pub struct ChatOptions {
     pub kwargs: Vec<(String, Kwarg)>,
     /// The instant `strftime_now` formats; `None`: the current local time.
     pub now: Option<DateTime>,
+    /// The `tools` variable (`None`: None).
+    pub tools: Option<Tools>,
 }
 
 /// Why a template could not be used or rendered.
@@ -320,6 +418,23 @@ impl ChatTemplate {
         }
     }
 
+    /// Whether the template renders the `tools` it is given, as llama.cpp tells it: a
+    /// conversation of one user message rendered with one tool shows the tool's name. A
+    /// template that does not takes tools in the generic form
+    /// ([`generic_messages`](super::generic_messages)).
+    pub fn renders_tools(&self) -> bool {
+        const PROBE: &str = "rknn_probe_tool_name";
+        let tools = Tools::from_json(&format!(
+            r#"[{{"type": "function", "function": {{"name": "{PROBE}", "description": "A probe.", "parameters": {{"type": "object", "properties": {{"arg": {{"type": "string", "description": "An argument."}}}}, "required": ["arg"]}}}}}}]"#
+        ));
+        let options = ChatOptions {
+            tools: tools.ok(),
+            ..ChatOptions::default()
+        };
+        self.render(&[Message::user("Hi.")], true, &options)
+            .is_ok_and(|text| text.contains(PROBE))
+    }
+
     /// The template's variables, in the order `apply_chat_template` lays them (a later one
     /// wins): `strftime_now`, the special tokens, the options, then the conversation.
     fn context(&self, messages: &[Message], agp: bool, options: &ChatOptions) -> Value {
@@ -343,17 +458,13 @@ impl ChatTemplate {
         if let Some(t) = options.enable_thinking {
             vars.push(("enable_thinking".into(), Value::from(t)));
         }
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(Message::to_value).collect();
         vars.push(("messages".into(), Value::from(messages)));
-        vars.push(("tools".into(), Value::from(())));
+        let tools = options
+            .tools
+            .as_ref()
+            .map_or(Value::from(()), Tools::to_value);
+        vars.push(("tools".into(), tools));
         vars.push(("documents".into(), Value::from(())));
         vars.push(("add_generation_prompt".into(), Value::from(agp)));
         Value::from_pairs(vars)
@@ -517,6 +628,7 @@ mod tests {
                 ("add_generation_prompt".into(), Kwarg::Bool(true)),
             ],
             now: DateTime::new(2024, 7, 26, 12, 0, 0),
+            tools: None,
         };
         assert_eq!(
             t.render(&[], false, &opts).unwrap(),
