@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
+use rknn_llm::chat::{ChatTemplate, ToolCallStream, encode_prompt};
 use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
@@ -36,6 +36,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use crate::error::{ApiError, json_response};
 use crate::metrics::{self, Requests};
 use crate::params::{self, Obj, Options};
+use crate::tools::{self, Answer, ToolOutput};
 
 /// How long past a request's deadline the HTTP side waits for the batcher to report it
 /// (the batcher checks deadlines between passes) before answering 504 itself.
@@ -358,20 +359,24 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
     let (loaded, _) = st.serving()?;
     let obj = read_json(&st, req).await?;
     let messages = params::messages(&obj)?;
+    let tool_request = params::tools(&obj)?;
     let options = params::options(&obj, random_seed)?;
     let template = loaded.template.clone().map_err(ApiError::bad_request)?;
     let tok = loaded.tokenizer.clone();
-    let prompt = blocking(move || {
+    let (prompt, tool_output) = blocking(move || {
+        let plan = tools::plan(&template, messages, tool_request)?;
         let text = template
-            .render(&messages, true, &ChatOptions::default())
+            .render(&plan.messages, true, &plan.options)
             .map_err(|e| match e {
                 rknn_llm::chat::ChatError::Timeout { .. } => ApiError::internal(e.to_string()),
                 _ => ApiError::param("messages", e.to_string()),
             })?;
-        encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))
+        let prompt =
+            encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))?;
+        Ok((prompt, plan.output))
     })
     .await?;
-    generate(&st, Kind::Chat, prompt, options, deadline).await
+    generate(&st, Kind::Chat, prompt, options, deadline, tool_output).await
 }
 
 /// `POST /v1/completions`.
@@ -387,16 +392,18 @@ async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> 
             .map_err(|e| ApiError::param("prompt", e.to_string()))
     })
     .await?;
-    generate(&st, Kind::Completion, prompt, options, deadline).await
+    generate(&st, Kind::Completion, prompt, options, deadline, None).await
 }
 
-/// Submits the request and answers: the whole completion, or a stream of its pieces.
+/// Submits the request and answers: the whole completion, or a stream of its pieces; a chat
+/// with tools has its output read for calls (`tools`).
 async fn generate(
     st: &AppState,
     kind: Kind,
     prompt: Vec<u32>,
     options: Options,
     deadline: Instant,
+    tools: Option<ToolOutput>,
 ) -> Result<Response, ApiError> {
     let (_, batcher) = st.serving()?;
     let (tx, mut rx) = unbounded_channel();
@@ -426,6 +433,7 @@ async fn generate(
     if options.stream {
         let body = SseBody {
             rx,
+            tools: tools.map(|t| (ToolCallStream::new(t.format), t)),
             pending: Some(first),
             head: (kind == Kind::Chat).then(|| reply.role_chunk()),
             reply,
@@ -445,7 +453,13 @@ async fn generate(
     loop {
         match event {
             Event::Piece(_) => {}
-            Event::Done(f) => return Ok(json_response(StatusCode::OK, &reply.whole(&f))),
+            Event::Done(f) => {
+                let answer = tools.as_ref().map(|t| tools::answer_text(t, &f.text));
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &reply.whole(&f, answer.as_ref()),
+                ));
+            }
             Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
         }
         event = next_event(&mut rx, give_up, kind).await?;
@@ -584,15 +598,26 @@ impl Reply {
         v
     }
 
-    /// The non-streamed response.
-    fn whole(&self, f: &Finished) -> Value {
+    /// The non-streamed response; a chat's content and calls are `answer`'s when it has one.
+    fn whole(&self, f: &Finished, answer: Option<&Answer>) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": f.text},
-                "finish_reason": finish_reason(f.stop),
-                "logprobs": null,
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": f.text});
+                let mut finish = finish_reason(f.stop);
+                if let Some(a) = answer {
+                    message["content"] = json!(a.content);
+                    if !a.calls.is_empty() {
+                        message["tool_calls"] = json!(a.calls);
+                        finish = "tool_calls";
+                    }
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish,
+                    "logprobs": null,
+                })
+            }
             Kind::Completion => json!({
                 "index": 0,
                 "text": f.text,
@@ -632,10 +657,42 @@ impl Reply {
         sse(&self.chunk(Some(""), true, None))
     }
 
-    /// The stream's closing events: the finish reason, the usage if asked, `[DONE]`.
-    fn closing(&self, f: &Finished) -> Bytes {
+    /// The chat stream's chunk of the calls: `delta.tool_calls`, each with its `index`, `id`,
+    /// `type`, and `function` with its name and whole arguments.
+    fn calls_chunk(&self, calls: &[Value]) -> Value {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut c = c.clone();
+                c["index"] = json!(i);
+                c
+            })
+            .collect();
+        let choice = json!({
+            "index": 0,
+            "delta": {"tool_calls": calls},
+            "finish_reason": null,
+            "logprobs": null,
+        });
+        self.envelope(self.chunk_object(), json!([choice]), None)
+    }
+
+    /// The stream's closing events: the text held back and the calls (a chat with tools:
+    /// `answer`), the finish reason, the usage if asked, `[DONE]`.
+    fn closing(&self, f: &Finished, answer: Option<&Answer>) -> Bytes {
         let mut out = Vec::new();
-        out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish_reason(f.stop)))));
+        let mut finish = finish_reason(f.stop);
+        if let Some(a) = answer {
+            if let Some(text) = a.content.as_deref().filter(|t| !t.is_empty()) {
+                out.extend_from_slice(&sse(&self.chunk(Some(text), false, None)));
+            }
+            if !a.calls.is_empty() {
+                out.extend_from_slice(&sse(&self.calls_chunk(&a.calls)));
+                finish = "tool_calls";
+            }
+        }
+        out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish))));
         if self.include_usage {
             let u = self.envelope(self.chunk_object(), json!([]), Some(usage(f)));
             out.extend_from_slice(&sse(&u));
@@ -673,6 +730,8 @@ fn sse(v: &Value) -> Bytes {
 struct SseBody {
     /// The request's events.
     rx: UnboundedReceiver<Event>,
+    /// A chat with tools: its output read for calls as it streams, and how.
+    tools: Option<(ToolCallStream, ToolOutput)>,
     /// The event that arrived before the response began.
     pending: Option<Event>,
     /// The chat's role chunk, still to send.
@@ -729,12 +788,25 @@ impl HttpBody for SseBody {
             match event {
                 Event::Piece(p) if p.text.is_empty() => continue,
                 Event::Piece(p) => {
-                    let chunk = this.reply.chunk(Some(&p.text), false, None);
+                    let text = match &mut this.tools {
+                        // Text that may begin a call is held back until the end.
+                        Some((stream, _)) => stream.push(&p.text),
+                        None => p.text,
+                    };
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let chunk = this.reply.chunk(Some(&text), false, None);
                     return Poll::Ready(Some(Ok(Frame::data(sse(&chunk)))));
                 }
                 Event::Done(f) => {
                     this.done = true;
-                    return Poll::Ready(Some(Ok(Frame::data(this.reply.closing(&f)))));
+                    let answer = this.tools.take().map(|(stream, output)| {
+                        let raw = stream.held().to_string();
+                        tools::answer(&output, stream.finish(), &raw)
+                    });
+                    let closing = this.reply.closing(&f, answer.as_ref());
+                    return Poll::Ready(Some(Ok(Frame::data(closing))));
                 }
                 Event::Failed(e) => {
                     let kind = this.reply.kind;
@@ -961,7 +1033,7 @@ mod tests {
 
     #[test]
     fn a_chat_completion_has_openais_shape() {
-        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog));
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), None);
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
@@ -972,9 +1044,44 @@ mod tests {
     }
 
     #[test]
+    fn calls_are_tool_calls_with_their_finish_reason() {
+        let a = Answer {
+            content: None,
+            calls: vec![
+                json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}),
+            ],
+        };
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Some(&a));
+        assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        let closing = reply(Kind::Chat, false).closing(&finished(Stop::Eog), Some(&a));
+        let text = String::from_utf8_lossy(&closing).into_owned();
+        let events: Vec<Value> = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: {"))
+            .map(|e| serde_json::from_str(&format!("{{{e}")).expect("json"))
+            .collect();
+        assert_eq!(events.len(), 2);
+        let call = &events[0]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!((&call["index"], &call["id"]), (&json!(0), &json!("call_1")));
+        assert_eq!(call["function"], json!({"name": "f", "arguments": "{}"}));
+        assert_eq!(events[1]["choices"][0]["finish_reason"], "tool_calls");
+        // Text held back and then found to be no call closes the stream as content.
+        let text_only = Answer {
+            content: Some("<tool_call> x".into()),
+            calls: vec![],
+        };
+        let closing = reply(Kind::Chat, false).closing(&finished(Stop::Eog), Some(&text_only));
+        let text = String::from_utf8_lossy(&closing).into_owned();
+        assert!(text.contains(r#""content":"<tool_call> x""#), "{text}");
+        assert!(text.contains(r#""finish_reason":"stop""#), "{text}");
+    }
+
+    #[test]
     fn a_stream_closes_with_the_reason_the_usage_and_done() {
         let r = reply(Kind::Completion, true);
-        let text = String::from_utf8_lossy(&r.closing(&finished(Stop::Context))).into_owned();
+        let text = String::from_utf8_lossy(&r.closing(&finished(Stop::Context), None)).into_owned();
         let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(events.len(), 3);
         let last: Value = serde_json::from_str(&events[0]["data: ".len()..]).expect("json");
