@@ -18,6 +18,11 @@ use server::{Server, budget};
 /// The pinned client (the last 1.x release).
 const OPENAI: &str = "1.109.1";
 
+/// Whether the server constrains `tool_choice` `required` and named functions (then the
+/// client checks that they always give a valid call; until then, that they are refused with a
+/// 400). To be set when llm-server's `tools::constraint_for` applies the constraint.
+const TOOL_CHOICE_CONSTRAINED: bool = false;
+
 /// Runs `cmd` to its end within `limit` (killed past it), its output collected.
 fn run_bounded(mut cmd: Command, limit: Duration) -> Result<Output, String> {
     let what = format!("{cmd:?}");
@@ -148,6 +153,9 @@ fn the_official_openai_client_works() {
         .arg("--auth-base-url")
         .arg(format!("http://{}/v1", auth.addr))
         .args(["--auth-key", "sekrit-7", "--auth-model", "tiny-auth"]);
+    if TOOL_CHOICE_CONSTRAINED {
+        cmd.arg("--tool-choice-required");
+    }
     let t = Instant::now();
     let o = run_bounded(cmd, budget(600)).unwrap();
     println!("{}", String::from_utf8_lossy(&o.stdout));
