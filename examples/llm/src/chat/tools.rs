@@ -23,7 +23,7 @@ use std::sync::Arc;
 use minijinja::value::Value;
 
 use super::json::{self, Json, JsonError, write_str};
-use super::template::{Message, ToolCall};
+use super::message::{Message, ToolCall};
 
 /// One function of a [`Tools`] list.
 #[derive(Clone, Debug, PartialEq, Eq)]
