@@ -364,6 +364,8 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
     let template = loaded.template.clone().map_err(ApiError::bad_request)?;
     let tok = loaded.tokenizer.clone();
     let (prompt, tool_output) = blocking(move || {
+        // `plan.constraint` is what the reply is to be constrained by, once generation takes
+        // one (see `tools::constraint_for`).
         let plan = tools::plan(&template, messages, tool_request)?;
         let text = template
             .render(&plan.messages, true, &plan.options)

@@ -32,6 +32,9 @@ pub struct ToolPlan {
     pub options: ChatOptions,
     /// How to read the reply for calls; `None`: the reply is text.
     pub output: Option<ToolOutput>,
+    /// What the reply is to be constrained by ([`constraint_for`]); not applied yet: the
+    /// generation runs unconstrained (`auto` only: the others are refused).
+    pub constraint: Option<ToolConstraint>,
 }
 
 /// The hook of constrained tool calls: what the reply must be constrained by for the request's
@@ -40,8 +43,10 @@ pub struct ToolPlan {
 ///
 /// Until the server constrains decoding, `required` and a named function, which promise a
 /// call, are refused with a 400 here rather than run unconstrained; under `auto` the reply is
-/// not constrained (the model chooses, its output is parsed, text that is not a well-formed
-/// call is content), and the generic form's schema is returned for when it will be.
+/// not constrained yet (the model chooses, its output is parsed, text that is not a
+/// well-formed call is content), and the generic form's schema is returned (in
+/// [`ToolPlan::constraint`]) for when it will be. Once the generation takes a constraint: pass
+/// `ToolPlan::constraint` to it and drop the refusal below.
 pub fn constraint_for(
     format: ToolCallFormat,
     req: &ToolRequest,
@@ -78,6 +83,7 @@ pub fn plan(
             messages,
             options,
             output: None,
+            constraint: None,
         });
     }
     let native = template.renders_tools();
@@ -93,6 +99,7 @@ pub fn plan(
             messages,
             options,
             output: None,
+            constraint: None,
         });
     };
     let format = if native {
@@ -100,7 +107,7 @@ pub fn plan(
     } else {
         ToolCallFormat::Generic
     };
-    constraint_for(format, &req)?;
+    let constraint = constraint_for(format, &req)?;
     let names = match &req.choice {
         ToolChoice::Function(name) => vec![name.clone()],
         _ => req
@@ -120,6 +127,7 @@ pub fn plan(
         messages,
         options,
         output: Some(ToolOutput { format, names }),
+        constraint,
     })
 }
 
@@ -255,10 +263,12 @@ mod tests {
                 names: vec!["get_weather".into()]
             })
         );
+        assert_eq!(p.constraint, None, "auto on the model's own format");
         let p = plan(&plain, msgs.clone(), Some(req(ToolChoice::Auto))).unwrap();
         assert_eq!(p.messages.len(), 2);
         assert_eq!(p.messages[0].role, "system");
         assert!(p.options.tools.is_none());
+        assert!(matches!(p.constraint, Some(ToolConstraint::JsonSchema(_))));
         assert_eq!(p.output.unwrap().format, ToolCallFormat::Generic);
         // `none`: no tools, no parsing; no tools and no tool turns: as before.
         let p = plan(&plain, msgs.clone(), Some(req(ToolChoice::None))).unwrap();
