@@ -344,7 +344,8 @@ fn parse_hermes(text: &str) -> Option<ParsedOutput> {
 }
 
 fn parse_llama3(text: &str) -> Option<ParsedOutput> {
-    let t = text.trim();
+    // JSON's whitespace only, as the streaming reader skips it.
+    let t = text.trim_matches([' ', '\t', '\n', '\r']);
     let mut rest = t.strip_prefix(PYTHON_TAG).map_or(t, skip_ws);
     let mut calls = Vec::new();
     loop {
@@ -1013,6 +1014,11 @@ mod tests {
                 "<|python_tag|>{\"name\": \"add\", \"parameters\": {}}",
             ),
             (ToolCallFormat::Llama3, "Plain { text"),
+            // Not JSON whitespace before the object: no call, whole or streamed.
+            (
+                ToolCallFormat::Llama3,
+                "\u{a0}{\"name\": \"add\", \"parameters\": {}}",
+            ),
             (
                 ToolCallFormat::Mistral,
                 "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]",
