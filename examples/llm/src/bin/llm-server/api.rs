@@ -659,29 +659,22 @@ impl Reply {
         sse(&self.chunk(Some(""), true, None))
     }
 
-    /// The chat stream's chunk of the calls: `delta.tool_calls`, each with its `index`, `id`,
-    /// `type`, and `function` with its name and whole arguments.
-    fn calls_chunk(&self, calls: &[Value]) -> Value {
-        let calls: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let mut c = c.clone();
-                c["index"] = json!(i);
-                c
-            })
-            .collect();
+    /// The chat stream's chunk of the call `index`: `delta.tool_calls` of one call with its
+    /// `index`, `id`, `type`, and `function` with its name and whole arguments.
+    fn call_chunk(&self, index: usize, call: &Value) -> Value {
+        let mut call = call.clone();
+        call["index"] = json!(index);
         let choice = json!({
             "index": 0,
-            "delta": {"tool_calls": calls},
+            "delta": {"tool_calls": [call]},
             "finish_reason": null,
             "logprobs": null,
         });
         self.envelope(self.chunk_object(), json!([choice]), None)
     }
 
-    /// The stream's closing events: the text held back and the calls (a chat with tools:
-    /// `answer`), the finish reason, the usage if asked, `[DONE]`.
+    /// The stream's closing events: the text held back and a chunk per call (a chat with
+    /// tools: `answer`), the finish reason, the usage if asked, `[DONE]`.
     fn closing(&self, f: &Finished, answer: Option<&Answer>) -> Bytes {
         let mut out = Vec::new();
         let mut finish = finish_reason(f.stop);
@@ -689,8 +682,8 @@ impl Reply {
             if let Some(text) = a.content.as_deref().filter(|t| !t.is_empty()) {
                 out.extend_from_slice(&sse(&self.chunk(Some(text), false, None)));
             }
-            if !a.calls.is_empty() {
-                out.extend_from_slice(&sse(&self.calls_chunk(&a.calls)));
+            for (i, call) in a.calls.iter().enumerate() {
+                out.extend_from_slice(&sse(&self.call_chunk(i, call)));
                 finish = "tool_calls";
             }
         }
@@ -1051,6 +1044,7 @@ mod tests {
             content: None,
             calls: vec![
                 json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}),
+                json!({"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"a\":1}"}}),
             ],
         };
         let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Some(&a));
@@ -1064,11 +1058,23 @@ mod tests {
             .filter_map(|e| e.strip_prefix("data: {"))
             .map(|e| serde_json::from_str(&format!("{{{e}")).expect("json"))
             .collect();
-        assert_eq!(events.len(), 2);
-        let call = &events[0]["choices"][0]["delta"]["tool_calls"][0];
-        assert_eq!((&call["index"], &call["id"]), (&json!(0), &json!("call_1")));
-        assert_eq!(call["function"], json!({"name": "f", "arguments": "{}"}));
-        assert_eq!(events[1]["choices"][0]["finish_reason"], "tool_calls");
+        // A chunk per call, as OpenAI streams them, then the finish reason.
+        assert_eq!(events.len(), 3);
+        for (i, (id, f)) in [
+            ("call_1", json!({"name": "f", "arguments": "{}"})),
+            ("call_2", json!({"name": "g", "arguments": "{\"a\":1}"})),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let calls = &events[i]["choices"][0]["delta"]["tool_calls"];
+            assert_eq!(calls.as_array().map(Vec::len), Some(1));
+            let call = &calls[0];
+            assert_eq!((&call["index"], &call["id"]), (&json!(i), &json!(id)));
+            assert_eq!((&call["type"], &call["function"]), (&json!("function"), &f));
+            assert_eq!(events[i]["choices"][0]["finish_reason"], Value::Null);
+        }
+        assert_eq!(events[2]["choices"][0]["finish_reason"], "tool_calls");
         // Text held back and then found to be no call closes the stream as content.
         let text_only = Answer {
             content: Some("<tool_call> x".into()),
