@@ -887,6 +887,79 @@ fn tools_in_the_generic_form() {
     );
 }
 
+/// Tools reach a template that renders them as its `tools`, and calls and results as the
+/// messages' `tool_calls` (arguments as objects) and `tool` messages: the chat answers as the
+/// completion of the library's rendering with those tools; the tiny model writes no
+/// `<tool_call>`, so its text is the content, streamed as not.
+#[test]
+fn tools_reach_a_template_that_renders_them() {
+    use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, ToolCall, Tools};
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let source = "{% if tools %}[{% for t in tools %}{{ t.function.name }}{% endfor %}]{% endif %}\
+        {% for m in messages %}<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}\
+        <tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endfor %}<assistant>";
+    let path = std::env::temp_dir().join(format!("llm-server-tools-{}.jinja", std::process::id()));
+    std::fs::write(&path, source).unwrap();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "512",
+            "--parallel",
+            "1",
+            "--chat-template-file",
+            path.to_str().unwrap(),
+        ],
+    );
+    let tools =
+        json!([{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]);
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"c\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+        ],
+        "tools": tools, "max_tokens": 8, "temperature": 0,
+    });
+    let template = ChatTemplate::new("t", source).unwrap();
+    let options = ChatOptions {
+        tools: Some(Tools::from_json(&tools.to_string()).unwrap()),
+        ..ChatOptions::default()
+    };
+    let call = ToolCall {
+        id: Some("call_1".into()),
+        ..ToolCall::new("w", r#"{"c": 1}"#)
+    };
+    let messages = [
+        Message::user("hi"),
+        Message::assistant_calls("", vec![call]),
+        Message::tool("call_1", "ok"),
+    ];
+    let rendered = template.render(&messages, true, &options).unwrap();
+    assert_eq!(
+        rendered,
+        r#"[w]<user>hi<assistant><tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call><tool>ok<assistant>"#
+    );
+    let a = s.post(CHAT, &body).json();
+    assert!(
+        a["choices"][0]["message"].get("tool_calls").is_none(),
+        "{a}"
+    );
+    let chat = Gen::from_answer(&a);
+    let c = s.generate(
+        COMPLETIONS,
+        &json!({"prompt": rendered, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(chat.key(), c.key());
+    let streamed = s.generate_stream(CHAT, &body);
+    assert_eq!((streamed.text, streamed.finish), (chat.text, chat.finish));
+    let _ = std::fs::remove_file(&path);
+}
+
 /// With `--api-key`, the API needs `Authorization: Bearer KEY` (401 otherwise); /health does not.
 #[test]
 fn an_api_key_guards_the_api() {

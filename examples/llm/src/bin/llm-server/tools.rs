@@ -34,6 +34,10 @@ pub struct ToolPlan {
     pub output: Option<ToolOutput>,
     /// What the reply is to be constrained by ([`constraint_for`]); not applied yet: the
     /// generation runs unconstrained (`auto` only: the others are refused).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read once generation takes a constraint")
+    )]
     pub constraint: Option<ToolConstraint>,
 }
 
