@@ -51,7 +51,9 @@ pub struct ChatOptions {
     pub kwargs: Vec<(String, Kwarg)>,
     /// The instant `strftime_now` formats; `None`: the current local time.
     pub now: Option<DateTime>,
-    /// The `tools` variable (`None`: None).
+    /// OpenAI's tool list, given to the template as `tools` (`None`: `tools` is None). A
+    /// template that does not render tools ([`ChatTemplate::renders_tools`]) takes them in the
+    /// generic form instead ([`generic_messages`](super::generic_messages)).
     pub tools: Option<Tools>,
 }
 
