@@ -19,6 +19,17 @@ enforce (uniqueItems) is a 400; a completion's logprobs=2 has its four lists of 
 entry per token, each dict holding the chosen token; on the --auth-base-url server a wrong key
 raises openai.AuthenticationError (401) and the right one is served.
 
+Tools (the demo model's template takes none: the generic form, unconstrained under "auto"),
+a round trip request -> tool_calls -> tool result -> final answer, streamed and not: every
+answer has OpenAI's shape (tool_calls with an id, type "function", a listed name and arguments
+that are a JSON object; content null or text; finish_reason "tool_calls" exactly when there
+are calls), streamed = not streamed (content and calls); the call (the model's, or a
+made-up one when it answered in text) and its result sent back are rendered into the prompt
+(a longer result, more prompt tokens); tool_choice "none" describes no tools (fewer prompt
+tokens). With --tool-choice-required (the server constrains decoding): "required" and a
+named function always give a call of a listed function whose arguments validate; until then,
+both raise BadRequestError 400.
+
 Prints one line per check; exits 1 naming every failed check, 2 on a usage error.
 """
 
@@ -104,6 +115,117 @@ def stop_string(text):
     return None, None
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city, e.g. Paris"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def calls_of(tool_calls):
+    """(name, arguments as an object) of each call, checking their shape."""
+    out = []
+    for c in tool_calls or []:
+        ok = (isinstance(c.id, str) and c.id and c.type == "function"
+              and c.function.name == "get_weather")
+        try:
+            args = json.loads(c.function.arguments)
+        except (TypeError, ValueError):
+            args = None
+        check(ok and isinstance(args, dict), "a tool call has OpenAI's shape", repr(c))
+        out.append((c.function.name, args))
+    return out
+
+
+def stream_tools(client, **kw):
+    """The content, calls (accumulated from delta.tool_calls as OpenAI streams them) and
+    finish reason of a streamed chat."""
+    parts, calls, finish = [], {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            for d in choice.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                c["id"] = d.id or c["id"]
+                if d.function is not None:
+                    c["name"] += d.function.name or ""
+                    c["arguments"] += d.function.arguments or ""
+            if choice.finish_reason is not None:
+                finish = choice.finish_reason
+    listed = [calls[i] for i in sorted(calls)]
+    return "".join(parts), [(c["name"], json.loads(c["arguments"])) for c in listed], listed, finish
+
+
+def tool_checks(client, model, required):
+    user = {"role": "user", "content": "What is the weather in Paris?"}
+    kw = dict(model=model, messages=[user], tools=[WEATHER], temperature=0, seed=5, max_tokens=48)
+    r = client.chat.completions.create(**kw)
+    m, finish = r.choices[0].message, r.choices[0].finish_reason
+    calls = calls_of(m.tool_calls)
+    print(f"      tools: {m.content!r} {calls} ({finish})")
+    check(finish == "tool_calls" if calls else finish in ("stop", "length"),
+          "tools: finish_reason tool_calls exactly with calls", finish)
+    check(calls or isinstance(m.content, str), "tools: text without calls is content", repr(m))
+    s_text, s_calls, _, s_finish = stream_tools(client, **kw)
+    check((s_text or None, s_calls, s_finish) == (m.content or None, calls, finish),
+          "tools: streamed = not streamed", f"{(s_text, s_calls, s_finish)} vs {(m.content, calls, finish)}")
+
+    # The round trip: the model's call, or one made up, then its result.
+    if m.tool_calls:
+        assistant = m.model_dump(exclude_none=True)
+        call_id = m.tool_calls[0].id
+    else:
+        call_id = "call_0123456789abcdefghijklm"
+        assistant = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
+    usage = []
+    for result in ("sunny", "sunny, 22 degrees, a light wind from the west, no rain until tonight"):
+        tool = {"role": "tool", "tool_call_id": call_id, "content": result}
+        rk = dict(kw, messages=[user, assistant, tool])
+        f = client.chat.completions.create(**rk)
+        fm, ff = f.choices[0].message, f.choices[0].finish_reason
+        calls_of(fm.tool_calls)
+        print(f"      after the result {result[:12]!r}: {fm.content!r} ({ff})")
+        check(ff in ("stop", "length", "tool_calls"), "tools: the final answer finishes", ff)
+        fs_text, fs_calls, _, fs_finish = stream_tools(client, **rk)
+        check((fs_text or None, fs_finish) == (fm.content or None, ff),
+              "tools: the final answer streamed = not streamed", f"{fs_text!r} vs {fm.content!r}")
+        usage.append(f.usage.prompt_tokens)
+    check(usage[1] > usage[0], "tools: the tool result is rendered into the prompt", usage)
+    none = client.chat.completions.create(**dict(kw, tool_choice="none"))
+    check(none.choices[0].message.tool_calls is None, "tool_choice none: no calls", repr(none))
+    check(none.usage.prompt_tokens < r.usage.prompt_tokens,
+          "tool_choice none: no tools described", (none.usage.prompt_tokens, r.usage.prompt_tokens))
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    if not required:
+        # Refused until the server constrains decoding (the lead's item 1); then run below.
+        for choice in ("required", named):
+            expect_error(openai.BadRequestError, 400, f"tool_choice {choice!r} is refused (400) unconstrained",
+                         lambda: client.chat.completions.create(**dict(kw, tool_choice=choice)))
+        return
+    for choice in ("required", named):
+        for par in (True, False):
+            q = client.chat.completions.create(**dict(kw, tool_choice=choice, parallel_tool_calls=par))
+            qm = q.choices[0].message
+            qcalls = calls_of(qm.tool_calls)
+            check(q.choices[0].finish_reason == "tool_calls" and qcalls
+                  and all(isinstance(a.get("city"), str) for _, a in qcalls)
+                  and (par or len(qcalls) == 1),
+                  f"tool_choice {choice!r} parallel={par}: a valid call", repr(qm))
+            _, q_calls, _, q_finish = stream_tools(client, **dict(kw, tool_choice=choice, parallel_tool_calls=par))
+            check((q_calls, q_finish) == (qcalls, "tool_calls"),
+                  f"tool_choice {choice!r} parallel={par}: streamed = not streamed", f"{q_calls}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True)
@@ -111,6 +233,9 @@ def main():
     ap.add_argument("--auth-base-url")
     ap.add_argument("--auth-key")
     ap.add_argument("--auth-model")
+    ap.add_argument("--tool-choice-required", action="store_true",
+                    help="check that tool_choice required / named always calls (needs the "
+                         "server's constrained decoding)")
     args = ap.parse_args()
     root = args.base_url.rstrip("/")
     root = root[: -len("/v1")] if root.endswith("/v1") else root
@@ -258,6 +383,7 @@ def main():
                  lambda: client.chat.completions.create(response_format={
                      "type": "json_schema", "json_schema": {"name": "x", "schema": {
                          "type": "array", "uniqueItems": True}}}, **jkw))
+    tool_checks(client, model, args.tool_choice_required)
 
     # Refusals.
     expect_error(openai.BadRequestError, 400, "n=2 raises BadRequestError 400",

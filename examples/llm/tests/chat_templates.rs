@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rknn_llm::chat::{ChatError, ChatOptions, ChatTemplate, DateTime, Message, encode_prompt};
+use rknn_llm::chat::{
+    ChatError, ChatOptions, ChatTemplate, DateTime, Message, ToolCall, ToolCallFormat, Tools,
+    encode_prompt, parse_tool_calls,
+};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Session};
@@ -102,12 +105,32 @@ fn pinned_now(doc: &Json) -> DateTime {
     .unwrap()
 }
 
+/// A call of the fixture (`{"id", "type", "function": {"name", "arguments": {...}}}`), its
+/// arguments as OpenAI's JSON text.
+fn tool_call(c: &Json) -> ToolCall {
+    ToolCall {
+        id: c["id"].as_str().map(str::to_string),
+        name: c["function"]["name"].as_str().unwrap().to_string(),
+        arguments: c["function"]["arguments"].to_string(),
+    }
+}
+
 fn messages(case: &Json) -> Vec<Message> {
     case["messages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .map(|m| {
+            let mut msg = Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+            if let Some(calls) = m.get("tool_calls") {
+                msg.tool_calls = calls.as_array().unwrap().iter().map(tool_call).collect();
+            }
+            msg.tool_call_id = m
+                .get("tool_call_id")
+                .map(|v| v.as_str().unwrap().to_string());
+            msg.name = m.get("name").map(|v| v.as_str().unwrap().to_string());
+            msg
+        })
         .collect()
 }
 
@@ -117,6 +140,9 @@ fn options(case: &Json, now: DateTime) -> ChatOptions {
             .get("enable_thinking")
             .map(|v| v.as_bool().unwrap()),
         now: Some(now),
+        tools: case
+            .get("tools")
+            .map(|t| Tools::from_json(&t.to_string()).unwrap()),
         ..ChatOptions::default()
     }
 }
@@ -203,6 +229,121 @@ fn the_fixture_covers_the_templates_and_conversations() {
     assert!(cases.iter().any(|c| c["template"] == "google-gemma-2-2b-it"
         && c["conversation"] == "single_system"
         && c["error"] == "System role not supported"));
+}
+
+/// The tool-calling templates render tools, tool calls and tool results as jinja2 does (in
+/// `every_case_matches_python_jinja2`); here, the fixture has them.
+#[test]
+fn the_fixture_covers_tool_calling() {
+    let doc = fixture();
+    let cases = doc["cases"].as_array().unwrap();
+    for name in [
+        "Qwen-Qwen2.5-7B-Instruct",
+        "Qwen-Qwen3-0.6B",
+        "meta-llama-Llama-3.1-8B-Instruct",
+        "meta-llama-Llama-3.2-3B-Instruct",
+        "HuggingFaceTB-SmolLM3-3B",
+        "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+        "mistralai-Mistral-Nemo-Instruct-2407",
+    ] {
+        for conv in [
+            "tools_request",
+            "tools_result",
+            "tools_answered",
+            "tools_parallel",
+        ] {
+            assert!(
+                cases.iter().any(|c| c["template"] == name
+                    && c["conversation"] == conv
+                    && c["tools"].is_array()),
+                "{name} lacks {conv}"
+            );
+        }
+    }
+    // Llama 3.x refuses two calls in one message, in its own words.
+    assert!(
+        cases
+            .iter()
+            .any(|c| c["template"] == "meta-llama-Llama-3.1-8B-Instruct"
+                && c["conversation"] == "tools_parallel"
+                && c["error"] == "This model only supports single tool-calls at once!")
+    );
+}
+
+/// The format chosen for each template, and the parsers on what the template itself renders
+/// for an assistant message with calls (jinja2's rendering, in the fixture): the calls come
+/// back, names, arguments (as JSON values) and Mistral's ids.
+#[test]
+fn calls_rendered_by_each_template_parse_back() {
+    let doc = fixture();
+    let want_format = |name: &str| match name {
+        "Qwen-Qwen2.5-7B-Instruct"
+        | "Qwen-Qwen3-0.6B"
+        | "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"
+        | "NousResearch-Hermes-3-Llama-3.1-8B-tool_use" => ToolCallFormat::Hermes,
+        "meta-llama-Llama-3.1-8B-Instruct" | "meta-llama-Llama-3.2-3B-Instruct" => {
+            ToolCallFormat::Llama3
+        }
+        "mistralai-Mistral-Nemo-Instruct-2407" => ToolCallFormat::Mistral,
+        _ => ToolCallFormat::Generic,
+    };
+    let mut checked = 0;
+    let mut templates = 0;
+    for (name, t) in doc["templates"].as_object().unwrap() {
+        let Some(src) = source(name, t) else {
+            continue;
+        };
+        let template = compile(name, t, src);
+        let format = if template.renders_tools() {
+            ToolCallFormat::detect(template.source())
+        } else {
+            ToolCallFormat::Generic
+        };
+        assert_eq!(format, want_format(name), "{name}");
+        templates += 1;
+        for r in doc["tool_call_renderings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["template"] == name.as_str())
+        {
+            let Some(text) = r["text"].as_str() else {
+                continue; // a template that refuses these calls (Llama 3.x: two at once)
+            };
+            if format == ToolCallFormat::Generic {
+                assert_eq!(
+                    text, "",
+                    "{name}: a template without tools renders no calls"
+                );
+                continue;
+            }
+            let parsed = parse_tool_calls(format, text);
+            let expected = r["expected"].as_array().unwrap();
+            assert_eq!(
+                parsed.calls.len(),
+                expected.len(),
+                "{name}: {text:?} -> {parsed:?}"
+            );
+            for (got, want) in parsed.calls.iter().zip(expected) {
+                assert_eq!(got.name, want["name"].as_str().unwrap(), "{name}");
+                let args: Json = serde_json::from_str(&got.arguments).unwrap();
+                assert_eq!(args, want["arguments"], "{name}");
+                if format == ToolCallFormat::Mistral {
+                    assert_eq!(got.id.as_deref(), want["id"].as_str(), "{name}");
+                }
+            }
+            // Qwen 3 writes an empty reasoning block before the calls: it stays as content.
+            assert!(
+                parsed.content.is_empty() || parsed.content == "<think>\n\n</think>",
+                "{name}: {:?}",
+                parsed.content
+            );
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} tool-call renderings parsed back, {templates} templates");
+    assert!(templates == 0 || checked >= 10, "{checked}");
 }
 
 #[test]

@@ -717,6 +717,57 @@ fn bad_requests_get_their_errors() {
     // Past the body limit (a valid request otherwise).
     let big = json!({"prompt": "x".repeat(9000), "max_tokens": 1}).to_string();
     l.check("a body over --body-limit", COMPLETIONS, big.as_bytes(), 413);
+    // Tools: past the cap of 128, past the body limit (10 000 tools, a 1 MB schema), a bad
+    // name, a choice of a function not listed, `required` beside a `response_format` (both
+    // would constrain the reply), calls that are not a list.
+    let tool = |name: String, params: Json| json!({"type": "function", "function": {"name": name, "parameters": params}});
+    let tools_of = |n: usize| -> Json {
+        (0..n)
+            .map(|i| tool(format!("f{i}"), json!({})))
+            .collect::<Vec<_>>()
+            .into()
+    };
+    l.check("129 tools", CHAT, &with("tools", tools_of(129)), 400);
+    l.check("10 000 tools", CHAT, &with("tools", tools_of(10_000)), 413);
+    let huge = json!({"type": "object", "description": "x".repeat(1 << 20)});
+    l.check(
+        "a 1 MB schema",
+        CHAT,
+        &with("tools", json!([tool("f".into(), huge)])),
+        413,
+    );
+    l.check(
+        "a tool named badly",
+        CHAT,
+        &with("tools", json!([tool("a b".into(), json!({}))])),
+        400,
+    );
+    let mut b = good.clone();
+    b["tools"] = tools_of(2);
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "nope"}});
+    l.check(
+        "tool_choice of an unlisted function",
+        CHAT,
+        b.to_string().as_bytes(),
+        400,
+    );
+    b["tool_choice"] = json!("required");
+    b["response_format"] = json!({"type": "json_object"});
+    l.check(
+        "tool_choice required with a response_format",
+        CHAT,
+        b.to_string().as_bytes(),
+        400,
+    );
+    l.check(
+        "tool_calls not a list",
+        CHAT,
+        &with(
+            "messages",
+            json!([{"role": "assistant", "content": "x", "tool_calls": "f()"}]),
+        ),
+        400,
+    );
     for (method, path) in [
         ("GET", "/v1/nothing"),
         ("POST", "/nothing"),
@@ -733,6 +784,188 @@ fn bad_requests_get_their_errors() {
         m.text
     );
     assert_eq!(m.get("llm_slots_active"), 0.0);
+}
+
+/// Tools under `tool_choice: auto` on a template that does not render them (the generic form,
+/// on the demo model): the prompt is the conversation of `generic_messages` (the chat answers
+/// as the completion of that rendering), the model's text is the content, streamed
+/// as not; a conversation with a call and its result renders them back, and a result of
+/// another length changes the prompt by that much.
+#[test]
+fn tools_in_the_generic_form() {
+    use rknn_llm::chat::{Message, ToolCall, ToolChoice, Tools, generic_messages};
+    // The demo model (the generic form's text takes more than the tiny model's 512 tokens),
+    // with the plain template, so that the prompt is known.
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "2048",
+            "--parallel",
+            "1",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let tools = json!([{"type": "function", "function": {"name": "w",
+        "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}}]);
+    let lib_tools = Tools::from_json(&tools.to_string()).unwrap();
+    let as_pairs = |msgs: &[Message]| -> String {
+        let pairs: Vec<(&str, &str)> = msgs
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        server::render_plain(&pairs)
+    };
+    let call = ToolCall {
+        id: Some("call_1".into()),
+        ..ToolCall::new("w", r#"{"c":"Paris"}"#)
+    };
+    for result in ["sunny", "sunny, 22 degrees, light wind from the west"] {
+        for (what, msgs, body_msgs) in [
+            (
+                "a request",
+                vec![Message::user("weather in Paris?")],
+                json!([{"role": "user", "content": "weather in Paris?"}]),
+            ),
+            (
+                "a call and its result",
+                vec![
+                    Message::user("weather in Paris?"),
+                    Message::assistant_calls("", vec![call.clone()]),
+                    Message::tool("call_1", result),
+                ],
+                json!([
+                    {"role": "user", "content": "weather in Paris?"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"c\":\"Paris\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": result},
+                ]),
+            ),
+        ] {
+            let body =
+                json!({"messages": body_msgs, "tools": tools, "max_tokens": 12, "temperature": 0});
+            let r = s.post(CHAT, &body);
+            assert_eq!(r.status, 200, "{what}: {}", r.text());
+            let a = r.json();
+            let message = &a["choices"][0]["message"];
+            assert!(message.get("tool_calls").is_none(), "{what}: {a}");
+            assert_ne!(
+                a["choices"][0]["finish_reason"], "tool_calls",
+                "{what}: {a}"
+            );
+            let chat = Gen::from_answer(&a);
+            let rendered = as_pairs(&generic_messages(
+                &msgs,
+                &lib_tools,
+                &ToolChoice::Auto,
+                true,
+            ));
+            assert!(rendered.contains(result) || what == "a request");
+            let c = s.generate(
+                COMPLETIONS,
+                &json!({"prompt": rendered, "max_tokens": 12, "temperature": 0}),
+            );
+            assert_eq!(
+                chat.key(),
+                c.key(),
+                "{what}: the chat is the completion of its generic form"
+            );
+            let streamed = s.generate_stream(CHAT, &body);
+            assert_eq!(streamed.text, chat.text, "{what}");
+            assert_eq!(streamed.finish, chat.finish, "{what}");
+        }
+    }
+    // `none`: the tools are not described.
+    let plain =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+    let mut none = plain.clone();
+    none["tools"] = tools.clone();
+    none["tool_choice"] = json!("none");
+    assert_eq!(
+        s.generate(CHAT, &none).key(),
+        s.generate(CHAT, &plain).key()
+    );
+}
+
+/// Tools reach a template that renders them as its `tools`, and calls and results as the
+/// messages' `tool_calls` (arguments as objects) and `tool` messages: the chat answers as the
+/// completion of the library's rendering with those tools; the tiny model writes no
+/// `<tool_call>`, so its text is the content, streamed as not.
+#[test]
+fn tools_reach_a_template_that_renders_them() {
+    use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, ToolCall, Tools};
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let source = "{% if tools %}[{% for t in tools %}{{ t.function.name }}{% endfor %}]{% endif %}\
+        {% for m in messages %}<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}\
+        <tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endfor %}<assistant>";
+    let path = std::env::temp_dir().join(format!("llm-server-tools-{}.jinja", std::process::id()));
+    std::fs::write(&path, source).unwrap();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "512",
+            "--parallel",
+            "1",
+            "--chat-template-file",
+            path.to_str().unwrap(),
+        ],
+    );
+    let tools =
+        json!([{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]);
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"c\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+        ],
+        "tools": tools, "max_tokens": 8, "temperature": 0,
+    });
+    let template = ChatTemplate::new("t", source).unwrap();
+    let options = ChatOptions {
+        tools: Some(Tools::from_json(&tools.to_string()).unwrap()),
+        ..ChatOptions::default()
+    };
+    let call = ToolCall {
+        id: Some("call_1".into()),
+        ..ToolCall::new("w", r#"{"c": 1}"#)
+    };
+    let messages = [
+        Message::user("hi"),
+        Message::assistant_calls("", vec![call]),
+        Message::tool("call_1", "ok"),
+    ];
+    let rendered = template.render(&messages, true, &options).unwrap();
+    assert_eq!(
+        rendered,
+        r#"[w]<user>hi<assistant><tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call><tool>ok<assistant>"#
+    );
+    let a = s.post(CHAT, &body).json();
+    assert!(
+        a["choices"][0]["message"].get("tool_calls").is_none(),
+        "{a}"
+    );
+    let chat = Gen::from_answer(&a);
+    let c = s.generate(
+        COMPLETIONS,
+        &json!({"prompt": rendered, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(chat.key(), c.key());
+    let streamed = s.generate_stream(CHAT, &body);
+    assert_eq!((streamed.text, streamed.finish), (chat.text, chat.finish));
+    let _ = std::fs::remove_file(&path);
 }
 
 /// With `--api-key`, the API needs `Authorization: Bearer KEY` (401 otherwise); /health does not.

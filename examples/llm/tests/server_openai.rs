@@ -148,6 +148,9 @@ fn the_official_openai_client_works() {
         .arg("--auth-base-url")
         .arg(format!("http://{}/v1", auth.addr))
         .args(["--auth-key", "sekrit-7", "--auth-model", "tiny-auth"]);
+    // `tool_choice` required and named functions are constrained: the client checks that they
+    // always give a valid call.
+    cmd.arg("--tool-choice-required");
     let t = Instant::now();
     let o = run_bounded(cmd, budget(600)).unwrap();
     println!("{}", String::from_utf8_lossy(&o.stdout));

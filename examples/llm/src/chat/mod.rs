@@ -5,8 +5,9 @@
 //! The environment is transformers' `ImmutableSandboxedEnvironment(trim_blocks=True,
 //! lstrip_blocks=True)` with `jinja2.ext.loopcontrols` (`{% break %}`, `{% continue %}`):
 //!
-//! * variables `messages` (a list of `{role, content}` maps), `add_generation_prompt`,
-//!   `tools` and `documents` (none), `bos_token` and `eos_token` (the texts of the vocabulary's
+//! * variables `messages` (a list of `{role, content}` maps, with `tool_calls`, `tool_call_id`
+//!   and `name` where a [`Message`] has them), `add_generation_prompt`, `tools`
+//!   ([`ChatOptions::tools`]: OpenAI's list, as given) and `documents` (none), `bos_token` and `eos_token` (the texts of the vocabulary's
 //!   BOS and EOS tokens; undefined when it has none), and extra keyword arguments such as
 //!   Qwen3's `enable_thinking` ([`ChatOptions`]);
 //! * `raise_exception(msg)`, which fails the rendering with `msg` ([`ChatError::Raised`]);
@@ -44,16 +45,31 @@
 //! # Ok::<(), rknn_llm::chat::ChatError>(())
 //! ```
 //!
+//! Tool calling: [`Tools`] given to the template; the [`ToolCallFormat`] a model writes its
+//! calls in, chosen from its template; [`parse_tool_calls`] and [`ToolCallStream`] reading them
+//! back from its output; the generic form ([`generic_messages`]) for templates that do not
+//! render tools; and what to constrain a reply with for a [`ToolChoice`]
+//! ([`tool_constraint`]).
+//!
 //! Where things are: the template, its environment and its errors in `template.rs`; Python's
 //! printing and string methods in `python.rs`; `tojson` (Python's `json.dumps`) in
 //! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`; the render
-//! workers, and why they are so, in `worker.rs`.
+//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`,
+//! on the small JSON reader of `json.rs`.
 
 mod datetime;
+mod json;
+mod message;
 mod python;
 mod template;
 mod tojson;
+mod tools;
 mod worker;
 
 pub use datetime::DateTime;
-pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, Message, encode_prompt};
+pub use message::{Message, ToolCall};
+pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, encode_prompt};
+pub use tools::{
+    Function, ParsedOutput, ToolCallFormat, ToolCallStream, ToolChoice, ToolConstraint, Tools,
+    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, tool_constraint,
+};

@@ -8,48 +8,16 @@ use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
 
 use super::datetime::DateTime;
+use super::message::Message;
 use super::python::{join, py_methods, py_str, py_strip};
 use super::tojson::tojson;
+use super::tools::Tools;
 use super::worker::{RENDERERS, RunError};
 use crate::gguf::GgufFile;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// The GGUF metadata key of the chat template.
 pub const GGUF_KEY: &str = "tokenizer.chat_template";
-
-/// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message {
-    /// `system`, `user`, `assistant`, or whatever else the template knows.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message of `role`.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
-    /// A system message.
-    pub fn system(content: impl Into<String>) -> Message {
-        Message::new("system", content)
-    }
-
-    /// A user message.
-    pub fn user(content: impl Into<String>) -> Message {
-        Message::new("user", content)
-    }
-
-    /// An assistant message.
-    pub fn assistant(content: impl Into<String>) -> Message {
-        Message::new("assistant", content)
-    }
-}
 
 /// The value of an extra template variable ([`ChatOptions::kwargs`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +51,10 @@ pub struct ChatOptions {
     pub kwargs: Vec<(String, Kwarg)>,
     /// The instant `strftime_now` formats; `None`: the current local time.
     pub now: Option<DateTime>,
+    /// OpenAI's tool list, given to the template as `tools` (`None`: `tools` is None). A
+    /// template that does not render tools ([`ChatTemplate::renders_tools`]) takes them in the
+    /// generic form instead ([`generic_messages`](super::generic_messages)).
+    pub tools: Option<Tools>,
 }
 
 /// Why a template could not be used or rendered.
@@ -320,6 +292,23 @@ impl ChatTemplate {
         }
     }
 
+    /// Whether the template renders the `tools` it is given, as llama.cpp tells it: a
+    /// conversation of one user message rendered with one tool shows the tool's name. A
+    /// template that does not takes tools in the generic form
+    /// ([`generic_messages`](super::generic_messages)).
+    pub fn renders_tools(&self) -> bool {
+        const PROBE: &str = "rknn_probe_tool_name";
+        let tools = Tools::from_json(&format!(
+            r#"[{{"type": "function", "function": {{"name": "{PROBE}", "description": "A probe.", "parameters": {{"type": "object", "properties": {{"arg": {{"type": "string", "description": "An argument."}}}}, "required": ["arg"]}}}}}}]"#
+        ));
+        let options = ChatOptions {
+            tools: tools.ok(),
+            ..ChatOptions::default()
+        };
+        self.render(&[Message::user("Hi.")], true, &options)
+            .is_ok_and(|text| text.contains(PROBE))
+    }
+
     /// The template's variables, in the order `apply_chat_template` lays them (a later one
     /// wins): `strftime_now`, the special tokens, the options, then the conversation.
     fn context(&self, messages: &[Message], agp: bool, options: &ChatOptions) -> Value {
@@ -343,17 +332,13 @@ impl ChatTemplate {
         if let Some(t) = options.enable_thinking {
             vars.push(("enable_thinking".into(), Value::from(t)));
         }
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(Message::to_value).collect();
         vars.push(("messages".into(), Value::from(messages)));
-        vars.push(("tools".into(), Value::from(())));
+        let tools = options
+            .tools
+            .as_ref()
+            .map_or(Value::from(()), Tools::to_value);
+        vars.push(("tools".into(), tools));
         vars.push(("documents".into(), Value::from(())));
         vars.push(("add_generation_prompt".into(), Value::from(agp)));
         Value::from_pairs(vars)
@@ -517,6 +502,7 @@ mod tests {
                 ("add_generation_prompt".into(), Kwarg::Bool(true)),
             ],
             now: DateTime::new(2024, 7, 26, 12, 0, 0),
+            tools: None,
         };
         assert_eq!(
             t.render(&[], false, &opts).unwrap(),

@@ -325,6 +325,7 @@ impl Prepared {
             seed,
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,
+            logit_bias: Vec::new(),
         })?;
         let dump = match &args.dump_logits {
             Some(p) => Some(SharedFile::create(p)?),

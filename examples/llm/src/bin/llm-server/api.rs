@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
-use rknn_llm::constraint::GrammarCompiler;
+use rknn_llm::chat::{ChatTemplate, ToolCallStream, ToolConstraint, encode_prompt};
+use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
 use rknn_llm::sample::TokenLogprobs;
 use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
 use rknn_llm::session::Stop;
@@ -38,6 +38,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use crate::error::{ApiError, json_response};
 use crate::metrics::{self, Requests};
 use crate::params::{self, Obj, Options};
+use crate::tools::{self, Answer, ToolOutput};
 
 /// How long past a request's deadline the HTTP side waits for the batcher to report it
 /// (the batcher checks deadlines between passes) before answering 504 itself.
@@ -363,23 +364,54 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
     let (loaded, _) = st.serving()?;
     let obj = read_json(&st, req).await?;
     let messages = params::messages(&obj)?;
+    let tool_request = params::tools(&obj)?;
     params::check_fields(&obj, params::Endpoint::Chat)?;
     let mut options = params::options(&obj, random_seed)?;
     options.sampling.logit_bias = params::logit_bias(&obj, loaded.tokenizer.n_vocab())?;
     let logprobs = params::chat_logprobs(&obj)?;
     let template = loaded.template.clone().map_err(ApiError::bad_request)?;
     let tok = loaded.tokenizer.clone();
-    let prompt = blocking(move || {
+    let (prompt, tool_output, tool_constraint) = blocking(move || {
+        let plan = tools::plan(&template, messages, tool_request)?;
         let text = template
-            .render(&messages, true, &ChatOptions::default())
+            .render(&plan.messages, true, &plan.options)
             .map_err(|e| match e {
                 rknn_llm::chat::ChatError::Timeout { .. } => ApiError::internal(e.to_string()),
                 _ => ApiError::param("messages", e.to_string()),
             })?;
-        encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))
+        let prompt =
+            encode_prompt(&tok, &text).map_err(|e| ApiError::param("messages", e.to_string()))?;
+        Ok((prompt, plan.output, plan.constraint))
     })
     .await?;
-    generate(&st, Kind::Chat, prompt, options, (logprobs, 0), deadline).await
+    // `tool_choice` required or a named function (and the generic form's call-or-reply) is
+    // enforced while sampling, so the call always parses and validates.
+    if let Some(c) = tool_constraint {
+        if let Some((_, other)) = &options.constraint {
+            return Err(ApiError::param(
+                *other,
+                format!("`{other}` and tools that constrain the reply (`tool_choice`, or a template without tools) cannot both shape it"),
+            ));
+        }
+        let spec = match c {
+            ToolConstraint::JsonSchema(text) => GrammarSpec::JsonSchema(
+                serde_json::from_str(&text)
+                    .map_err(|e| ApiError::internal(format!("the tools' schema: {e}")))?,
+            ),
+            ToolConstraint::Lark(g) => GrammarSpec::Lark(g),
+        };
+        options.constraint = Some((spec, "tools"));
+    }
+    generate(
+        &st,
+        Kind::Chat,
+        prompt,
+        options,
+        (logprobs, 0),
+        deadline,
+        tool_output,
+    )
+    .await
 }
 
 /// `POST /v1/completions`.
@@ -401,12 +433,13 @@ async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> 
     })
     .await?;
     let logprobs = (logprobs, prompt_chars);
-    generate(&st, Kind::Completion, prompt, options, logprobs, deadline).await
+    generate(&st, Kind::Completion, prompt, options, logprobs, deadline, None).await
 }
 
 /// Submits the request and answers: the whole completion, or a stream of its pieces;
 /// `(logprobs, prompt_chars)`: the alternatives asked for (`None`: no log-probabilities),
-/// and where a completion's `text_offset` begins.
+/// and where a completion's `text_offset` begins; a chat with tools has its output read for
+/// calls (`tools`).
 async fn generate(
     st: &AppState,
     kind: Kind,
@@ -414,6 +447,7 @@ async fn generate(
     options: Options,
     (logprobs, prompt_chars): (Option<usize>, usize),
     deadline: Instant,
+    tools: Option<ToolOutput>,
 ) -> Result<Response, ApiError> {
     let (loaded, batcher) = st.serving()?;
     if options.n > 1 {
@@ -476,6 +510,7 @@ async fn generate(
     if options.stream {
         let body = SseBody {
             rx,
+            tools: tools.map(|t| (ToolCallStream::new(t.format), t)),
             pending: Some(first),
             head: (kind == Kind::Chat).then(|| reply.role_chunk()),
             reply,
@@ -502,7 +537,11 @@ async fn generate(
             }
             Event::Done(f) => {
                 let lp = lp.as_mut().map_or(Value::Null, LogprobsOut::take);
-                return Ok(json_response(StatusCode::OK, &reply.whole(&f, lp)));
+                let answer = tools.as_ref().map(|t| tools::answer_text(t, &f.text));
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &reply.whole(&f, lp, answer.as_ref()),
+                ));
             }
             Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
         }
@@ -642,15 +681,27 @@ impl Reply {
         v
     }
 
-    /// The non-streamed response, with its `logprobs` (null when not asked for).
-    fn whole(&self, f: &Finished, logprobs: Value) -> Value {
+    /// The non-streamed response, with its `logprobs` (null when not asked for); a chat's
+    /// content and calls are `answer`'s when it has one.
+    fn whole(&self, f: &Finished, logprobs: Value, answer: Option<&Answer>) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": f.text},
-                "finish_reason": finish_reason(f.stop),
-                "logprobs": logprobs,
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": f.text});
+                let mut finish = finish_reason(f.stop);
+                if let Some(a) = answer {
+                    message["content"] = json!(a.content);
+                    if !a.calls.is_empty() {
+                        message["tool_calls"] = json!(a.calls);
+                        finish = "tool_calls";
+                    }
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish,
+                    "logprobs": logprobs,
+                })
+            }
             Kind::Completion => json!({
                 "index": 0,
                 "text": f.text,
@@ -696,11 +747,35 @@ impl Reply {
         sse(&self.chunk(Some(""), true, None, Value::Null))
     }
 
-    /// The stream's closing events: the finish reason, the usage if asked, `[DONE]`.
-    fn closing(&self, f: &Finished) -> Bytes {
+    /// The chat stream's chunk of the call `index`: `delta.tool_calls` of one call with its
+    /// `index`, `id`, `type`, and `function` with its name and whole arguments.
+    fn call_chunk(&self, index: usize, call: &Value) -> Value {
+        let mut call = call.clone();
+        call["index"] = json!(index);
+        let choice = json!({
+            "index": 0,
+            "delta": {"tool_calls": [call]},
+            "finish_reason": null,
+            "logprobs": null,
+        });
+        self.envelope(self.chunk_object(), json!([choice]), None)
+    }
+
+    /// The stream's closing events: the text held back and a chunk per call (a chat with
+    /// tools: `answer`), the finish reason, the usage if asked, `[DONE]`.
+    fn closing(&self, f: &Finished, answer: Option<&Answer>) -> Bytes {
         let mut out = Vec::new();
-        let last = self.chunk(None, false, Some(finish_reason(f.stop)), Value::Null);
-        out.extend_from_slice(&sse(&last));
+        let mut finish = finish_reason(f.stop);
+        if let Some(a) = answer {
+            if let Some(text) = a.content.as_deref().filter(|t| !t.is_empty()) {
+                out.extend_from_slice(&sse(&self.chunk(Some(text), false, None, Value::Null)));
+            }
+            for (i, call) in a.calls.iter().enumerate() {
+                out.extend_from_slice(&sse(&self.call_chunk(i, call)));
+                finish = "tool_calls";
+            }
+        }
+        out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish), Value::Null)));
         if self.include_usage {
             let u = self.envelope(self.chunk_object(), json!([]), Some(usage(f)));
             out.extend_from_slice(&sse(&u));
@@ -825,6 +900,8 @@ fn sse(v: &Value) -> Bytes {
 struct SseBody {
     /// The request's events.
     rx: UnboundedReceiver<Event>,
+    /// A chat with tools: its output read for calls as it streams, and how.
+    tools: Option<(ToolCallStream, ToolOutput)>,
     /// The event that arrived before the response began.
     pending: Option<Event>,
     /// The chat's role chunk, still to send.
@@ -885,16 +962,21 @@ impl HttpBody for SseBody {
                     if let (Some(lp), Some(t)) = (&mut this.logprobs, p.logprobs) {
                         lp.pending.push(t);
                     }
-                    // A token without text yet (part of a character, text a stop string may
-                    // begin): its log-probabilities go with the next chunk.
-                    if p.text.is_empty() {
+                    let text = match &mut this.tools {
+                        // Text that may begin a call is held back until the end.
+                        Some((stream, _)) => stream.push(&p.text),
+                        None => p.text,
+                    };
+                    // A token without text yet (part of a character, text a stop string or a
+                    // call may begin): its log-probabilities go with the next chunk.
+                    if text.is_empty() {
                         continue;
                     }
                     let lp = this
                         .logprobs
                         .as_mut()
                         .map_or(Value::Null, LogprobsOut::take);
-                    let chunk = this.reply.chunk(Some(&p.text), false, None, lp);
+                    let chunk = this.reply.chunk(Some(&text), false, None, lp);
                     return Poll::Ready(Some(Ok(Frame::data(sse(&chunk)))));
                 }
                 Event::Done(f) => {
@@ -905,7 +987,11 @@ impl HttpBody for SseBody {
                         let chunk = this.reply.chunk(Some(""), false, None, lp.take());
                         out.extend_from_slice(&sse(&chunk));
                     }
-                    out.extend_from_slice(&this.reply.closing(&f));
+                    let answer = this.tools.take().map(|(stream, output)| {
+                        let raw = stream.held().to_string();
+                        tools::answer(&output, stream.finish(), &raw)
+                    });
+                    out.extend_from_slice(&this.reply.closing(&f, answer.as_ref()));
                     return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                 }
                 Event::Failed(e) => {
@@ -1133,7 +1219,8 @@ mod tests {
 
     #[test]
     fn a_chat_completion_has_openais_shape() {
-        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Value::Null);
+        let v = reply(Kind::Chat, false)
+            .whole(&finished(Stop::Eog), Value::Null, None);
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
@@ -1144,9 +1231,57 @@ mod tests {
     }
 
     #[test]
+    fn calls_are_tool_calls_with_their_finish_reason() {
+        let a = Answer {
+            content: None,
+            calls: vec![
+                json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}),
+                json!({"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"a\":1}"}}),
+            ],
+        };
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Some(&a));
+        assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        let closing = reply(Kind::Chat, false).closing(&finished(Stop::Eog), Some(&a));
+        let text = String::from_utf8_lossy(&closing).into_owned();
+        let events: Vec<Value> = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: {"))
+            .map(|e| serde_json::from_str(&format!("{{{e}")).expect("json"))
+            .collect();
+        // A chunk per call, as OpenAI streams them, then the finish reason.
+        assert_eq!(events.len(), 3);
+        for (i, (id, f)) in [
+            ("call_1", json!({"name": "f", "arguments": "{}"})),
+            ("call_2", json!({"name": "g", "arguments": "{\"a\":1}"})),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let calls = &events[i]["choices"][0]["delta"]["tool_calls"];
+            assert_eq!(calls.as_array().map(Vec::len), Some(1));
+            let call = &calls[0];
+            assert_eq!((&call["index"], &call["id"]), (&json!(i), &json!(id)));
+            assert_eq!((&call["type"], &call["function"]), (&json!("function"), &f));
+            assert_eq!(events[i]["choices"][0]["finish_reason"], Value::Null);
+        }
+        assert_eq!(events[2]["choices"][0]["finish_reason"], "tool_calls");
+        // Text held back and then found to be no call closes the stream as content.
+        let text_only = Answer {
+            content: Some("<tool_call> x".into()),
+            calls: vec![],
+        };
+        let closing = reply(Kind::Chat, false).closing(&finished(Stop::Eog), Some(&text_only));
+        let text = String::from_utf8_lossy(&closing).into_owned();
+        assert!(text.contains(r#""content":"<tool_call> x""#), "{text}");
+        assert!(text.contains(r#""finish_reason":"stop""#), "{text}");
+    }
+
+    #[test]
     fn a_stream_closes_with_the_reason_the_usage_and_done() {
         let r = reply(Kind::Completion, true);
-        let text = String::from_utf8_lossy(&r.closing(&finished(Stop::Context))).into_owned();
+        let text = String::from_utf8_lossy(&r.closing(&finished(Stop::Context), None)).into_owned();
         let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(events.len(), 3);
         let last: Value = serde_json::from_str(&events[0]["data: ".len()..]).expect("json");

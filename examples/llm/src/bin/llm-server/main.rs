@@ -21,6 +21,7 @@ mod conn;
 mod error;
 mod metrics;
 mod params;
+mod tools;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

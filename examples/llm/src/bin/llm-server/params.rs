@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use rknn_llm::chat::Message;
+use rknn_llm::chat::{Message, ToolCall, ToolChoice, Tools};
 use rknn_llm::constraint::GrammarSpec;
 use rknn_llm::sample::SamplerConfig;
 
@@ -480,9 +480,151 @@ pub fn messages(obj: &Obj) -> Result<Vec<Message>, ApiError> {
             }
         };
         let content = content(m.get("content"), i)?;
-        out.push(Message::new(role, content));
+        let mut message = Message::new(role, content);
+        message.tool_calls = tool_calls(m.get("tool_calls"), i)?;
+        message.tool_call_id = string_field(m, "tool_call_id", i)?;
+        message.name = string_field(m, "name", i)?;
+        out.push(message);
     }
     Ok(out)
+}
+
+/// The string field `name` of `messages[i]`, if given.
+fn string_field(m: &Obj, name: &str, i: usize) -> Result<Option<String>, ApiError> {
+    match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ApiError::param(
+            format!("messages[{i}].{name}"),
+            format!(
+                "`messages[{i}].{name}` must be a string, not {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// An assistant message's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments"}}]`, the arguments JSON text of an object (or the object itself).
+fn tool_calls(v: Option<&Value>, i: usize) -> Result<Vec<ToolCall>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::param(
+                format!("messages[{i}].tool_calls"),
+                format!(
+                    "`messages[{i}].tool_calls` must be a list, not {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (j, c) in list.iter().enumerate() {
+        let param = format!("messages[{i}].tool_calls[{j}]");
+        let bad = |why: &str| ApiError::param(param.clone(), format!("`{param}`: {why}"));
+        let f = c
+            .get("function")
+            .ok_or_else(|| bad("`function` is missing"))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("`function.name` must be a string"))?;
+        let arguments = match f.get("arguments") {
+            None | Some(Value::Null) => "{}".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(o @ Value::Object(_)) => o.to_string(),
+            Some(_) => return Err(bad("`function.arguments` must be a JSON string")),
+        };
+        let id = match c.get("id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(bad("`id` must be a string")),
+        };
+        out.push(ToolCall {
+            id,
+            name: name.to_string(),
+            arguments,
+        });
+    }
+    Ok(out)
+}
+
+/// A request's tools: the list, `tool_choice` and `parallel_tool_calls`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolRequest {
+    /// `tools`, checked (at most [`Tools::MAX_TOOLS`]).
+    pub tools: Tools,
+    /// `tool_choice` (default `auto`).
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls` (default true).
+    pub parallel: bool,
+}
+
+/// The request's `tools`, `tool_choice` and `parallel_tool_calls`; `None` without tools (an
+/// absent or empty list), when `tool_choice` may only be `none` or `auto`.
+pub fn tools(obj: &Obj) -> Result<Option<ToolRequest>, ApiError> {
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) if list.is_empty() => None,
+        Some(list @ Value::Array(_)) => Some(
+            Tools::from_json(&list.to_string())
+                .map_err(|e| ApiError::param("tools", e.to_string()))?,
+        ),
+        Some(other) => {
+            return Err(ApiError::param(
+                "tools",
+                format!("`tools` must be a list, not {}", type_name(other)),
+            ));
+        }
+    };
+    let choice = match obj.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(Value::Object(o)) => match o.get("function").and_then(|f| f.get("name")) {
+            Some(Value::String(name)) => ToolChoice::Function(name.clone()),
+            _ => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "`tool_choice` names a function as {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::param(
+                "tool_choice",
+                format!(
+                    "`tool_choice` must be \"auto\", \"none\", \"required\" or a function, not {other}"
+                ),
+            ));
+        }
+    };
+    let parallel = get::<bool>(obj, "parallel_tool_calls")?.unwrap_or(true);
+    let Some(tools) = tools else {
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(None),
+            _ => Err(ApiError::param(
+                "tool_choice",
+                "`tool_choice` asks for a call, but `tools` lists none",
+            )),
+        };
+    };
+    if let ToolChoice::Function(name) = &choice {
+        if tools.function(name).is_none() {
+            return Err(ApiError::param(
+                "tool_choice",
+                format!("`tool_choice` names {name:?}, which `tools` does not list"),
+            ));
+        }
+    }
+    Ok(Some(ToolRequest {
+        tools,
+        choice,
+        parallel,
+    }))
 }
 
 /// A message's content as text.
@@ -960,8 +1102,129 @@ mod tests {
         ]})))
         .expect("valid");
         assert_eq!(m[1], Message::user("ab"));
-        assert_eq!(m[2], Message::assistant(""));
+        assert_eq!(
+            m[2],
+            Message {
+                name: Some("x".into()),
+                ..Message::assistant("")
+            }
+        );
         assert_eq!(m[3].role, "tool-ish");
+    }
+
+    #[test]
+    fn messages_carry_tool_calls_and_results() {
+        let m = messages(&obj(json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}}
+            ]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+        ]})))
+        .expect("valid");
+        assert_eq!(
+            m[1],
+            Message::assistant_calls(
+                "",
+                vec![
+                    ToolCall {
+                        id: Some("call_1".into()),
+                        ..ToolCall::new("get_weather", "{\"city\": \"Paris\"}")
+                    },
+                    ToolCall {
+                        id: Some("call_2".into()),
+                        ..ToolCall::new("now", "{\"tz\":\"UTC\"}")
+                    },
+                ]
+            )
+        );
+        assert_eq!(
+            m[2],
+            Message {
+                name: Some("get_weather".into()),
+                ..Message::tool("call_1", "sunny")
+            }
+        );
+        for body in [
+            json!({"messages": [{"role": "assistant", "tool_calls": {}}]}),
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}),
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]}),
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": 1}}]}]}),
+            json!({"messages": [{"role": "tool", "content": "x", "tool_call_id": 3}]}),
+        ] {
+            let e = messages(&obj(body.clone())).expect_err(&body.to_string());
+            assert!(
+                e.param
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("messages[0].")),
+                "{body}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+        assert_eq!(tools(&obj(json!({}))), Ok(None));
+        assert_eq!(
+            tools(&obj(json!({"tools": [], "tool_choice": "auto"}))),
+            Ok(None)
+        );
+        let t = tools(&obj(
+            json!({"tools": [weather], "parallel_tool_calls": false}),
+        ))
+        .expect("valid")
+        .expect("some");
+        assert_eq!((t.choice, t.parallel), (ToolChoice::Auto, false));
+        assert_eq!(t.tools.functions()[0].name, "get_weather");
+        for (choice, want) in [
+            (json!("none"), ToolChoice::None),
+            (json!("required"), ToolChoice::Required),
+            (
+                json!({"type": "function", "function": {"name": "get_weather"}}),
+                ToolChoice::Function("get_weather".into()),
+            ),
+        ] {
+            let t = tools(&obj(json!({"tools": [weather], "tool_choice": choice})))
+                .unwrap()
+                .unwrap();
+            assert_eq!(t.choice, want);
+            assert!(t.parallel);
+        }
+        let many: Vec<Value> = (0..=Tools::MAX_TOOLS)
+            .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+            .collect();
+        for (body, param) in [
+            (json!({"tools": {}}), "tools"),
+            (json!({"tools": [1]}), "tools"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools",
+            ),
+            (json!({"tools": many}), "tools"),
+            (
+                json!({"tools": [weather], "tool_choice": "sometimes"}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [weather], "tool_choice": {"type": "function"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "other"}}}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tools": [weather], "parallel_tool_calls": "yes"}),
+                "parallel_tool_calls",
+            ),
+        ] {
+            let e = tools(&obj(body.clone())).expect_err(&body.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.status.as_u16(), 400);
+        }
     }
 
     #[test]

@@ -1,0 +1,1186 @@
+//! Tool calling: the tool list given to a template, the form a model writes its calls in (chosen
+//! from the template), the parsers that read calls back from its output (whole, or as it
+//! streams), and the generic form for templates that take no tools.
+//!
+//! * [`Tools`]: OpenAI's `tools` list (`[{"type": "function", "function": {"name",
+//!   "description", "parameters"}}]`), checked ([`Tools::MAX_TOOLS`],
+//!   [`Tools::MAX_JSON_BYTES`], names of 1 to 64 of
+//!   `A-Za-z0-9_-`, no duplicates) and given to the template as `tools`
+//!   ([`ChatOptions::tools`](super::ChatOptions::tools)).
+//! * [`ToolCallFormat`]: how the model writes calls, detected from the template's source by
+//!   the markers llama.cpp's `chat.cpp` looks for; [`ToolCallFormat::Generic`] for a template
+//!   that does not render `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)).
+//! * [`parse_tool_calls`] and [`ToolCallStream`]: the calls in a model's output. Never a
+//!   panic: output that is not a well-formed call is given back whole as content, as OpenAI
+//!   does.
+//! * [`generic_messages`], [`tool_constraint`]: the generic form (as llama-server's generic
+//!   handler: the tools described in a system message, the reply a JSON object with either
+//!   `tool_calls` or `response`), and what to constrain the output with for a `tool_choice`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use minijinja::value::Value;
+
+use super::json::{self, Json, JsonError, write_str};
+use super::message::{Message, ToolCall};
+
+/// One function of a [`Tools`] list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    /// The function's name: 1 to 64 of `A-Za-z0-9_-`.
+    pub name: String,
+    /// Its description, if given.
+    pub description: Option<String>,
+    /// The JSON Schema of its arguments, as compact JSON text (`{"type":"object"}` when not
+    /// given).
+    pub parameters: String,
+}
+
+/// The tools of a request: OpenAI's `tools` list, checked. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    /// The list as given, for the template.
+    json: Arc<Json>,
+    functions: Arc<[Function]>,
+}
+
+impl PartialEq for Tools {
+    fn eq(&self, other: &Tools) -> bool {
+        self.functions == other.functions && self.json == other.json
+    }
+}
+
+impl Eq for Tools {}
+
+/// Why a tool list was refused; `index` is the position in the list.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolsError {
+    /// Not JSON, or not a list.
+    #[error("`tools` must be a JSON list of tools: {0}")]
+    NotAList(String),
+    /// JSON text longer than [`Tools::MAX_JSON_BYTES`].
+    #[error("`tools` takes {0} bytes of JSON, more than {max}", max = Tools::MAX_JSON_BYTES)]
+    TooLarge(usize),
+    /// More tools than [`Tools::MAX_TOOLS`].
+    #[error("`tools` lists {0} tools, more than {max}", max = Tools::MAX_TOOLS)]
+    TooMany(usize),
+    /// A tool that is not a `{"type": "function", "function": {...}}` object.
+    #[error("`tools[{index}]`: {reason}")]
+    BadTool {
+        /// Its position.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two tools of the same name.
+    #[error("`tools[{index}]`: the name {name:?} is used twice")]
+    Duplicate {
+        /// The position of the second.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+}
+
+/// Whether `name` is a valid function name (OpenAI's rule).
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Tools {
+    /// The most tools a list may hold (llama.cpp sets none; OpenAI allows 128).
+    pub const MAX_TOOLS: usize = 128;
+
+    /// The longest JSON text of a list (256 KiB): every schema is rendered into the prompt, and
+    /// a reply constrained by them compiles them.
+    pub const MAX_JSON_BYTES: usize = 256 << 10;
+
+    /// Reads OpenAI's `tools` list from JSON text.
+    pub fn from_json(text: &str) -> Result<Tools, ToolsError> {
+        if text.len() > Self::MAX_JSON_BYTES {
+            return Err(ToolsError::TooLarge(text.len()));
+        }
+        let json = json::parse(text).map_err(|e| {
+            ToolsError::NotAList(match e {
+                JsonError::Incomplete => "the text ends early".into(),
+                JsonError::Invalid(at) => format!("not JSON at byte {at}"),
+            })
+        })?;
+        let Json::Arr(list) = &json else {
+            return Err(ToolsError::NotAList("not a list".into()));
+        };
+        if list.len() > Self::MAX_TOOLS {
+            return Err(ToolsError::TooMany(list.len()));
+        }
+        let mut functions: Vec<Function> = Vec::with_capacity(list.len());
+        for (index, tool) in list.iter().enumerate() {
+            let bad = |reason: &str| ToolsError::BadTool {
+                index,
+                reason: reason.into(),
+            };
+            if !matches!(tool, Json::Obj(_)) {
+                return Err(bad("a tool must be an object"));
+            }
+            match tool.get("type") {
+                Some(Json::Str(t)) if t == "function" => {}
+                Some(Json::Str(_)) => {
+                    return Err(bad("only tools of type \"function\" are supported"));
+                }
+                _ => return Err(bad("`type` must be \"function\"")),
+            }
+            let Some(f @ Json::Obj(_)) = tool.get("function") else {
+                return Err(bad("`function` must be an object"));
+            };
+            let name = match f.get("name") {
+                Some(Json::Str(n)) if valid_name(n) => n.clone(),
+                Some(Json::Str(_)) => {
+                    return Err(bad(
+                        "`function.name` must be 1 to 64 letters, digits, underscores or dashes",
+                    ));
+                }
+                _ => return Err(bad("`function.name` must be a string")),
+            };
+            let description = match f.get("description") {
+                None | Some(Json::Null) => None,
+                Some(Json::Str(d)) => Some(d.clone()),
+                _ => return Err(bad("`function.description` must be a string")),
+            };
+            let parameters = match f.get("parameters") {
+                None | Some(Json::Null) => r#"{"type":"object"}"#.to_string(),
+                Some(p @ Json::Obj(_)) => p.to_compact(),
+                _ => return Err(bad("`function.parameters` must be a JSON Schema object")),
+            };
+            if functions.iter().any(|g| g.name == name) {
+                return Err(ToolsError::Duplicate { index, name });
+            }
+            functions.push(Function {
+                name,
+                description,
+                parameters,
+            });
+        }
+        Ok(Tools {
+            json: Arc::new(json),
+            functions: functions.into(),
+        })
+    }
+
+    /// The functions, in order.
+    pub fn functions(&self) -> &[Function] {
+        &self.functions
+    }
+
+    /// The function named `name`.
+    pub fn function(&self, name: &str) -> Option<&Function> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    /// The list as the template gets it: as given, objects in order.
+    pub(super) fn to_value(&self) -> Value {
+        self.json.to_value()
+    }
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model chooses between calls and a text reply.
+    #[default]
+    Auto,
+    /// No call: the tools are not given to the template, the output is text.
+    None,
+    /// At least one call.
+    Required,
+    /// A call of this function.
+    Function(String),
+}
+
+/// How a model writes its calls: chosen from its template ([`ToolCallFormat::detect`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ToolCallFormat {
+    /// Hermes and Qwen 2.5 / Qwen 3: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
+    /// one block per call, after optional text.
+    Hermes,
+    /// Llama 3.1 / 3.2: the whole reply is `{"name": ..., "parameters": {...}}` (also after
+    /// `<|python_tag|>`; `arguments` is taken for `parameters`; several calls separated by
+    /// `;`).
+    Llama3,
+    /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` after optional
+    /// text.
+    Mistral,
+    /// The generic form, for templates without tools: the whole reply is a JSON object,
+    /// `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` (or llama.cpp's single
+    /// `{"tool_call": {...}}`), or `{"response": "text"}`.
+    Generic,
+}
+
+impl ToolCallFormat {
+    /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
+    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen, `<|python_tag|>` or the
+    /// `ipython` header Llama 3.x, else [`Generic`](Self::Generic). Use it only for a template
+    /// that renders `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools));
+    /// the others take the generic form.
+    pub fn detect(source: &str) -> ToolCallFormat {
+        if source.contains("[TOOL_CALLS]") {
+            ToolCallFormat::Mistral
+        } else if source.contains("<tool_call>") {
+            ToolCallFormat::Hermes
+        } else if source.contains("<|python_tag|>")
+            || source.contains("<|start_header_id|>ipython<|end_header_id|>")
+        {
+            ToolCallFormat::Llama3
+        } else {
+            ToolCallFormat::Generic
+        }
+    }
+
+    /// The marker text a call starts with, for the formats that have one.
+    fn marker(self) -> Option<&'static str> {
+        match self {
+            ToolCallFormat::Hermes => Some(HERMES_OPEN),
+            ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
+            ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
+        }
+    }
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// A model's output read for calls: the text, and the calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParsedOutput {
+    /// The text besides the calls (trimmed at the calls); all of the output when it holds no
+    /// well-formed call.
+    pub content: String,
+    /// The calls, in order; their `id` is the model's (Mistral) or `None`.
+    pub calls: Vec<ToolCall>,
+}
+
+/// Reads the calls in `text`, written in `format`. Output that is not made of well-formed
+/// calls where the format puts them (a cut or malformed call, a call without a name) comes
+/// back whole as `content`, without calls.
+pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
+    let parsed = match format {
+        ToolCallFormat::Hermes => parse_hermes(text),
+        ToolCallFormat::Llama3 => parse_llama3(text),
+        ToolCallFormat::Mistral => parse_mistral(text),
+        ToolCallFormat::Generic => parse_generic(text),
+    };
+    parsed.unwrap_or_else(|| ParsedOutput {
+        content: text.to_string(),
+        calls: Vec::new(),
+    })
+}
+
+/// A call object: `name` (a string) and the arguments under `args_key` (an object; `{}` when
+/// absent), and an `id` string if there is one.
+fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
+    let Json::Obj(_) = v else { return None };
+    let name = v.get("name")?.as_str()?;
+    if name.is_empty() {
+        return None;
+    }
+    let arguments = match v.get(args_key) {
+        None => "{}".to_string(),
+        Some(a @ Json::Obj(_)) => a.to_compact(),
+        // Arguments given as JSON text of an object, as some models write them.
+        Some(Json::Str(s)) => match json::parse(s) {
+            Ok(a @ Json::Obj(_)) => a.to_compact(),
+            _ => return None,
+        },
+        Some(_) => return None,
+    };
+    Some(ToolCall {
+        id: v.get("id").and_then(Json::as_str).map(str::to_string),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+fn skip_ws(s: &str) -> &str {
+    s.trim_start_matches([' ', '\t', '\n', '\r'])
+}
+
+fn parse_hermes(text: &str) -> Option<ParsedOutput> {
+    let first = text.find(HERMES_OPEN)?;
+    let mut content = text[..first].trim_end().to_string();
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    loop {
+        let after = skip_ws(rest.strip_prefix(HERMES_OPEN)?);
+        let (v, end) = json::parse_prefix(after).ok()?;
+        calls.push(call_of(&v, "arguments")?);
+        let tail = skip_ws(&after[end..]);
+        rest = match tail.strip_prefix(HERMES_CLOSE) {
+            Some(r) => r,
+            // The closing tag cut off by the end of the generation.
+            None if tail.is_empty() => tail,
+            None => return None,
+        };
+        let next = skip_ws(rest);
+        if next.starts_with(HERMES_OPEN) {
+            rest = next;
+            continue;
+        }
+        // Text after the calls (rare) is kept as content.
+        let after_calls = rest.trim();
+        if !after_calls.is_empty() {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(after_calls);
+        }
+        return Some(ParsedOutput { content, calls });
+    }
+}
+
+fn parse_llama3(text: &str) -> Option<ParsedOutput> {
+    // JSON's whitespace only, as the streaming reader skips it.
+    let t = text.trim_matches([' ', '\t', '\n', '\r']);
+    let mut rest = t.strip_prefix(PYTHON_TAG).map_or(t, skip_ws);
+    let mut calls = Vec::new();
+    loop {
+        let (v, end) = json::parse_prefix(rest).ok()?;
+        let call = match v.get("parameters") {
+            Some(_) => call_of(&v, "parameters")?,
+            None => call_of(&v, "arguments")?,
+        };
+        calls.push(call);
+        rest = skip_ws(&rest[end..]);
+        if rest.is_empty() {
+            return Some(ParsedOutput {
+                content: String::new(),
+                calls,
+            });
+        }
+        rest = skip_ws(rest.strip_prefix(';')?);
+        if rest.is_empty() {
+            return Some(ParsedOutput {
+                content: String::new(),
+                calls,
+            });
+        }
+    }
+}
+
+fn parse_mistral(text: &str) -> Option<ParsedOutput> {
+    let at = text.find(MISTRAL_OPEN)?;
+    let after = skip_ws(&text[at + MISTRAL_OPEN.len()..]);
+    let (v, end) = json::parse_prefix(after).ok()?;
+    if !skip_ws(&after[end..]).is_empty() {
+        return None;
+    }
+    let Json::Arr(items) = v else { return None };
+    if items.is_empty() {
+        return None;
+    }
+    let calls = items
+        .iter()
+        .map(|c| call_of(c, "arguments"))
+        .collect::<Option<Vec<_>>>()?;
+    Some(ParsedOutput {
+        content: text[..at].trim_end().to_string(),
+        calls,
+    })
+}
+
+fn parse_generic(text: &str) -> Option<ParsedOutput> {
+    let v = json::parse(text).ok()?;
+    if let Some(Json::Str(r)) = v.get("response") {
+        return Some(ParsedOutput {
+            content: r.clone(),
+            calls: Vec::new(),
+        });
+    }
+    let calls = match (v.get("tool_calls"), v.get("tool_call")) {
+        (Some(Json::Arr(items)), _) if !items.is_empty() => items
+            .iter()
+            .map(|c| call_of(c, "arguments"))
+            .collect::<Option<Vec<_>>>()?,
+        (None, Some(c)) => vec![call_of(c, "arguments")?],
+        _ => return None,
+    };
+    Some(ParsedOutput {
+        content: String::new(),
+        calls,
+    })
+}
+
+/// Reads calls from output as it streams: text that cannot be part of a call is passed on at
+/// once; from the point where a call may begin (the format's marker, or a part of it at the
+/// end of the text so far; for Llama 3.x and the generic form, a reply that begins with `{` or
+/// `<|python_tag|>`), the text is held back, and read at the end ([`finish`](Self::finish))
+/// as [`parse_tool_calls`] reads it. The text passed on plus the content of `finish` is the
+/// whole output when it holds no call.
+#[derive(Clone, Debug)]
+pub struct ToolCallStream {
+    format: ToolCallFormat,
+    /// Text not passed on yet.
+    held: String,
+    /// From `held`'s start on, everything is held until the end.
+    holding: bool,
+    /// Llama 3.x / generic: the reply did not begin as a call, so nothing is held any more.
+    plain: bool,
+}
+
+impl ToolCallStream {
+    /// A stream of output in `format`.
+    pub fn new(format: ToolCallFormat) -> ToolCallStream {
+        ToolCallStream {
+            format,
+            held: String::new(),
+            holding: false,
+            plain: false,
+        }
+    }
+
+    /// Takes the next piece of output; returns the text that can be passed on now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        if self.holding {
+            return String::new();
+        }
+        if self.plain {
+            return std::mem::take(&mut self.held);
+        }
+        match self.format.marker() {
+            Some(marker) => {
+                if let Some(at) = self.held.find(marker) {
+                    self.holding = true;
+                    let rest = self.held.split_off(at);
+                    return std::mem::replace(&mut self.held, rest);
+                }
+                // Hold back the longest end of the text that begins the marker.
+                let keep = (1..marker.len().min(self.held.len() + 1))
+                    .rev()
+                    .find(|&n| {
+                        self.held.is_char_boundary(self.held.len() - n)
+                            && marker.starts_with(&self.held[self.held.len() - n..])
+                    })
+                    .unwrap_or(0);
+                let rest = self.held.split_off(self.held.len() - keep);
+                std::mem::replace(&mut self.held, rest)
+            }
+            None => {
+                let start = skip_ws(&self.held);
+                if start.is_empty() {
+                    return String::new();
+                }
+                let tag_prefix = start.len() < PYTHON_TAG.len() && PYTHON_TAG.starts_with(start);
+                if start.starts_with('{') || start.starts_with(PYTHON_TAG) {
+                    self.holding = true;
+                    String::new()
+                } else if tag_prefix {
+                    String::new()
+                } else {
+                    self.plain = true;
+                    std::mem::take(&mut self.held)
+                }
+            }
+        }
+    }
+
+    /// The text held back so far (what [`finish`](Self::finish) reads).
+    pub fn held(&self) -> &str {
+        &self.held
+    }
+
+    /// The end of the output: the calls, and the text still held (all of it, when it holds no
+    /// well-formed call).
+    pub fn finish(self) -> ParsedOutput {
+        if self.holding {
+            parse_tool_calls(self.format, &self.held)
+        } else {
+            ParsedOutput {
+                content: self.held,
+                calls: Vec::new(),
+            }
+        }
+    }
+}
+
+/// The JSON Schema of one call of `f`: `{"name": f, <args_key>: its parameters}`.
+fn call_schema(f: &Function, args_key: &str, out: &mut String) {
+    out.push_str(r#"{"type":"object","properties":{"name":{"const":"#);
+    write_str(&f.name, out);
+    out.push_str("},");
+    write_str(args_key, out);
+    out.push(':');
+    out.push_str(&f.parameters);
+    out.push_str(r#"},"required":["name","#);
+    write_str(args_key, out);
+    out.push_str(r#"],"additionalProperties":false}"#);
+}
+
+/// The functions a choice allows: all of them, or the named one (`None`: unknown).
+fn allowed<'a>(tools: &'a Tools, choice: &ToolChoice) -> Option<Vec<&'a Function>> {
+    match choice {
+        ToolChoice::Function(name) => tools.function(name).map(|f| vec![f]),
+        _ => Some(tools.functions().iter().collect()),
+    }
+}
+
+/// The schema of one call of any of `fns`.
+fn any_call_schema(fns: &[&Function], args_key: &str) -> String {
+    let mut out = String::new();
+    if let [f] = fns {
+        call_schema(f, args_key, &mut out);
+        return out;
+    }
+    out.push_str(r#"{"anyOf":["#);
+    for (i, f) in fns.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        call_schema(f, args_key, &mut out);
+    }
+    out.push_str("]}");
+    out
+}
+
+/// The schema of a list of calls (one at most unless `parallel`).
+fn calls_schema(fns: &[&Function], args_key: &str, parallel: bool) -> String {
+    let max = if parallel { "" } else { r#","maxItems":1"# };
+    format!(
+        r#"{{"type":"array","items":{},"minItems":1{max}}}"#,
+        any_call_schema(fns, args_key)
+    )
+}
+
+/// The JSON Schema of a generic-form reply (as JSON text): `{"tool_calls": [...]}` (calls of
+/// the functions `choice` allows, one at most unless `parallel`), or also `{"response":
+/// "..."}` under [`ToolChoice::Auto`]. `None` under [`ToolChoice::None`] or for a function
+/// the tools do not have.
+pub fn generic_reply_schema(tools: &Tools, choice: &ToolChoice, parallel: bool) -> Option<String> {
+    if *choice == ToolChoice::None || tools.functions().is_empty() {
+        return None;
+    }
+    let fns = allowed(tools, choice)?;
+    let calls = format!(
+        r#"{{"type":"object","properties":{{"tool_calls":{}}},"required":["tool_calls"],"additionalProperties":false}}"#,
+        calls_schema(&fns, "arguments", parallel)
+    );
+    Some(match choice {
+        ToolChoice::Auto => format!(
+            r#"{{"anyOf":[{calls},{{"type":"object","properties":{{"response":{{"type":"string"}}}},"required":["response"],"additionalProperties":false}}]}}"#
+        ),
+        _ => calls,
+    })
+}
+
+/// What to constrain a reply with ([`tool_constraint`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolConstraint {
+    /// A JSON Schema (JSON text) the whole reply must match.
+    JsonSchema(String),
+    /// A grammar in llguidance's Lark dialect (its `%json {schema}` rules included).
+    Lark(String),
+}
+
+/// What a reply must be constrained by so that it is what `choice` asks for, in `format`:
+///
+/// * the generic form: the reply's JSON Schema ([`generic_reply_schema`]) under `auto`,
+///   `required` and a named function;
+/// * a model's own format: nothing under `auto` (the model chooses, its output is parsed), a
+///   Lark grammar of the format's calls (of the allowed functions, one unless `parallel`;
+///   Llama 3.x: one) under `required` and a named function;
+/// * nothing under `none`, nor when the named function is not in `tools`.
+pub fn tool_constraint(
+    format: ToolCallFormat,
+    tools: &Tools,
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Option<ToolConstraint> {
+    if format == ToolCallFormat::Generic {
+        return generic_reply_schema(tools, choice, parallel).map(ToolConstraint::JsonSchema);
+    }
+    if matches!(choice, ToolChoice::Auto | ToolChoice::None) || tools.functions().is_empty() {
+        return None;
+    }
+    let fns = allowed(tools, choice)?;
+    let mut g = String::new();
+    match format {
+        ToolCallFormat::Hermes => {
+            let _ = writeln!(
+                g,
+                "start: call{}",
+                if parallel { " (\"\\n\" call)*" } else { "" }
+            );
+            g.push_str("call: \"<tool_call>\\n\" json_call \"\\n</tool_call>\"\n");
+            let _ = writeln!(g, "json_call: %json {}", any_call_schema(&fns, "arguments"));
+        }
+        ToolCallFormat::Llama3 => {
+            let _ = writeln!(g, "start: %json {}", any_call_schema(&fns, "parameters"));
+        }
+        ToolCallFormat::Mistral => {
+            g.push_str("start: \"[TOOL_CALLS]\" json_calls\n");
+            let _ = writeln!(
+                g,
+                "json_calls: %json {}",
+                calls_schema(&fns, "arguments", parallel)
+            );
+        }
+        ToolCallFormat::Generic => return None,
+    }
+    Some(ToolConstraint::Lark(g))
+}
+
+/// The system text of the generic form: the tools, and the JSON the reply must be.
+fn generic_system_text(tools: &Tools, choice: &ToolChoice, parallel: bool) -> Option<String> {
+    let schema = generic_reply_schema(tools, choice, parallel)?;
+    let fns = allowed(tools, choice)?;
+    let mut s =
+        String::from("You can call any of the following tools to satisfy the user's requests:\n");
+    for f in fns {
+        s.push_str(r#"{"name":"#);
+        write_str(&f.name, &mut s);
+        if let Some(d) = &f.description {
+            s.push_str(r#","description":"#);
+            write_str(d, &mut s);
+        }
+        s.push_str(r#","parameters":"#);
+        s.push_str(&f.parameters);
+        s.push_str("}\n");
+    }
+    s.push('\n');
+    s.push_str(match choice {
+        ToolChoice::Auto => {
+            "Respond in JSON format, either with `tool_calls` (a request to call tools) or with \
+             `response` (a reply to the user's request)"
+        }
+        _ => "Respond in JSON format with `tool_calls` (a request to call tools)",
+    });
+    s.push_str(", following this JSON schema: ");
+    s.push_str(&schema);
+    Some(s)
+}
+
+/// The conversation in the generic form, for a template that does not render `tools`: the
+/// tools described in a system message (added, or put after the text of the first message
+/// when it is a system message) unless `choice` is `none`; an assistant message's calls
+/// written as the reply it stands for (`{"tool_calls": [{"name", "arguments"}]}`, after its
+/// text); a run of `tool` messages as one user message of `{"tool_response": {"tool_call_id",
+/// "name", "content"}}` lines (as llama.cpp's polyfill does), so that templates that know only
+/// user and assistant take them.
+pub fn generic_messages(
+    messages: &[Message],
+    tools: &Tools,
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    if let Some(text) = generic_system_text(tools, choice, parallel) {
+        match messages.first() {
+            Some(m) if m.role == "system" => {
+                out.push(Message::system(format!("{}\n\n{text}", m.content)));
+            }
+            _ => out.push(Message::system(text)),
+        }
+    }
+    let skip = usize::from(!out.is_empty() && messages.first().is_some_and(|m| m.role == "system"));
+    let mut tool_run: Option<Message> = None;
+    for m in &messages[skip..] {
+        if m.role == "tool" {
+            let mut line = String::from(r#"{"tool_response":{"#);
+            if let Some(id) = &m.tool_call_id {
+                line.push_str(r#""tool_call_id":"#);
+                write_str(id, &mut line);
+                line.push(',');
+            }
+            if let Some(name) = &m.name {
+                line.push_str(r#""name":"#);
+                write_str(name, &mut line);
+                line.push(',');
+            }
+            line.push_str(r#""content":"#);
+            write_str(&m.content, &mut line);
+            line.push_str("}}");
+            match &mut tool_run {
+                Some(u) => {
+                    u.content.push('\n');
+                    u.content.push_str(&line);
+                }
+                None => tool_run = Some(Message::user(line)),
+            }
+            continue;
+        }
+        if let Some(u) = tool_run.take() {
+            out.push(u);
+        }
+        if m.tool_calls.is_empty() {
+            out.push(Message {
+                tool_calls: Vec::new(),
+                ..m.clone()
+            });
+            continue;
+        }
+        let mut reply = String::from(r#"{"tool_calls":["#);
+        for (i, c) in m.tool_calls.iter().enumerate() {
+            if i > 0 {
+                reply.push(',');
+            }
+            reply.push_str(r#"{"name":"#);
+            write_str(&c.name, &mut reply);
+            reply.push_str(r#","arguments":"#);
+            match json::parse(&c.arguments) {
+                Ok(a) => reply.push_str(&a.to_compact()),
+                Err(_) => write_str(&c.arguments, &mut reply),
+            }
+            reply.push('}');
+        }
+        reply.push_str("]}");
+        let content = if m.content.is_empty() {
+            reply
+        } else {
+            format!("{}\n{reply}", m.content)
+        };
+        out.push(Message::new(m.role.clone(), content));
+    }
+    if let Some(u) = tool_run {
+        out.push(u);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEATHER: &str = r#"[{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]"#;
+
+    fn tools() -> Tools {
+        Tools::from_json(WEATHER).unwrap()
+    }
+
+    fn call(name: &str, args: &str) -> ToolCall {
+        ToolCall::new(name, args)
+    }
+
+    #[test]
+    fn tool_lists_are_checked() {
+        let t = tools();
+        assert_eq!(t.functions().len(), 2);
+        assert_eq!(
+            t.functions()[1].parameters,
+            r#"{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}}"#
+        );
+        assert_eq!(
+            t.function("get_weather").unwrap().description.as_deref(),
+            Some("The weather in a city.")
+        );
+        let f = |body: &str| format!(r#"[{{"type": "function", "function": {body}}}]"#);
+        for (text, want) in [
+            ("{", "NotAList"),
+            ("{}", "NotAList"),
+            ("[1]", "BadTool"),
+            (r#"[{"type": "code_interpreter"}]"#, "BadTool"),
+            (r#"[{"function": {"name": "a"}}]"#, "BadTool"),
+            (&f(r#"{"name": ""}"#), "BadTool"),
+            (&f(r#"{"name": "a b"}"#), "BadTool"),
+            (
+                &f(&format!(r#"{{"name": "{}"}}"#, "a".repeat(65))),
+                "BadTool",
+            ),
+            (&f(r#"{"name": 3}"#), "BadTool"),
+            (&f(r#"{"name": "a", "parameters": []}"#), "BadTool"),
+            (&f(r#"{"name": "a", "description": 1}"#), "BadTool"),
+            (
+                &format!(
+                    "[{0}, {0}]",
+                    r#"{"type": "function", "function": {"name": "a"}}"#
+                ),
+                "Duplicate",
+            ),
+        ] {
+            let e = Tools::from_json(text).expect_err(text);
+            assert!(format!("{e:?}").starts_with(want), "{text}: {e:?}");
+        }
+        let many = format!(
+            "[{}]",
+            (0..=Tools::MAX_TOOLS)
+                .map(|i| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(
+            Tools::from_json(&many),
+            Err(ToolsError::TooMany(Tools::MAX_TOOLS + 1))
+        );
+        let huge = f(&format!(
+            r#"{{"name": "a", "description": "{}"}}"#,
+            "x".repeat(1 << 20)
+        ));
+        assert_eq!(
+            Tools::from_json(&huge),
+            Err(ToolsError::TooLarge(huge.len()))
+        );
+        assert_eq!(
+            Tools::from_json(&f(r#"{"name": "a"}"#))
+                .unwrap()
+                .functions()[0]
+                .parameters,
+            r#"{"type":"object"}"#
+        );
+    }
+
+    #[test]
+    fn formats_are_told_by_their_markers() {
+        assert_eq!(
+            ToolCallFormat::detect("x [TOOL_CALLS] <tool_call>"),
+            ToolCallFormat::Mistral
+        );
+        assert_eq!(
+            ToolCallFormat::detect("{{ '<tool_call>' }}"),
+            ToolCallFormat::Hermes
+        );
+        assert_eq!(
+            ToolCallFormat::detect("<|python_tag|>"),
+            ToolCallFormat::Llama3
+        );
+        assert_eq!(
+            ToolCallFormat::detect("<|start_header_id|>ipython<|end_header_id|>"),
+            ToolCallFormat::Llama3
+        );
+        assert_eq!(
+            ToolCallFormat::detect("{{ m.content }}"),
+            ToolCallFormat::Generic
+        );
+    }
+
+    #[test]
+    fn hermes_calls_and_text() {
+        let out = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Hermes, out),
+            ParsedOutput {
+                content: "Let me look.".into(),
+                calls: vec![
+                    call("get_weather", r#"{"city":"Paris"}"#),
+                    call("add", r#"{"a":1,"b":2}"#)
+                ],
+            }
+        );
+        // The closing tag cut off at the end; arguments as JSON text.
+        let cut = "<tool_call>\n{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}";
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Hermes, cut).calls,
+            [call("add", r#"{"a":1}"#)]
+        );
+    }
+
+    #[test]
+    fn malformed_calls_come_back_as_content() {
+        for (format, text) in [
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1",
+            ),
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\n{\"name\": \"\"}\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\n{\"name\": \"a\"} trailing\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\n{\"name\": \"a\", \"arguments\": [1]}\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Hermes,
+                "<tool_call>\nnot json\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Llama3,
+                "{\"name\": \"a\", \"parameters\": {}} and then",
+            ),
+            (ToolCallFormat::Llama3, "The answer is {\"name\": \"a\"}"),
+            (ToolCallFormat::Llama3, "{\"key\": 1}"),
+            (ToolCallFormat::Mistral, "[TOOL_CALLS][]"),
+            (
+                ToolCallFormat::Mistral,
+                "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}",
+            ),
+            (ToolCallFormat::Mistral, "[TOOL_CALLS]{\"name\": \"a\"}"),
+            (ToolCallFormat::Generic, "Plain text."),
+            (ToolCallFormat::Generic, "{\"tool_calls\": []}"),
+            (
+                ToolCallFormat::Generic,
+                "{\"tool_calls\": [{\"arguments\": {}}]}",
+            ),
+            (ToolCallFormat::Generic, "{\"response\": 3}"),
+            (ToolCallFormat::Generic, "{\"response\": \"x\""),
+        ] {
+            assert_eq!(
+                parse_tool_calls(format, text),
+                ParsedOutput {
+                    content: text.into(),
+                    calls: vec![]
+                },
+                "{format:?} {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn llama3_mistral_and_generic_calls() {
+        assert_eq!(
+            parse_tool_calls(
+                ToolCallFormat::Llama3,
+                " {\"name\": \"add\", \"parameters\": {\"a\": 1}} "
+            )
+            .calls,
+            [call("add", r#"{"a":1}"#)]
+        );
+        assert_eq!(
+            parse_tool_calls(
+                ToolCallFormat::Llama3,
+                "<|python_tag|>{\"name\": \"a\", \"arguments\": {}}; {\"name\": \"b\", \"parameters\": {}}"
+            )
+            .calls,
+            [call("a", "{}"), call("b", "{}")]
+        );
+        let m = parse_tool_calls(
+            ToolCallFormat::Mistral,
+            "Sure.[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1}, \"id\": \"abcDEF123\"}]",
+        );
+        assert_eq!(m.content, "Sure.");
+        assert_eq!(m.calls[0].id.as_deref(), Some("abcDEF123"));
+        assert_eq!(m.calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(
+            parse_tool_calls(
+                ToolCallFormat::Generic,
+                "{\"response\": \"Hi \\\"you\\\"\"}"
+            ),
+            ParsedOutput {
+                content: "Hi \"you\"".into(),
+                calls: vec![]
+            }
+        );
+        assert_eq!(
+            parse_tool_calls(
+                ToolCallFormat::Generic,
+                "{\"tool_call\": {\"name\": \"a\", \"arguments\": {\"x\": [1.5]}}}"
+            )
+            .calls,
+            [call("a", r#"{"x":[1.5]}"#)]
+        );
+        assert_eq!(
+            parse_tool_calls(
+                ToolCallFormat::Generic,
+                "{\"tool_calls\": [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\"}]}"
+            )
+            .calls,
+            [call("a", "{}"), call("b", "{}")]
+        );
+    }
+
+    /// Every way of cutting the output into pieces streams the same: the text passed on plus
+    /// the final content and calls equal the whole output's parse, and nothing of a call is
+    /// passed on.
+    #[test]
+    fn streaming_holds_back_what_may_be_a_call() {
+        let cases = [
+            (
+                ToolCallFormat::Hermes,
+                "Let me look. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+            ),
+            (ToolCallFormat::Hermes, "No call here, only <tool text."),
+            (
+                ToolCallFormat::Hermes,
+                "Bad <tool_call>{\"name\": 1}</tool_call>",
+            ),
+            (
+                ToolCallFormat::Llama3,
+                "{\"name\": \"add\", \"parameters\": {\"a\": 1}}",
+            ),
+            (
+                ToolCallFormat::Llama3,
+                "<|python_tag|>{\"name\": \"add\", \"parameters\": {}}",
+            ),
+            (ToolCallFormat::Llama3, "Plain { text"),
+            // Not JSON whitespace before the object: no call, whole or streamed.
+            (
+                ToolCallFormat::Llama3,
+                "\u{a0}{\"name\": \"add\", \"parameters\": {}}",
+            ),
+            (
+                ToolCallFormat::Mistral,
+                "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]",
+            ),
+            (ToolCallFormat::Generic, "{\"response\": \"hi\"}"),
+            (ToolCallFormat::Generic, "  hello"),
+        ];
+        for (format, text) in cases {
+            let whole = parse_tool_calls(format, text);
+            for step in 1..=text.len() {
+                let mut s = ToolCallStream::new(format);
+                let mut passed = String::new();
+                let mut i = 0;
+                while i < text.len() {
+                    let mut j = (i + step).min(text.len());
+                    while !text.is_char_boundary(j) {
+                        j += 1;
+                    }
+                    passed.push_str(&s.push(&text[i..j]));
+                    i = j;
+                }
+                let end = s.finish();
+                assert_eq!(end.calls, whole.calls, "{text} by {step}");
+                if whole.calls.is_empty() {
+                    assert_eq!(passed + &end.content, whole.content, "{text} by {step}");
+                } else {
+                    assert!(!passed.contains('{'), "{text} by {step}: {passed}");
+                    assert_eq!(
+                        format!("{}{}", passed, end.content).trim(),
+                        whole.content,
+                        "{text} by {step}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn constraints_for_each_choice() {
+        let t = tools();
+        let auto = generic_reply_schema(&t, &ToolChoice::Auto, true).unwrap();
+        let schema = json::parse(&auto).unwrap();
+        let Some(Json::Arr(branches)) = schema.get("anyOf") else {
+            panic!("{auto}")
+        };
+        assert_eq!(branches.len(), 2);
+        let calls = branches[0]
+            .get("properties")
+            .and_then(|p| p.get("tool_calls"))
+            .unwrap();
+        assert_eq!(calls.get("maxItems"), None);
+        let one = generic_reply_schema(&t, &ToolChoice::Required, false).unwrap();
+        let one = json::parse(&one).unwrap();
+        let calls = one
+            .get("properties")
+            .and_then(|p| p.get("tool_calls"))
+            .unwrap();
+        assert_eq!(calls.get("maxItems"), Some(&Json::Int(1)));
+        let named = generic_reply_schema(&t, &ToolChoice::Function("add".into()), true).unwrap();
+        assert!(
+            named.contains(r#"{"const":"add"}"#) && !named.contains("get_weather"),
+            "{named}"
+        );
+        assert_eq!(generic_reply_schema(&t, &ToolChoice::None, true), None);
+        assert_eq!(
+            generic_reply_schema(&t, &ToolChoice::Function("nope".into()), true),
+            None
+        );
+        assert_eq!(
+            tool_constraint(ToolCallFormat::Generic, &t, &ToolChoice::Auto, true),
+            Some(ToolConstraint::JsonSchema(auto))
+        );
+        assert_eq!(
+            tool_constraint(ToolCallFormat::Hermes, &t, &ToolChoice::Auto, true),
+            None
+        );
+        for (format, choice, parallel) in [
+            (ToolCallFormat::Hermes, ToolChoice::Required, true),
+            (
+                ToolCallFormat::Hermes,
+                ToolChoice::Function("add".into()),
+                false,
+            ),
+            (ToolCallFormat::Llama3, ToolChoice::Required, true),
+            (ToolCallFormat::Mistral, ToolChoice::Required, false),
+        ] {
+            let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
+            else {
+                panic!("{format:?} {choice:?}")
+            };
+            assert!(g.starts_with("start: "), "{g}");
+            // Each %json body is one JSON object running to the end of its line.
+            for line in g.lines() {
+                if let Some(at) = line.find("%json ") {
+                    let schema =
+                        json::parse(&line[at + 6..]).unwrap_or_else(|e| panic!("{e:?}: {line}"));
+                    assert!(matches!(schema, Json::Obj(_)), "{line}");
+                }
+            }
+            assert_eq!(
+                g.contains("\\n\" call)*"),
+                format == ToolCallFormat::Hermes && parallel,
+                "{g}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_generic_form_of_a_conversation() {
+        let t = tools();
+        let msgs = [
+            Message::system("Be brief."),
+            Message::user("Weather in Paris, and 1 + 2?"),
+            Message::assistant_calls(
+                "",
+                vec![
+                    ToolCall {
+                        id: Some("call_1".into()),
+                        ..call("get_weather", r#"{"city": "Paris"}"#)
+                    },
+                    ToolCall {
+                        id: Some("call_2".into()),
+                        ..call("add", r#"{"a":1,"b":2}"#)
+                    },
+                ],
+            ),
+            Message::tool("call_1", "Sunny"),
+            Message::tool("call_2", "3"),
+        ];
+        let g = generic_messages(&msgs, &t, &ToolChoice::Auto, true);
+        assert_eq!(g.len(), 4);
+        assert!(
+            g[0].content
+                .starts_with("Be brief.\n\nYou can call any of the following tools")
+        );
+        assert!(g[0].content.contains(
+            r#"{"name":"get_weather","description":"The weather in a city.","parameters":{"#
+        ));
+        assert_eq!(g[1], msgs[1]);
+        assert_eq!(
+            g[2],
+            Message::assistant(
+                r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"add","arguments":{"a":1,"b":2}}]}"#
+            )
+        );
+        assert_eq!(
+            g[3],
+            Message::user(
+                "{\"tool_response\":{\"tool_call_id\":\"call_1\",\"content\":\"Sunny\"}}\n{\"tool_response\":{\"tool_call_id\":\"call_2\",\"content\":\"3\"}}"
+            )
+        );
+        // The assistant's reply in the generic form parses back to its calls.
+        let back = parse_tool_calls(ToolCallFormat::Generic, &g[2].content);
+        assert_eq!(
+            back.calls,
+            [
+                call("get_weather", r#"{"city":"Paris"}"#),
+                call("add", r#"{"a":1,"b":2}"#)
+            ]
+        );
+        // `none`: no tools described.
+        let n = generic_messages(&msgs[1..2], &t, &ToolChoice::None, true);
+        assert_eq!(n, [msgs[1].clone()]);
+    }
+}
