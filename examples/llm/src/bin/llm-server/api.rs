@@ -390,7 +390,9 @@ async fn chat(State(st): St, req: Request) -> Result<Response, ApiError> {
         if let Some((_, other)) = &options.constraint {
             return Err(ApiError::param(
                 *other,
-                format!("`{other}` and tools that constrain the reply (`tool_choice`, or a template without tools) cannot both shape it"),
+                format!(
+                    "`{other}` and tools that constrain the reply (`tool_choice`, or a template without tools) cannot both shape it"
+                ),
             ));
         }
         let spec = match c {
@@ -433,7 +435,16 @@ async fn completions(State(st): St, req: Request) -> Result<Response, ApiError> 
     })
     .await?;
     let logprobs = (logprobs, prompt_chars);
-    generate(&st, Kind::Completion, prompt, options, logprobs, deadline, None).await
+    generate(
+        &st,
+        Kind::Completion,
+        prompt,
+        options,
+        logprobs,
+        deadline,
+        None,
+    )
+    .await
 }
 
 /// Submits the request and answers: the whole completion, or a stream of its pieces;
@@ -450,12 +461,6 @@ async fn generate(
     tools: Option<ToolOutput>,
 ) -> Result<Response, ApiError> {
     let (loaded, batcher) = st.serving()?;
-    if options.n > 1 {
-        return Err(ApiError::param(
-            "n",
-            "more than one choice is not served yet",
-        ));
-    }
     let constraint = match options.constraint {
         None => None,
         Some((spec, param)) => {
@@ -474,27 +479,40 @@ async fn generate(
             Some(grammar)
         }
     };
-    let mut lp = logprobs.map(|top| LogprobsOut {
-        kind,
-        top,
-        tokenizer: loaded.tokenizer.clone(),
-        offset: prompt_chars,
-        pending: Vec::new(),
-    });
-    let (tx, mut rx) = unbounded_channel();
-    let request = GenRequest {
-        prompt,
-        sampling: options.sampling,
-        max_tokens: options.max_tokens,
-        stop: options.stop,
-        cache_prompt: options.cache_prompt,
-        deadline: Some(deadline),
-        constraint,
-        logprobs,
-    };
-    batcher
-        .submit(request, Box::new(ChannelSink(tx)))
-        .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
+    // `n` choices: a request each, seeds `seed`, `seed + 1`, ... (greedy choices are equal),
+    // decoded in the same passes.
+    let mut choices = Vec::with_capacity(options.n);
+    for i in 0..options.n {
+        let (tx, rx) = unbounded_channel();
+        let mut sampling = options.sampling.clone();
+        sampling.seed = sampling.seed.wrapping_add(i as u64);
+        let request = GenRequest {
+            prompt: prompt.clone(),
+            sampling,
+            max_tokens: options.max_tokens,
+            stop: options.stop.clone(),
+            cache_prompt: options.cache_prompt,
+            deadline: Some(deadline),
+            constraint: constraint.clone(),
+            logprobs,
+        };
+        batcher
+            .submit(request, Box::new(ChannelSink(tx)))
+            .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
+        choices.push(ChoiceStream {
+            rx,
+            tools: tools.clone().map(|t| (ToolCallStream::new(t.format), t)),
+            pending: None,
+            logprobs: logprobs.map(|top| LogprobsOut {
+                kind,
+                top,
+                tokenizer: loaded.tokenizer.clone(),
+                offset: prompt_chars,
+                pending: Vec::new(),
+            }),
+            finished: None,
+        });
+    }
     drop(batcher);
     let give_up = tokio::time::Instant::from_std(deadline + DEADLINE_GRACE);
     let reply = Reply {
@@ -504,17 +522,17 @@ async fn generate(
         model: st.config.alias.clone(),
         include_usage: options.include_usage,
     };
-    // The first event decides the status: a request failing before its first token (its
-    // deadline while it waited, a shutdown) is an HTTP error, also when streaming.
-    let first = next_event(&mut rx, give_up, kind).await?;
+    // The first event of each choice decides the status: a request failing before its first
+    // token (its deadline while it waited, a shutdown) is an HTTP error, also when streaming.
+    for c in &mut choices {
+        c.pending = Some(next_event(&mut c.rx, give_up, kind).await?);
+    }
     if options.stream {
         let body = SseBody {
-            rx,
-            tools: tools.map(|t| (ToolCallStream::new(t.format), t)),
-            pending: Some(first),
+            choices,
             head: (kind == Kind::Chat).then(|| reply.role_chunk()),
             reply,
-            logprobs: lp,
+            next: 0,
             done: false,
             give_up: Box::pin(tokio::time::sleep_until(give_up)),
         };
@@ -527,26 +545,49 @@ async fn generate(
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(r);
     }
-    let mut event = first;
-    loop {
-        match event {
-            Event::Piece(p) => {
-                if let (Some(lp), Some(t)) = (&mut lp, p.logprobs) {
-                    lp.pending.push(t);
+    let mut out = Vec::with_capacity(choices.len());
+    for (i, c) in choices.iter_mut().enumerate() {
+        let mut event = c.pending.take().expect("the first event");
+        loop {
+            match event {
+                Event::Piece(p) => {
+                    if let (Some(lp), Some(t)) = (&mut c.logprobs, p.logprobs) {
+                        lp.pending.push(t);
+                    }
                 }
+                Event::Done(f) => {
+                    let lp = c.logprobs.as_mut().map_or(Value::Null, LogprobsOut::take);
+                    let answer = tools.as_ref().map(|t| tools::answer_text(t, &f.text));
+                    let whole = reply.whole(&f, lp, answer.as_ref());
+                    out.push((with_index(whole["choices"][0].clone(), i), f));
+                    break;
+                }
+                Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
             }
-            Event::Done(f) => {
-                let lp = lp.as_mut().map_or(Value::Null, LogprobsOut::take);
-                let answer = tools.as_ref().map(|t| tools::answer_text(t, &f.text));
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &reply.whole(&f, lp, answer.as_ref()),
-                ));
-            }
-            Event::Failed(e) => return Err(ApiError::from_serve(e, kind.prompt_param())),
+            event = next_event(&mut c.rx, give_up, kind).await?;
         }
-        event = next_event(&mut rx, give_up, kind).await?;
     }
+    let finished: Vec<&Finished> = out.iter().map(|(_, f)| f).collect();
+    let usage = usage_of(&finished);
+    let choices: Vec<Value> = out.iter().map(|(c, _)| c.clone()).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &reply.envelope(reply.object(), json!(choices), Some(usage)),
+    ))
+}
+
+/// `choice` (one element of `choices`) numbered `index`.
+fn with_index(mut choice: Value, index: usize) -> Value {
+    choice["index"] = json!(index);
+    choice
+}
+
+/// A chunk (`choices` of one element) of the choice `index`.
+fn chunk_of(mut chunk: Value, index: usize) -> Value {
+    if let Some(c) = chunk["choices"].get_mut(0) {
+        c["index"] = json!(index);
+    }
+    chunk
 }
 
 /// A request's sink: its events into the channel whose receiver the response owns. Nobody
@@ -763,7 +804,16 @@ impl Reply {
 
     /// The stream's closing events: the text held back and a chunk per call (a chat with
     /// tools: `answer`), the finish reason, the usage if asked, `[DONE]`.
+    #[cfg(test)]
     fn closing(&self, f: &Finished, answer: Option<&Answer>) -> Bytes {
+        let mut out = self.closing_choice(f, answer, 0);
+        out.extend_from_slice(&self.tail(&[f]));
+        Bytes::from(out)
+    }
+
+    /// A choice's closing chunks (numbered `index`): the text held back and a chunk per call
+    /// (a chat with tools: `answer`), then its finish reason.
+    fn closing_choice(&self, f: &Finished, answer: Option<&Answer>, index: usize) -> Vec<u8> {
         let mut out = Vec::new();
         let mut finish = finish_reason(f.stop);
         if let Some(a) = answer {
@@ -776,12 +826,28 @@ impl Reply {
             }
         }
         out.extend_from_slice(&sse(&self.chunk(None, false, Some(finish), Value::Null)));
+        if index == 0 {
+            return out;
+        }
+        // The chunks above, numbered.
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let mut numbered = Vec::new();
+        for line in text.split("\n\n").filter(|l| !l.is_empty()) {
+            let v: Value = serde_json::from_str(&line["data: ".len()..]).unwrap_or(Value::Null);
+            numbered.extend_from_slice(&sse(&chunk_of(v, index)));
+        }
+        numbered
+    }
+
+    /// The stream's end once every choice closed: the usage if asked, `[DONE]`.
+    fn tail(&self, fs: &[&Finished]) -> Vec<u8> {
+        let mut out = Vec::new();
         if self.include_usage {
-            let u = self.envelope(self.chunk_object(), json!([]), Some(usage(f)));
+            let u = self.envelope(self.chunk_object(), json!([]), Some(usage_of(fs)));
             out.extend_from_slice(&sse(&u));
         }
         out.extend_from_slice(b"data: [DONE]\n\n");
-        Bytes::from(out)
+        out
     }
 }
 
@@ -882,11 +948,20 @@ fn finish_reason(stop: Stop) -> &'static str {
 
 /// The `usage` object.
 fn usage(f: &Finished) -> Value {
+    usage_of(&[f])
+}
+
+/// The usage of a request's choices: its prompt once (as OpenAI counts it; each choice
+/// evaluated it in its own slot, in the same passes), and every choice's tokens.
+fn usage_of(fs: &[&Finished]) -> Value {
+    let prompt = fs.first().map_or(0, |f| f.prompt_tokens);
+    let cached = fs.first().map_or(0, |f| f.cached_tokens);
+    let completion: usize = fs.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -895,21 +970,31 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-/// A streamed response: server-sent events as the batcher's events arrive. It owns the
-/// request's receiver, so dropping it (the client went away) cancels the request.
-struct SseBody {
-    /// The request's events.
+/// One choice of a request, as its events arrive.
+struct ChoiceStream {
+    /// Its events.
     rx: UnboundedReceiver<Event>,
     /// A chat with tools: its output read for calls as it streams, and how.
     tools: Option<(ToolCallStream, ToolOutput)>,
     /// The event that arrived before the response began.
     pending: Option<Event>,
+    /// The log-probabilities, when asked for: of the tokens not sent yet.
+    logprobs: Option<LogprobsOut>,
+    /// How it ended, once it has.
+    finished: Option<Finished>,
+}
+
+/// A streamed response: the chunks of its choices as their events arrive (each choice's in
+/// order, numbered by `index`), then the usage and `[DONE]` once all have ended.
+struct SseBody {
+    /// The choices.
+    choices: Vec<ChoiceStream>,
     /// The chat's role chunk, still to send.
     head: Option<Bytes>,
     /// The response objects' common fields.
     reply: Reply,
-    /// The log-probabilities, when asked for: of the tokens not sent yet.
-    logprobs: Option<LogprobsOut>,
+    /// The choice polled first next time (each gets its turn).
+    next: usize,
     /// Nothing more to send.
     done: bool,
     /// When to stop waiting for the batcher (its deadline plus a grace).
@@ -921,6 +1006,58 @@ impl SseBody {
     fn fail(&mut self, e: ApiError) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.done = true;
         Poll::Ready(Some(Ok(Frame::data(sse(&e.body())))))
+    }
+
+    /// What choice `i`'s `event` sends (nothing for a piece without text yet); `Err` when it
+    /// failed.
+    fn on_event(&mut self, i: usize, event: Event) -> Result<Option<Bytes>, ApiError> {
+        let reply = &self.reply;
+        let c = &mut self.choices[i];
+        match event {
+            Event::Piece(p) => {
+                if let (Some(lp), Some(t)) = (&mut c.logprobs, p.logprobs) {
+                    lp.pending.push(t);
+                }
+                let text = match &mut c.tools {
+                    // Text that may begin a call is held back until the end.
+                    Some((stream, _)) => stream.push(&p.text),
+                    None => p.text,
+                };
+                // A token without text yet (part of a character, text a stop string or a
+                // call may begin): its log-probabilities go with the next chunk.
+                if text.is_empty() {
+                    return Ok(None);
+                }
+                let lp = c.logprobs.as_mut().map_or(Value::Null, LogprobsOut::take);
+                let chunk = reply.chunk(Some(&text), false, None, lp);
+                Ok(Some(sse(&chunk_of(chunk, i))))
+            }
+            Event::Done(f) => {
+                let mut out = Vec::new();
+                // Tokens whose text never came (a stop string's): an empty chunk.
+                if let Some(lp) = c.logprobs.as_mut().filter(|l| !l.pending.is_empty()) {
+                    let chunk = reply.chunk(Some(""), false, None, lp.take());
+                    out.extend_from_slice(&sse(&chunk_of(chunk, i)));
+                }
+                let answer = c.tools.take().map(|(stream, output)| {
+                    let raw = stream.held().to_string();
+                    tools::answer(&output, stream.finish(), &raw)
+                });
+                out.extend_from_slice(&reply.closing_choice(&f, answer.as_ref(), i));
+                c.finished = Some(f);
+                if self.choices.iter().all(|c| c.finished.is_some()) {
+                    let fs: Vec<&Finished> = self
+                        .choices
+                        .iter()
+                        .filter_map(|c| c.finished.as_ref())
+                        .collect();
+                    out.extend_from_slice(&self.reply.tail(&fs));
+                    self.done = true;
+                }
+                Ok(Some(Bytes::from(out)))
+            }
+            Event::Failed(e) => Err(ApiError::from_serve(e, reply.kind.prompt_param())),
+        }
     }
 }
 
@@ -939,65 +1076,44 @@ impl HttpBody for SseBody {
         if let Some(head) = this.head.take() {
             return Poll::Ready(Some(Ok(Frame::data(head))));
         }
+        let n = this.choices.len();
         loop {
-            let event = match this.pending.take() {
-                Some(e) => e,
-                None => match this.rx.poll_recv(cx) {
-                    Poll::Ready(Some(e)) => e,
+            // The first choice (from `next` round) with an event ready.
+            let mut ready = None;
+            for k in 0..n {
+                let i = (this.next + k) % n;
+                let c = &mut this.choices[i];
+                if c.finished.is_some() {
+                    continue;
+                }
+                if let Some(e) = c.pending.take() {
+                    ready = Some((i, e));
+                    break;
+                }
+                match c.rx.poll_recv(cx) {
+                    Poll::Ready(Some(e)) => {
+                        ready = Some((i, e));
+                        break;
+                    }
                     Poll::Ready(None) => {
                         return this.fail(ApiError::internal(
                             "the batcher ended the request without a result",
                         ));
                     }
-                    Poll::Pending => {
-                        if this.give_up.as_mut().poll(cx).is_ready() {
-                            return this.fail(ApiError::deadline());
-                        }
-                        return Poll::Pending;
-                    }
-                },
+                    Poll::Pending => {}
+                }
+            }
+            let Some((i, event)) = ready else {
+                if this.give_up.as_mut().poll(cx).is_ready() {
+                    return this.fail(ApiError::deadline());
+                }
+                return Poll::Pending;
             };
-            match event {
-                Event::Piece(p) => {
-                    if let (Some(lp), Some(t)) = (&mut this.logprobs, p.logprobs) {
-                        lp.pending.push(t);
-                    }
-                    let text = match &mut this.tools {
-                        // Text that may begin a call is held back until the end.
-                        Some((stream, _)) => stream.push(&p.text),
-                        None => p.text,
-                    };
-                    // A token without text yet (part of a character, text a stop string or a
-                    // call may begin): its log-probabilities go with the next chunk.
-                    if text.is_empty() {
-                        continue;
-                    }
-                    let lp = this
-                        .logprobs
-                        .as_mut()
-                        .map_or(Value::Null, LogprobsOut::take);
-                    let chunk = this.reply.chunk(Some(&text), false, None, lp);
-                    return Poll::Ready(Some(Ok(Frame::data(sse(&chunk)))));
-                }
-                Event::Done(f) => {
-                    this.done = true;
-                    let mut out = Vec::new();
-                    // Tokens whose text never came (a stop string's): an empty chunk.
-                    if let Some(lp) = this.logprobs.as_mut().filter(|l| !l.pending.is_empty()) {
-                        let chunk = this.reply.chunk(Some(""), false, None, lp.take());
-                        out.extend_from_slice(&sse(&chunk));
-                    }
-                    let answer = this.tools.take().map(|(stream, output)| {
-                        let raw = stream.held().to_string();
-                        tools::answer(&output, stream.finish(), &raw)
-                    });
-                    out.extend_from_slice(&this.reply.closing(&f, answer.as_ref()));
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-                }
-                Event::Failed(e) => {
-                    let kind = this.reply.kind;
-                    return this.fail(ApiError::from_serve(e, kind.prompt_param()));
-                }
+            this.next = (i + 1) % n;
+            match this.on_event(i, event) {
+                Ok(None) => continue,
+                Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Err(e) => return this.fail(e),
             }
         }
     }
@@ -1219,8 +1335,7 @@ mod tests {
 
     #[test]
     fn a_chat_completion_has_openais_shape() {
-        let v = reply(Kind::Chat, false)
-            .whole(&finished(Stop::Eog), Value::Null, None);
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Value::Null, None);
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");

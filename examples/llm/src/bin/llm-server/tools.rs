@@ -46,7 +46,12 @@ pub fn constraint_for(
     format: ToolCallFormat,
     req: &ToolRequest,
 ) -> Result<Option<ToolConstraint>, ApiError> {
-    Ok(tool_constraint(format, &req.tools, &req.choice, req.parallel))
+    Ok(tool_constraint(
+        format,
+        &req.tools,
+        &req.choice,
+        req.parallel,
+    ))
 }
 
 /// Whether the conversation has calls or tool results in it.
