@@ -148,6 +148,10 @@ pub enum ServeError {
     /// Generation failed (the forward pass or the tokenizer refused).
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    /// An embeddings request refused or failed (an input that cannot be embedded, a failed
+    /// pass).
+    #[error(transparent)]
+    Embedding(crate::model::ModelError),
     /// A panic inside the request's forward pass or its sink; the batcher goes on.
     #[error("internal error: {0}")]
     Internal(String),
@@ -238,3 +242,8 @@ impl<F: FnMut(Event) -> bool + Send> EventSink for F {
 /// A request's sink, as [`Batcher::submit`](super::Batcher::submit) takes it:
 /// `Box::new(move |event| tx.send(event).is_ok())`, or a boxed [`EventSink`] of your own.
 pub type Sink = Box<dyn EventSink>;
+
+/// Where an embeddings request's answer goes ([`Batcher::embed`](super::Batcher::embed)):
+/// called once, on the batcher's thread (it must not block), with each input's vector in
+/// input order, or why the request failed.
+pub type EmbedReply = Box<dyn FnOnce(Result<Vec<Vec<f32>>, ServeError>) + Send>;
