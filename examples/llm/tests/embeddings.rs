@@ -264,3 +264,78 @@ fn bad_inputs_and_poolings_are_typed_errors() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Through a `Batcher`: an embeddings request submitted while a completion decodes (from the
+/// completion's own sink, at its first token, so it certainly arrives mid-stream) runs in
+/// passes between the decode passes (2 rows each: `prefill_chunk`) and answers, before the
+/// completion ends, each input's vector as `Model::embed` gives it alone, bit for bit.
+#[test]
+fn a_batcher_embeds_between_decode_passes_as_alone() {
+    use rknn_llm::sample::SamplerConfig;
+    use rknn_llm::serve::{Batcher, Event, Request, ServeConfig};
+    use rknn_llm::tokenizer::Tokenizer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, mpsc};
+
+    let case = load_case("tiny-gemma3");
+    let path = common::workspace_root().join(&case.model);
+    let model = f32_model(&path);
+    let inputs: Vec<Vec<u32>> = case.inputs[..8].to_vec();
+    let alone: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|t| model.embed(&[t], Pooling::Last).unwrap().remove(0))
+        .collect();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap());
+    let config = ServeConfig {
+        slots: 2,
+        slot_ctx: 512,
+        prefill_chunk: 2,
+        ..ServeConfig::default()
+    };
+    let batcher = Arc::new(Batcher::start(model.clone(), tokenizer, config).unwrap());
+    let pieces = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let b = Mutex::new(Some(batcher.clone()));
+    let counted = pieces.clone();
+    let embed_inputs = Mutex::new(Some(inputs.clone()));
+    let sink = move |event: Event| {
+        if let Event::Piece(_) = &event {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if let (Some(b), Some(inputs)) = (
+                b.lock().unwrap().take(),
+                embed_inputs.lock().unwrap().take(),
+            ) {
+                let at = counted.clone();
+                let tx = tx.clone();
+                let reply = Box::new(move |answer| {
+                    let _ = tx.send((at.load(Ordering::SeqCst), answer));
+                });
+                b.embed(inputs, Pooling::Last, None, reply).unwrap();
+            }
+        }
+        if let Event::Done(_) | Event::Failed(_) = &event {
+            let _ = done_tx.send(());
+        }
+        true
+    };
+    let request = Request {
+        prompt: case.inputs[0].clone(),
+        sampling: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        max_tokens: Some(200),
+        ..Request::default()
+    };
+    batcher.submit(request, Box::new(sink)).unwrap();
+    let (at, answer) = rx.recv().unwrap();
+    let got = answer.unwrap();
+    done_rx.recv().unwrap();
+    let total = pieces.load(Ordering::SeqCst);
+    eprintln!("the embeddings answered after {at} of the completion's {total} pieces");
+    assert!(at < total, "the completion was still decoding");
+    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+        assert_eq!(bits(g), bits(a), "input {i}");
+    }
+}

@@ -966,3 +966,235 @@ fn answers_have_openai_shapes() {
         );
     }
 }
+
+const EMBEDDINGS: &str = "/v1/embeddings";
+
+/// The vectors of an embeddings answer, checked for OpenAI's shape (float or base64).
+fn vectors(r: &server::Response, n: usize, base64: bool) -> Vec<Vec<f32>> {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let doc = r.json();
+    assert_eq!(doc["object"], "list", "{doc}");
+    assert!(doc["model"].is_string(), "{doc}");
+    let data = doc["data"].as_array().unwrap();
+    assert_eq!(data.len(), n);
+    data.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["object"], "embedding");
+            assert_eq!(d["index"], i);
+            if base64 {
+                decode_base64_f32(d["embedding"].as_str().unwrap())
+            } else {
+                d["embedding"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            }
+        })
+        .collect()
+}
+
+/// Standard base64 (with padding) of little-endian f32s, decoded here independently of the
+/// server's encoder.
+fn decode_base64_f32(s: &str) -> Vec<f32> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    assert_eq!(s.len() % 4, 0);
+    let mut bytes = Vec::new();
+    for quad in s.as_bytes().chunks(4) {
+        let pad = quad.iter().filter(|&&c| c == b'=').count();
+        let n = quad
+            .iter()
+            .take(4 - pad)
+            .fold(0u32, |acc, &c| (acc << 6) | value(c))
+            << (6 * pad);
+        let three = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        bytes.extend_from_slice(&three[..3 - pad]);
+    }
+    assert_eq!(bytes.len() % 4, 0);
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    v.iter()
+        .map(|x| x.iter().map(|f| f.to_bits()).collect())
+        .collect()
+}
+
+/// `POST /v1/embeddings` on the tiny model (f32, `--pooling mean`): OpenAI's shapes and usage;
+/// the vectors bit-identical to `Model::embed` in this process (which tests/embeddings.rs holds
+/// to llama.cpp); base64 the same floats; a batch of five equal to each input alone, also while
+/// a stream decodes; every bad input a 400 naming its rule, the server answering as before
+/// after each; and a server without `--pooling` on a model naming none refusing with a 400
+/// that says so.
+#[test]
+fn embeddings_have_openai_shapes_and_equal_each_input_alone() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend f32 -c 256 --parallel 2 --pooling mean -a tiny"),
+    );
+    let texts = [
+        "hello",
+        "The station was built on the far side of the fields.",
+        "a",
+        "Once upon a time, in a river town, the boats came down every morning.",
+        "café",
+    ];
+    let tokens: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| {
+            let r = s.post("/tokenize", &json!({"content": t, "add_special": true}));
+            r.json()["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    // The library's vectors of the same tokens.
+    let lib = common::load_f32(&model, 2).model;
+    let inputs: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+    let want = lib.embed(&inputs, rknn_llm::model::Pooling::Mean).unwrap();
+
+    let r = s.post(
+        EMBEDDINGS,
+        &json!({"input": texts, "model": "anything", "user": "u"}),
+    );
+    let got = vectors(&r, 5, false);
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "the server's floats are the library's"
+    );
+    let doc = r.json();
+    let n: usize = tokens.iter().map(Vec::len).sum();
+    assert_eq!(doc["model"], "tiny");
+    assert_eq!(doc["usage"], json!({"prompt_tokens": n, "total_tokens": n}));
+    // base64: the same floats; token arrays and the path without /v1: the same answer.
+    let r = s.post(
+        "/embeddings",
+        &json!({"input": tokens, "encoding_format": "base64", "dimensions": lib.config().n_embd}),
+    );
+    assert_eq!(bits(&vectors(&r, 5, true)), bits(&want));
+    // One string, and one token array: each alone.
+    for (i, t) in texts.iter().enumerate() {
+        let alone = vectors(&s.post(EMBEDDINGS, &json!({"input": t})), 1, false);
+        assert_eq!(bits(&alone), bits(&want[i..=i]), "input {i} alone");
+        let alone = vectors(&s.post(EMBEDDINGS, &json!({"input": tokens[i]})), 1, false);
+        assert_eq!(bits(&alone), bits(&want[i..=i]), "input {i}'s tokens alone");
+    }
+    // While a stream decodes in the other slot, the batch again.
+    let mut stream = s
+        .open_stream(
+            COMPLETIONS,
+            &json!({"prompt": "hello world", "max_tokens": 100, "temperature": 0, "stream": true}),
+        )
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_data().unwrap().is_some(), "the stream began");
+    let during = vectors(&s.post(EMBEDDINGS, &json!({"input": texts})), 5, false);
+    assert_eq!(bits(&during), bits(&want), "during a stream");
+    let _ = stream.collect(Instant::now());
+
+    // Bad inputs, each a 400 naming its rule.
+    let good = json!({"prompt": "hello world", "max_tokens": 8, "temperature": 0});
+    let expected = s.generate(COMPLETIONS, &good);
+    let l = Limits {
+        s: &s,
+        good: (COMPLETIONS, good),
+        expected,
+    };
+    let long = vec![1u32; 129];
+    let many: Vec<&str> = vec!["x"; 257];
+    for (what, body, words) in [
+        ("no input", json!({}), "`input` is missing"),
+        ("an empty string", json!({"input": ""}), "empty string"),
+        ("an empty list", json!({"input": []}), "empty list"),
+        (
+            "an empty string in a list",
+            json!({"input": ["a", ""]}),
+            "`input[1]` is an empty",
+        ),
+        (
+            "an empty token list",
+            json!({"input": [[1], []]}),
+            "`input[1]` is an empty",
+        ),
+        (
+            "a mixed list",
+            json!({"input": ["a", [1]]}),
+            "`input[1]` must be a string",
+        ),
+        (
+            "a negative id",
+            json!({"input": [1, -2]}),
+            "`input[1]` must be a token id",
+        ),
+        (
+            "an id past the vocabulary",
+            json!({"input": [[1], [1, 99999]]}),
+            "`input[1]`: token id 99999",
+        ),
+        (
+            "an input longer than a slot",
+            json!({"input": [[1], long]}),
+            "`input[1]` has 129 tokens, more than a slot's context of 128",
+        ),
+        (
+            "too many inputs",
+            json!({"input": many}),
+            "257 inputs, more than the 256",
+        ),
+        (
+            "dimensions",
+            json!({"input": "a", "dimensions": 8}),
+            "cannot be shortened",
+        ),
+        (
+            "encoding_format",
+            json!({"input": "a", "encoding_format": "hex"}),
+            "\"hex\"",
+        ),
+        (
+            "an unknown field",
+            json!({"input": "a", "normalize": false}),
+            "unknown field `normalize`",
+        ),
+        ("input a number", json!({"input": 5}), "not a number"),
+    ] {
+        let r = s.post(EMBEDDINGS, &body);
+        assert_error(&r, 400, what);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(words), "{what}: {message}");
+        l.still_good(what);
+    }
+    let m = s.metrics();
+    assert_eq!(m.get("llm_slots_active"), 0.0);
+    drop(s);
+
+    // Without --pooling, on a model that names none.
+    let s = Server::start(&model, &server::args("--backend f32 -c 256 --parallel 1"));
+    let r = s.post(EMBEDDINGS, &json!({"input": "hello"}));
+    assert_error(&r, 400, "no pooling");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("llama.pooling_type") && message.contains("--pooling"),
+        "{message}"
+    );
+}
