@@ -10,7 +10,9 @@ finish reason streamed and not; the streamed usage chunk (stream_options include
 the non-streamed usage, and total = prompt + completion; a completion's prompt_tokens equals the
 count of /tokenize; models.list() has the alias; max_tokens=5 ends with finish_reason "length"
 after 5 tokens, a prefix of the longer answer; a stop string ends the text just before it; n=2
-and temperature=5 raise openai.BadRequestError (400); on the --auth-base-url server a wrong key
+and temperature=5 raise openai.BadRequestError (400); embeddings (the server runs with --pooling)
+are unit vectors of one width, the same in the client's default base64 and as floats, a batch's
+equal to each input's alone, and dimensions=8 a 400; on the --auth-base-url server a wrong key
 raises openai.AuthenticationError (401) and the right one is served.
 
 Prints one line per check; exits 1 naming every failed check, 2 on a usage error.
@@ -177,6 +179,27 @@ def main():
         check((st.choices[0].message.content, st.choices[0].finish_reason) == (before, "stop"),
               f"chat stop={piece!r}",
               f"{st.choices[0].message.content!r} {st.choices[0].finish_reason}")
+
+    # Embeddings (the server runs with --pooling): the client's default base64 and float give
+    # the same unit vectors; a batch's vectors equal each input's alone; dimensions it cannot
+    # honour are a 400.
+    texts = ["The three primary colours are red, yellow and blue.", "hello", "A dragon."]
+    e = client.embeddings.create(model=model, input=texts)
+    vecs = [d.embedding for d in e.data]
+    check(e.object == "list" and [d.index for d in e.data] == [0, 1, 2], "embeddings: a list",
+          f"{e.object} {[d.index for d in e.data]}")
+    check(len({len(v) for v in vecs}) == 1 and len(vecs[0]) > 0, "embeddings: one width",
+          f"{[len(v) for v in vecs]}")
+    norms = [sum(x * x for x in v) for v in vecs]
+    check(all(abs(n - 1) < 1e-4 for n in norms), "embeddings: L2-normalised", f"{norms}")
+    check(e.usage.prompt_tokens == e.usage.total_tokens > 0, "embeddings: usage",
+          f"{e.usage}")
+    f = client.embeddings.create(model=model, input=texts, encoding_format="float")
+    check([d.embedding for d in f.data] == vecs, "embeddings: float = base64")
+    alone = [client.embeddings.create(model=model, input=t).data[0].embedding for t in texts]
+    check(alone == vecs, "embeddings: each input alone = in the batch")
+    expect_error(openai.BadRequestError, 400, "embeddings: dimensions=8 raises BadRequestError",
+                 lambda: client.embeddings.create(model=model, input="x", dimensions=8))
 
     # Refusals.
     expect_error(openai.BadRequestError, 400, "n=2 raises BadRequestError 400",
