@@ -109,8 +109,9 @@ fn check(name: &str, model: &Model, case: &Case, bar: f64) -> f64 {
         }
         let lens: Vec<usize> = inputs.iter().map(|t| t.len()).collect();
         eprintln!(
-            "{name} {pooling}: least cosine {:.7} (input {} of {} tokens) over {} inputs of {}..{} tokens",
+            "{name} {pooling}: least cosine {:.9} (1 - {:.1e}; input {} of {} tokens) over {} inputs of {}..{} tokens",
             worst.0,
+            1.0 - worst.0,
             worst.1,
             lens[worst.1],
             inputs.len(),
@@ -164,12 +165,33 @@ fn tiny_phi3_matches_llama_cpp() {
     check_f32("tiny-phi3");
 }
 
+/// The demo model's case cut to 20 of its 27 inputs, to bound the test's time: the 19
+/// shortest (1 to 66 tokens) and the longest (324). (All 27 agree as well: the least cosines
+/// are in docs/llm.md.)
+fn demo_case() -> Case {
+    let mut case = load_case("smollm2-f32");
+    let mut order: Vec<usize> = (0..case.inputs.len()).collect();
+    order.sort_by_key(|&i| (case.inputs[i].len(), i));
+    let mut keep: Vec<usize> = order[..19].to_vec();
+    keep.push(*order.last().unwrap());
+    keep.sort_unstable();
+    case.inputs = keep.iter().map(|&i| case.inputs[i].clone()).collect();
+    for (_, vs) in &mut case.vectors {
+        *vs = keep.iter().map(|&i| vs[i].clone()).collect();
+    }
+    case
+}
+
+/// Mean pooling only: the f32 path's matmuls make each pooling's run take seconds on the demo
+/// model, last pooling is held to llama.cpp on every tiny family and on the NPU path here, and
+/// it agreed on all 27 inputs when measured (docs/llm.md).
 #[test]
 fn smollm2_f32_matches_llama_cpp() {
     let Some(path) = common::demo_model_forward() else {
         return;
     };
-    let case = load_case("smollm2-f32");
+    let mut case = demo_case();
+    case.vectors.retain(|(p, _)| *p == Pooling::Mean);
     check("smollm2-f32", &f32_model(&path), &case, F32_BAR);
 }
 
@@ -178,7 +200,7 @@ fn smollm2_npu_path_matches_llama_cpp() {
     let Some(path) = common::demo_model_forward() else {
         return;
     };
-    let case = load_case("smollm2-f32");
+    let case = demo_case();
     let file = GgufFile::open(&path).unwrap();
     let family = rknn_llm::model::Config::from_gguf(&file).unwrap().family;
     let rt = Runtime::emulator(Platform::Rk3588).unwrap();
