@@ -361,3 +361,42 @@ fn a_batcher_embeds_between_decode_passes_as_alone() {
         assert_eq!(bits(g), bits(a), "input {i}");
     }
 }
+
+/// An embeddings request whose reply says nobody waits any more is cancelled before its next
+/// pass: it is not answered, counts as cancelled, and leaves the batcher idle.
+#[test]
+fn an_embeddings_request_nobody_waits_for_is_cancelled() {
+    use rknn_llm::serve::{Batcher, EmbedSink, ServeConfig, ServeError};
+    use rknn_llm::tokenizer::Tokenizer;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Gone(Arc<AtomicBool>);
+    impl EmbedSink for Gone {
+        fn answer(self: Box<Self>, _: Result<Vec<Vec<f32>>, ServeError>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+        fn is_listening(&mut self) -> bool {
+            false
+        }
+    }
+
+    let path = common::fixtures().join("llm/tiny-llama.gguf");
+    let model = f32_model(&path);
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap());
+    let batcher = Batcher::start(model, tokenizer, ServeConfig::default()).unwrap();
+    let answered = Arc::new(AtomicBool::new(false));
+    let inputs = vec![vec![1, 2, 3]; 4];
+    batcher
+        .embed(
+            inputs,
+            Pooling::Mean,
+            None,
+            Box::new(Gone(answered.clone())),
+        )
+        .unwrap();
+    assert!(batcher.wait_idle(std::time::Duration::from_secs(60)));
+    assert!(!answered.load(Ordering::SeqCst));
+    let m = batcher.metrics();
+    assert_eq!((m.accepted, m.cancelled, m.finished), (1, 1, 0));
+    assert_eq!(m.passes, 0, "no pass ran for it");
+}

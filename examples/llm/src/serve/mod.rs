@@ -83,6 +83,6 @@ mod worker;
 
 pub use batcher::Batcher;
 pub use types::{
-    EmbedReply, Event, EventSink, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request,
+    EmbedReply, EmbedSink, Event, EventSink, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request,
     ServeConfig, ServeError, Sink,
 };

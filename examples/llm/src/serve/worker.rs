@@ -187,8 +187,9 @@ impl Worker {
     /// One forward pass of the front embeddings request (after the step, so that running
     /// streams wait for at most one bounded pass of it): at most
     /// [`ServeConfig::prefill_chunk`] rows while any slot serves a request,
-    /// [`EMBED_PASS_ROWS`] otherwise. A request past its deadline fails instead; one whose
-    /// inputs have all run hears its vectors.
+    /// [`EMBED_PASS_ROWS`] otherwise. A request past its deadline fails instead, one whose
+    /// reply says nobody listens is cancelled; one whose inputs have all run hears its
+    /// vectors.
     fn embed_pass(&mut self, now: Instant) {
         let Some(job) = self.embeds.front_mut() else {
             return;
@@ -196,6 +197,13 @@ impl Worker {
         if job.deadline.is_some_and(|d| now >= d) {
             let job = self.embeds.pop_front().expect("the front exists");
             self.end_embed(job.reply, Err(ServeError::DeadlineExceeded));
+            return;
+        }
+        let listening = catch_unwind(AssertUnwindSafe(|| job.reply.is_listening()));
+        if !listening.unwrap_or(false) {
+            self.embeds.pop_front();
+            self.leave();
+            self.ended(Ended::Cancelled);
             return;
         }
         let rows = if self.slots.iter().any(|s| s.job.is_some()) {
@@ -230,7 +238,7 @@ impl Worker {
             Err(_) => Ended::Failed,
         };
         // A panicking reply is the caller's: the request has ended either way.
-        let _ = catch_unwind(AssertUnwindSafe(|| reply(answer)));
+        let _ = catch_unwind(AssertUnwindSafe(|| reply.answer(answer)));
         self.ended(counted);
     }
 

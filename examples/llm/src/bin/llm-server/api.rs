@@ -30,7 +30,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use rknn_llm::chat::{ChatOptions, ChatTemplate, encode_prompt};
 use rknn_llm::model::Pooling;
-use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
+use rknn_llm::serve::{
+    Batcher, EmbedSink, Event, EventSink, Finished, Request as GenRequest, ServeError,
+};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
 
@@ -396,11 +398,8 @@ async fn embeddings(State(st): St, req: Request) -> Result<Response, ApiError> {
     let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
     let (_, batcher) = st.serving()?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let reply = Box::new(move |answer| {
-        let _ = tx.send(answer);
-    });
     batcher
-        .embed(inputs, pooling, Some(deadline), reply)
+        .embed(inputs, pooling, Some(deadline), Box::new(EmbedChannel(tx)))
         .map_err(|e| ApiError::from_serve(e, "input"))?;
     drop(batcher);
     let give_up = tokio::time::Instant::from_std(deadline + DEADLINE_GRACE);
@@ -433,6 +432,21 @@ async fn embeddings(State(st): St, req: Request) -> Result<Response, ApiError> {
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// An embeddings request's reply: the answer into the channel whose receiver the handler
+/// awaits. Nobody listens once the receiver is dropped (the client went away), which the
+/// batcher asks before each of the request's passes.
+struct EmbedChannel(tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, ServeError>>);
+
+impl EmbedSink for EmbedChannel {
+    fn answer(self: Box<Self>, answer: Result<Vec<Vec<f32>>, ServeError>) {
+        let _ = self.0.send(answer);
+    }
+
+    fn is_listening(&mut self) -> bool {
+        !self.0.is_closed()
+    }
 }
 
 /// `v`'s little-endian f32 bytes in standard base64 (with padding), as OpenAI's
