@@ -43,6 +43,9 @@ esac
 log() { printf 'llama-cpp.sh: %s\n' "$*" >&2; }
 
 built_stamp="$ROOT/bin/.built-$VERSION"
+# llama-embedding (under examples/, hence LLAMA_BUILD_EXAMPLES=ON) came later: a cache built
+# before has the stamp but not it, and builds it (ggml and llama are not recompiled).
+if [ -f "$built_stamp" ] && [ ! -x "$ROOT/bin/llama-embedding" ]; then rm -f "$built_stamp"; fi
 vocab_stamp="$ROOT/vocab/.extracted-$VERSION"
 templates_stamp="$ROOT/templates/.extracted-$VERSION"
 server_stamp="$ROOT/bin/.built-server-$VERSION"
@@ -130,7 +133,7 @@ configure() {
     -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER="$1" \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON >/dev/null
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON >/dev/null
 }
 
 if [ ! -f "$built_stamp" ]; then

@@ -10,16 +10,19 @@ finish reason streamed and not; the streamed usage chunk (stream_options include
 the non-streamed usage, and total = prompt + completion; a completion's prompt_tokens equals the
 count of /tokenize; models.list() has the alias; max_tokens=5 ends with finish_reason "length"
 after 5 tokens, a prefix of the longer answer; a stop string ends the text just before it; n=2
-and temperature=5 raise openai.BadRequestError (400); chat logprobs=True with top_logprobs=3
+gives two choices (index 0 and 1, equal under greedy), streamed too, and temperature=5 raises
+openai.BadRequestError (400); chat logprobs=True with top_logprobs=3
 have one entry per completion token, 3 alternatives each, the chosen token first (greedy), the
 same streamed, and top_logprobs=21 is a 400; response_format json_object gives a JSON object and
 json_schema (strict) a valid document, both with finish_reason "stop", the same streamed, and
 beta.chat.completions.parse with a pydantic model parses; a schema keyword the server cannot
 enforce (uniqueItems) is a 400; a completion's logprobs=2 has its four lists of one
-entry per token, each dict holding the chosen token; on the --auth-base-url server a wrong key
+entry per token, each dict holding the chosen token; embeddings (the server runs with --pooling)
+are unit vectors of one width, the same in the client's default base64 and as floats, a batch's
+equal to each input's alone, and dimensions=8 a 400; on the --auth-base-url server a wrong key
 raises openai.AuthenticationError (401) and the right one is served.
 
-Tools (the demo model's template takes none: the generic form, unconstrained under "auto"),
+Tools (the demo model's template takes none: the generic form, constrained to a call or a reply),
 a round trip request -> tool_calls -> tool result -> final answer, streamed and not: every
 answer has OpenAI's shape (tool_calls with an id, type "function", a listed name and arguments
 that are a JSON object; content null or text; finish_reason "tool_calls" exactly when there
@@ -27,8 +30,7 @@ are calls), streamed = not streamed (content and calls); the call (the model's, 
 made-up one when it answered in text) and its result sent back are rendered into the prompt
 (a longer result, more prompt tokens); tool_choice "none" describes no tools (fewer prompt
 tokens). With --tool-choice-required (the server constrains decoding): "required" and a
-named function always give a call of a listed function whose arguments validate; until then,
-both raise BadRequestError 400.
+named function always give a call of a listed function whose arguments validate.
 
 Prints one line per check; exits 1 naming every failed check, 2 on a usage error.
 """
@@ -384,10 +386,40 @@ def main():
                      "type": "json_schema", "json_schema": {"name": "x", "schema": {
                          "type": "array", "uniqueItems": True}}}, **jkw))
     tool_checks(client, model, args.tool_choice_required)
+    # Embeddings (the server runs with --pooling): the client's default base64 and float give
+    # the same unit vectors; a batch's vectors equal each input's alone; dimensions it cannot
+    # honour are a 400.
+    texts = ["The three primary colours are red, yellow and blue.", "hello", "A dragon."]
+    e = client.embeddings.create(model=model, input=texts)
+    vecs = [d.embedding for d in e.data]
+    check(e.object == "list" and [d.index for d in e.data] == [0, 1, 2], "embeddings: a list",
+          f"{e.object} {[d.index for d in e.data]}")
+    check(len({len(v) for v in vecs}) == 1 and len(vecs[0]) > 0, "embeddings: one width",
+          f"{[len(v) for v in vecs]}")
+    norms = [sum(x * x for x in v) for v in vecs]
+    check(all(abs(n - 1) < 1e-4 for n in norms), "embeddings: L2-normalised", f"{norms}")
+    check(e.usage.prompt_tokens == e.usage.total_tokens > 0, "embeddings: usage",
+          f"{e.usage}")
+    f = client.embeddings.create(model=model, input=texts, encoding_format="float")
+    check([d.embedding for d in f.data] == vecs, "embeddings: float = base64")
+    alone = [client.embeddings.create(model=model, input=t).data[0].embedding for t in texts]
+    check(alone == vecs, "embeddings: each input alone = in the batch")
+    expect_error(openai.BadRequestError, 400, "embeddings: dimensions=8 raises BadRequestError",
+                 lambda: client.embeddings.create(model=model, input="x", dimensions=8))
 
     # Refusals.
-    expect_error(openai.BadRequestError, 400, "n=2 raises BadRequestError 400",
-                 lambda: client.chat.completions.create(n=2, **kw))
+    two = client.chat.completions.create(n=2, **kw)
+    check([c.index for c in two.choices] == [0, 1], "n=2: two choices, index 0 and 1",
+          f"{[(c.index, c.message.content) for c in two.choices]}")
+    check(two.choices[0].message.content == two.choices[1].message.content,
+          "n=2 greedy: the choices are equal")
+    st2 = {}
+    for chunk in client.chat.completions.create(n=2, stream=True, **kw):
+        for c in chunk.choices:
+            st2.setdefault(c.index, []).append(c.delta.content or "")
+    check({i: "".join(p) for i, p in st2.items()}
+          == {c.index: c.message.content for c in two.choices},
+          "n=2 streamed: each choice's chunks make its text", f"{st2.keys()}")
     expect_error(openai.BadRequestError, 400, "temperature=5 raises BadRequestError 400",
                  lambda: client.chat.completions.create(**{**kw, "temperature": 5}))
     expect_error(openai.BadRequestError, 400, "empty messages raise BadRequestError 400",

@@ -1598,3 +1598,407 @@ fn structured_output_follows_its_constraint() {
     }
     assert!(s.alive());
 }
+
+const EMBEDDINGS: &str = "/v1/embeddings";
+
+/// The vectors of an embeddings answer, checked for OpenAI's shape (float or base64).
+fn vectors(r: &server::Response, n: usize, base64: bool) -> Vec<Vec<f32>> {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let doc = r.json();
+    assert_eq!(doc["object"], "list", "{doc}");
+    assert!(doc["model"].is_string(), "{doc}");
+    let data = doc["data"].as_array().unwrap();
+    assert_eq!(data.len(), n);
+    data.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["object"], "embedding");
+            assert_eq!(d["index"], i);
+            if base64 {
+                decode_base64_f32(d["embedding"].as_str().unwrap())
+            } else {
+                d["embedding"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            }
+        })
+        .collect()
+}
+
+/// Standard base64 (with padding) of little-endian f32s, decoded here independently of the
+/// server's encoder.
+fn decode_base64_f32(s: &str) -> Vec<f32> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    assert_eq!(s.len() % 4, 0);
+    let mut bytes = Vec::new();
+    for quad in s.as_bytes().chunks(4) {
+        let pad = quad.iter().filter(|&&c| c == b'=').count();
+        let n = quad
+            .iter()
+            .take(4 - pad)
+            .fold(0u32, |acc, &c| (acc << 6) | value(c))
+            << (6 * pad);
+        let three = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        bytes.extend_from_slice(&three[..3 - pad]);
+    }
+    assert_eq!(bytes.len() % 4, 0);
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    v.iter()
+        .map(|x| x.iter().map(|f| f.to_bits()).collect())
+        .collect()
+}
+
+/// `POST /v1/embeddings` on the tiny model (f32, `--pooling mean`): OpenAI's shapes and usage;
+/// the vectors bit-identical to `Model::embed` in this process (which tests/embeddings.rs holds
+/// to llama.cpp); base64 the same floats; a batch of five equal to each input alone, also while
+/// a stream decodes; every bad input a 400 naming its rule, the server answering as before
+/// after each; and a server without `--pooling` on a model naming none refusing with a 400
+/// that says so.
+#[test]
+fn embeddings_have_openai_shapes_and_equal_each_input_alone() {
+    let model = server::tiny_llama();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &server::args("--backend f32 -c 256 --parallel 2 --pooling mean -a tiny"),
+    );
+    let texts = [
+        "hello",
+        "The station was built on the far side of the fields.",
+        "a",
+        "Once upon a time, in a river town, the boats came down every morning.",
+        "café",
+    ];
+    let tokens: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| {
+            let r = s.post("/tokenize", &json!({"content": t, "add_special": true}));
+            r.json()["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    // The library's vectors of the same tokens.
+    let lib = common::load_f32(&model, 2).model;
+    let inputs: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+    let want = lib.embed(&inputs, rknn_llm::model::Pooling::Mean).unwrap();
+
+    let r = s.post(
+        EMBEDDINGS,
+        &json!({"input": texts, "model": "anything", "user": "u"}),
+    );
+    let got = vectors(&r, 5, false);
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "the server's floats are the library's"
+    );
+    let doc = r.json();
+    let n: usize = tokens.iter().map(Vec::len).sum();
+    assert_eq!(doc["model"], "tiny");
+    assert_eq!(doc["usage"], json!({"prompt_tokens": n, "total_tokens": n}));
+    // base64: the same floats; token arrays and the path without /v1: the same answer.
+    let r = s.post(
+        "/embeddings",
+        &json!({"input": tokens, "encoding_format": "base64", "dimensions": lib.config().n_embd}),
+    );
+    assert_eq!(bits(&vectors(&r, 5, true)), bits(&want));
+    // One string, and one token array: each alone.
+    for (i, t) in texts.iter().enumerate() {
+        let alone = vectors(&s.post(EMBEDDINGS, &json!({"input": t})), 1, false);
+        assert_eq!(bits(&alone), bits(&want[i..=i]), "input {i} alone");
+        let alone = vectors(&s.post(EMBEDDINGS, &json!({"input": tokens[i]})), 1, false);
+        assert_eq!(bits(&alone), bits(&want[i..=i]), "input {i}'s tokens alone");
+    }
+    // While a stream decodes in the other slot, the batch again.
+    let mut stream = s
+        .open_stream(
+            COMPLETIONS,
+            &json!({"prompt": "hello world", "max_tokens": 100, "temperature": 0, "stream": true}),
+        )
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_data().unwrap().is_some(), "the stream began");
+    let during = vectors(&s.post(EMBEDDINGS, &json!({"input": texts})), 5, false);
+    assert_eq!(bits(&during), bits(&want), "during a stream");
+    let _ = stream.collect(Instant::now());
+
+    // Bad inputs, each a 400 naming its rule.
+    let good = json!({"prompt": "hello world", "max_tokens": 8, "temperature": 0});
+    let expected = s.generate(COMPLETIONS, &good);
+    let l = Limits {
+        s: &s,
+        good: (COMPLETIONS, good),
+        expected,
+    };
+    let long = vec![1u32; 129];
+    let many: Vec<&str> = vec!["x"; 257];
+    for (what, body, words) in [
+        ("no input", json!({}), "`input` is missing"),
+        ("an empty string", json!({"input": ""}), "empty string"),
+        ("an empty list", json!({"input": []}), "empty list"),
+        (
+            "an empty string in a list",
+            json!({"input": ["a", ""]}),
+            "`input[1]` is an empty",
+        ),
+        (
+            "an empty token list",
+            json!({"input": [[1], []]}),
+            "`input[1]` is an empty",
+        ),
+        (
+            "a mixed list",
+            json!({"input": ["a", [1]]}),
+            "`input[1]` must be a string",
+        ),
+        (
+            "a negative id",
+            json!({"input": [1, -2]}),
+            "`input[1]` must be a token id",
+        ),
+        (
+            "an id past the vocabulary",
+            json!({"input": [[1], [1, 99999]]}),
+            "`input[1]`: token id 99999",
+        ),
+        (
+            "an input longer than a slot",
+            json!({"input": [[1], long]}),
+            "`input[1]` has 129 tokens, more than a slot's context of 128",
+        ),
+        (
+            "too many inputs",
+            json!({"input": many}),
+            "257 inputs, more than the 256",
+        ),
+        (
+            "dimensions",
+            json!({"input": "a", "dimensions": 8}),
+            "cannot be shortened",
+        ),
+        (
+            "encoding_format",
+            json!({"input": "a", "encoding_format": "hex"}),
+            "\"hex\"",
+        ),
+        (
+            "an unknown field",
+            json!({"input": "a", "normalize": false}),
+            "unknown field `normalize`",
+        ),
+        ("input a number", json!({"input": 5}), "not a number"),
+    ] {
+        let r = s.post(EMBEDDINGS, &body);
+        assert_error(&r, 400, what);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(words), "{what}: {message}");
+        l.still_good(what);
+    }
+    let m = s.metrics();
+    assert_eq!(m.get("llm_slots_active"), 0.0);
+    drop(s);
+
+    // Without --pooling, on a model that names none.
+    let s = Server::start(&model, &server::args("--backend f32 -c 256 --parallel 1"));
+    let r = s.post(EMBEDDINGS, &json!({"input": "hello"}));
+    assert_error(&r, 400, "no pooling");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("llama.pooling_type") && message.contains("--pooling"),
+        "{message}"
+    );
+}
+
+/// Every field of docs/serving.md's table of request fields: each honoured one is answered
+/// (200), each refused one (or a refused value) is a 400 naming it, and a field not in the
+/// table is a 400 naming it; `n` gives that many choices, streamed as numbered chunks.
+#[test]
+fn every_field_of_the_table_is_honoured_or_refused_by_name() {
+    let model = server::tiny_llama();
+    let template = server::plain_template();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "512",
+            "--parallel",
+            "4",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let chat = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0});
+    let completion = json!({"prompt": "hello", "max_tokens": 4, "temperature": 0});
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]);
+    let honoured: Vec<(&str, Json, bool)> = vec![
+        ("model", json!("anything"), true),
+        ("max_tokens", json!(3), true),
+        ("max_completion_tokens", json!(3), false),
+        ("temperature", json!(0.5), true),
+        ("top_p", json!(0.9), true),
+        ("seed", json!(11), true),
+        ("stop", json!(["\n\n"]), true),
+        ("presence_penalty", json!(0.5), true),
+        ("frequency_penalty", json!(0.5), true),
+        ("logit_bias", json!({"5": -100, "7": 2.5}), true),
+        ("n", json!(2), true),
+        ("stream", json!(false), true),
+        ("stream_options", json!({"include_usage": true}), true),
+        ("logprobs", json!(true), false),
+        ("top_logprobs", json!(0), false),
+        ("response_format", json!({"type": "text"}), false),
+        ("tools", tool.clone(), false),
+        ("tool_choice", json!("none"), false),
+        ("parallel_tool_calls", json!(true), false),
+        ("user", json!("u-1"), true),
+        ("safety_identifier", json!("s-1"), true),
+        ("prompt_cache_key", json!("k"), true),
+        ("metadata", json!({"a": "b"}), true),
+        ("store", json!(false), true),
+        ("service_tier", json!("auto"), true),
+        ("modalities", json!(["text"]), false),
+        ("top_k", json!(10), true),
+        ("repeat_penalty", json!(1.1), true),
+        ("repeat_last_n", json!(32), true),
+        ("n_predict", json!(3), true),
+        ("cache_prompt", json!(false), true),
+        ("n_probs", json!(2), true),
+        (
+            "json_schema",
+            json!({"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": false}),
+            true,
+        ),
+        ("grammar", json!("root ::= \"yes\" | \"no\"\n"), true),
+    ];
+    for (field, value, both) in &honoured {
+        let bodies: Vec<(&str, Json)> = if *both {
+            vec![(CHAT, chat.clone()), (COMPLETIONS, completion.clone())]
+        } else {
+            vec![(CHAT, chat.clone())]
+        };
+        for (path, mut body) in bodies {
+            body[*field] = value.clone();
+            if *field == "top_logprobs" {
+                body["logprobs"] = json!(true);
+            }
+            if *field == "tool_choice" || *field == "parallel_tool_calls" {
+                body["tools"] = tool.clone();
+            }
+            let r = s.request("POST", path, &[], body.to_string().as_bytes());
+            assert_eq!(r.status, 200, "{field} on {path}: {}", r.text());
+        }
+    }
+    let mut body = completion.clone();
+    body["logprobs"] = json!(2);
+    body["echo"] = json!(false);
+    body["best_of"] = json!(1);
+    body["suffix"] = json!("");
+    let r = s.request("POST", COMPLETIONS, &[], body.to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let refused: Vec<(&str, Json, &str)> = vec![
+        ("audio", json!({"voice": "alloy", "format": "wav"}), CHAT),
+        (
+            "prediction",
+            json!({"type": "content", "content": "x"}),
+            CHAT,
+        ),
+        ("reasoning_effort", json!("low"), CHAT),
+        ("verbosity", json!("low"), CHAT),
+        ("web_search_options", json!({}), CHAT),
+        ("functions", json!([{"name": "f"}]), CHAT),
+        ("function_call", json!("auto"), CHAT),
+        ("store", json!(true), CHAT),
+        ("service_tier", json!("flex"), CHAT),
+        ("modalities", json!(["text", "audio"]), CHAT),
+        ("echo", json!(true), COMPLETIONS),
+        ("best_of", json!(3), COMPLETIONS),
+        ("suffix", json!("end"), COMPLETIONS),
+        ("n", json!(9), CHAT),
+        ("logit_bias", json!({"999999": 1}), CHAT),
+        ("min_p", json!(0.1), CHAT),
+        ("mirostat", json!(2), COMPLETIONS),
+        ("messages", json!([]), COMPLETIONS),
+        ("prompt", json!("x"), CHAT),
+        ("top_logprobs", json!(2), COMPLETIONS),
+        (
+            "response_format",
+            json!({"type": "json_object"}),
+            COMPLETIONS,
+        ),
+        ("tools", tool.clone(), COMPLETIONS),
+    ];
+    for (field, value, path) in refused {
+        let mut body = if path == CHAT {
+            chat.clone()
+        } else {
+            completion.clone()
+        };
+        body[field] = value.clone();
+        let r = s.request("POST", path, &[], body.to_string().as_bytes());
+        assert_error(&r, 400, &format!("{field}: {value}"));
+        assert_eq!(
+            r.json()["error"]["param"],
+            json!(field),
+            "{field}: {}",
+            r.text()
+        );
+    }
+    // `n`: that many choices, numbered, their tokens summed; streamed as numbered chunks.
+    for path in [CHAT, COMPLETIONS] {
+        let mut body = if path == CHAT {
+            chat.clone()
+        } else {
+            completion.clone()
+        };
+        body["n"] = json!(3);
+        body["temperature"] = json!(1.0);
+        body["max_tokens"] = json!(6);
+        let a = s.post(path, &body).json();
+        let choices = a["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3, "{a}");
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], json!(i), "{a}");
+        }
+        assert_eq!(a["usage"]["completion_tokens"], json!(18), "{a}");
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let g = s.generate_stream(path, &body);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut finishes = 0;
+        for c in &g.chunks {
+            for ch in c["choices"].as_array().unwrap() {
+                seen.insert(ch["index"].as_u64().unwrap());
+                finishes += usize::from(!ch["finish_reason"].is_null());
+            }
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(finishes, 3);
+        assert_eq!(g.completion_tokens, 18);
+    }
+    assert!(s.alive());
+}

@@ -133,7 +133,7 @@ fn the_official_openai_client_works() {
     let _serial = server::serial();
     let s = Server::start(
         &model,
-        &server::args("--backend auto -t 2 --parallel 2 -c 4096 -a smollm2-test"),
+        &server::args("--backend auto -t 2 --parallel 2 -c 4096 --pooling mean -a smollm2-test"),
     );
     let auth = Server::start(
         &server::tiny_llama(),

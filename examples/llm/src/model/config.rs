@@ -71,6 +71,10 @@ pub struct Config {
     pub sliding_window: Option<SlidingWindow>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
+    /// `{arch}.pooling_type`, if set: how the file says to pool its embeddings, in llama.cpp's
+    /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
+    /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
+    pub pooling_type: Option<u64>,
 }
 
 pub(super) fn key_usize(file: &GgufFile, key: &str) -> Result<Option<usize>, ModelError> {

@@ -104,6 +104,30 @@ pub enum ModelError {
         /// The model's `context_length`.
         trained: usize,
     },
+    /// A pooling of embeddings this crate does not compute (llama.cpp's `none`, one vector
+    /// per token, and `rank`, a reranker's head; or an unknown name or number).
+    #[error("pooling {pooling} is not supported for embeddings (mean, last and cls are)")]
+    UnsupportedPooling {
+        /// The pooling asked for or named by the file.
+        pooling: String,
+    },
+    /// The file names no pooling for its embeddings, and none was chosen.
+    #[error(
+        "the model names no pooling for embeddings ({key} is absent): choose mean, last or cls \
+         (--pooling)"
+    )]
+    NoPooling {
+        /// The metadata key that is absent.
+        key: String,
+    },
+    /// An input to [`Model::embed`](super::Model::embed) that cannot be embedded.
+    #[error("embedding input {index}: {reason}")]
+    EmbeddingInput {
+        /// Its index in the list.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {token} is outside the vocabulary of {n_vocab}")]
     BadToken {

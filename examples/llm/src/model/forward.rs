@@ -184,13 +184,28 @@ impl Model {
     /// has changed then. A backend failure during the pass leaves the items' caches undefined:
     /// truncate or reset them.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), ModelError> {
+        self.forward_rows(items, None)
+    }
+
+    /// [`Model::forward_batch`], or, with `hidden`, the final hidden states (after the final
+    /// norm, before the output projection) of the rows each item's [`Logits`] selects, in
+    /// item order, `n_embd` per row, instead of logits: the output projection is skipped and
+    /// no sequence's logits are written.
+    pub(super) fn forward_rows(
+        &self,
+        items: &mut [BatchItem<'_>],
+        mut hidden: Option<&mut Vec<f32>>,
+    ) -> Result<(), ModelError> {
         if self.pool.current_num_threads() > 1 && self.pool.current_thread_index().is_none() {
             // The whole pass on a pool thread: its parallel loops then split work among the
             // pool's threads directly instead of each waking the pool from outside. With one
             // host thread the calling thread does all the host work itself, whichever thread
             // it is: a one-thread pool may be another thread's (`host_pool`), and work handed
             // to it would wait for that thread.
-            return self.pool.install(|| self.forward_batch(items));
+            return self.pool.install(|| self.forward_rows(items, hidden));
+        }
+        if let Some(h) = hidden.as_deref_mut() {
+            h.clear();
         }
         let c = &self.config;
         for it in items.iter() {
@@ -350,20 +365,24 @@ impl Model {
             }
             let mut normed = vec![0.0f32; n * e];
             rms_norm(&sel, &self.output_norm, c.rms_eps, &mut normed);
-            let mut logits = vec![0.0f32; n * c.n_vocab];
-            let t = Instant::now();
-            let p = &self.output;
-            p.op.forward(&normed, n, &mut logits)
-                .map_err(|e| p.failed(e))?;
-            t_matmul += t.elapsed();
-            if let Some(cap) = c.final_logit_softcap {
-                softcap(&mut logits, cap);
-            }
-            let mut at = 0;
-            for (it, r) in items.iter_mut().zip(&wanted) {
-                let len = r.len() * c.n_vocab;
-                it.seq.logits.extend_from_slice(&logits[at..at + len]);
-                at += len;
+            if let Some(h) = hidden {
+                *h = normed;
+            } else {
+                let mut logits = vec![0.0f32; n * c.n_vocab];
+                let t = Instant::now();
+                let p = &self.output;
+                p.op.forward(&normed, n, &mut logits)
+                    .map_err(|e| p.failed(e))?;
+                t_matmul += t.elapsed();
+                if let Some(cap) = c.final_logit_softcap {
+                    softcap(&mut logits, cap);
+                }
+                let mut at = 0;
+                for (it, r) in items.iter_mut().zip(&wanted) {
+                    let len = r.len() * c.n_vocab;
+                    it.seq.logits.extend_from_slice(&logits[at..at + len]);
+                    at += len;
+                }
             }
         }
         let total = t_start.elapsed();

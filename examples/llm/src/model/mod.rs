@@ -7,6 +7,8 @@
 //! * `load.rs`: [`Model`], the weights (immutable once loaded, shared by any number of
 //!   sequences) built through a [`LinearFactory`];
 //! * `forward.rs`: [`Model::forward`] over a [`Sequence`] (one sequence's KV cache and logits);
+//! * `embed.rs`: [`Model::embed`], inputs' final hidden states pooled ([`Pooling`]) and
+//!   L2-normalised;
 //! * `ops.rs`: the host operations (RMSNorm, RoPE, attention, SwiGLU), `kernels.rs` their SIMD
 //!   kernels, `kv_cache.rs` the cache;
 //! * `backend.rs`: the seam ([`LinearOp`], [`LinearFactory`]); `host.rs` the f32 reference
@@ -16,6 +18,7 @@
 
 mod backend;
 mod config;
+mod embed;
 mod error;
 pub(crate) mod exp;
 mod family;
@@ -31,6 +34,7 @@ pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
+pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;
 pub use forward::{BatchItem, Logits, Sequence, Stats};

@@ -334,6 +334,7 @@ mod tests {
             embd_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
+            pooling_type: None,
         }
     }
 

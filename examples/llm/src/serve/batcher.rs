@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::model::Model;
+use crate::model::{Model, ModelError, Pooling};
 use crate::tokenizer::Tokenizer;
 
-use super::shared::{Cmd, Job, Shared, lock, panic_message};
-use super::types::{Metrics, Request, ServeConfig, ServeError, Sink};
+use super::shared::{Cmd, EmbedJob, Job, Shared, lock, panic_message};
+use super::types::{EmbedReply, Metrics, Request, ServeConfig, ServeError, Sink};
 use super::worker::Worker;
 
 /// Continuous batching over one model (see the [module documentation](super)). `Send` and
@@ -142,6 +142,74 @@ impl Batcher {
             submitted: Instant::now(),
         };
         if lock(&self.tx).send(Cmd::Submit(job)).is_err() {
+            st.metrics.refused += 1;
+            return Err(ServeError::ShuttingDown);
+        }
+        st.outstanding += 1;
+        st.admitted += 1;
+        st.metrics.accepted += 1;
+        Ok(())
+    }
+
+    /// Queues an embeddings request: each of `inputs` (token ids) pooled by `pooling` and
+    /// L2-normalised, as [`Model::embed`] computes them; `reply` hears the vectors, or why
+    /// the request failed, once. The batcher runs its passes between its decode passes, each
+    /// input a sequence of its own (not a slot): at most [`ServeConfig::prefill_chunk`] rows
+    /// per pass while requests decode, [`EMBED_PASS_ROWS`] otherwise. Its vectors are those
+    /// [`Model::embed`] gives, bit for bit, whatever else runs. It counts against the slots
+    /// and the queue as a request does.
+    ///
+    /// Refused at once, with `reply` not called, when an input is empty, longer than a
+    /// slot's context ([`ServeConfig::slot_ctx`]) or holds a token outside the vocabulary
+    /// ([`ServeError::Embedding`], naming the input), or when the queue is full.
+    ///
+    /// [`EMBED_PASS_ROWS`]: crate::model::EMBED_PASS_ROWS
+    pub fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+        deadline: Option<Instant>,
+        reply: EmbedReply,
+    ) -> Result<(), ServeError> {
+        let checked = match inputs.iter().position(|t| t.len() > self.config.slot_ctx) {
+            Some(index) => Err(ServeError::Embedding(ModelError::EmbeddingInput {
+                index,
+                reason: format!(
+                    "{} tokens exceed a slot's context of {}",
+                    inputs[index].len(),
+                    self.config.slot_ctx
+                ),
+            })),
+            None => self
+                .model
+                .embedder(inputs, pooling)
+                .map_err(ServeError::Embedding),
+        };
+        let mut st = self.shared.lock();
+        let refused = match &checked {
+            Err(_) => None,
+            Ok(_) if st.closed => Some(ServeError::ShuttingDown),
+            Ok(_) if st.admitted >= self.config.slots + self.config.queue => {
+                Some(ServeError::QueueFull {
+                    slots: self.config.slots,
+                    queue: self.config.queue,
+                })
+            }
+            Ok(_) => None,
+        };
+        let embedder = match (checked, refused) {
+            (Err(e), _) | (Ok(_), Some(e)) => {
+                st.metrics.refused += 1;
+                return Err(e);
+            }
+            (Ok(e), None) => e,
+        };
+        let job = EmbedJob {
+            embedder,
+            reply,
+            deadline,
+        };
+        if lock(&self.tx).send(Cmd::Embed(job)).is_err() {
             st.metrics.refused += 1;
             return Err(ServeError::ShuttingDown);
         }

@@ -32,6 +32,11 @@
 //! its first token). A panic inside a pass fails the requests of that pass (their slots are
 //! reset) and the batcher goes on.
 //!
+//! **Embeddings.** [`Batcher::embed`] queues a list of inputs to embed ([`Model::embed`]'s
+//! vectors): the batcher runs them as sequences of their own (not slots), one bounded pass of
+//! them after each step, so running streams wait for one such pass at a time; the vectors are
+//! bit-identical to each input's alone.
+//!
 //! **Files.** The public types are in `types.rs`; the handle ([`Batcher`]: starting,
 //! admission, metrics, closing) in `batcher.rs`; its thread (the slots, the wait queue, the
 //! step and its four phases, ending requests) in `worker.rs`; what the two share in
@@ -74,6 +79,7 @@
 //!
 //! [`Model`]: crate::model::Model
 //! [`Model::forward_batch`]: crate::model::Model::forward_batch
+//! [`Model::embed`]: crate::model::Model::embed
 //! [`Session::keep_prefix`]: crate::session::Session::keep_prefix
 
 mod batcher;
@@ -83,6 +89,6 @@ mod worker;
 
 pub use batcher::Batcher;
 pub use types::{
-    Event, EventSink, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request, ServeConfig,
-    ServeError, Sink,
+    EmbedReply, EmbedSink, Event, EventSink, Finished, Metrics, RATE_WINDOW, ROWS_BUCKETS, Request,
+    ServeConfig, ServeError, Sink,
 };

@@ -6,7 +6,8 @@ use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::types::{Metrics, RATE_WINDOW, Request, Sink};
+use super::types::{EmbedReply, Metrics, RATE_WINDOW, Request, Sink};
+use crate::model::Embedder;
 
 /// What [`Batcher::submit`](super::Batcher::submit) hands the batcher's thread.
 pub(super) struct Job {
@@ -15,10 +16,19 @@ pub(super) struct Job {
     pub(super) submitted: Instant,
 }
 
+/// What [`Batcher::embed`](super::Batcher::embed) hands the batcher's thread.
+pub(super) struct EmbedJob {
+    pub(super) embedder: Embedder,
+    pub(super) reply: EmbedReply,
+    pub(super) deadline: Option<Instant>,
+}
+
 /// What the handle tells its thread.
 pub(super) enum Cmd {
     /// A request accepted by admission.
     Submit(Job),
+    /// An embeddings request accepted by admission.
+    Embed(EmbedJob),
     /// End every request and return (the handle is dropped).
     Stop,
 }

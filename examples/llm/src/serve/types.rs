@@ -159,6 +159,10 @@ pub enum ServeError {
     /// Generation failed (the forward pass or the tokenizer refused).
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    /// An embeddings request refused or failed (an input that cannot be embedded, a failed
+    /// pass).
+    #[error(transparent)]
+    Embedding(crate::model::ModelError),
     /// A panic inside the request's forward pass or its sink; the batcher goes on.
     #[error("internal error: {0}")]
     Internal(String),
@@ -249,3 +253,33 @@ impl<F: FnMut(Event) -> bool + Send> EventSink for F {
 /// A request's sink, as [`Batcher::submit`](super::Batcher::submit) takes it:
 /// `Box::new(move |event| tx.send(event).is_ok())`, or a boxed [`EventSink`] of your own.
 pub type Sink = Box<dyn EventSink>;
+
+/// Where an embeddings request's answer goes ([`Batcher::embed`](super::Batcher::embed)). Its
+/// methods are called on the batcher's thread, so they must not block.
+///
+/// A closure `FnOnce(Result<Vec<Vec<f32>>, ServeError>)` is one (it cannot be asked whether
+/// anybody listens, so its request runs to its end); a reply of your own can also answer
+/// [`EmbedSink::is_listening`], which frees the request's place before its next pass once
+/// nobody waits.
+pub trait EmbedSink: Send {
+    /// Hands over the answer: each input's vector in input order, or why the request failed.
+    /// Called once, and last.
+    fn answer(self: Box<Self>, answer: Result<Vec<Vec<f32>>, ServeError>);
+
+    /// Whether anybody still waits for the answer; asked before each of the request's passes.
+    /// `false` cancels it at once, and [`EmbedSink::answer`] is not called. The default says
+    /// `true`.
+    fn is_listening(&mut self) -> bool {
+        true
+    }
+}
+
+impl<F: FnOnce(Result<Vec<Vec<f32>>, ServeError>) + Send> EmbedSink for F {
+    fn answer(self: Box<Self>, answer: Result<Vec<Vec<f32>>, ServeError>) {
+        (*self)(answer)
+    }
+}
+
+/// An embeddings request's reply, as [`Batcher::embed`](super::Batcher::embed) takes it:
+/// `Box::new(move |answer| ...)`, or a boxed [`EmbedSink`] of your own.
+pub type EmbedReply = Box<dyn EmbedSink>;

@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use crate::model::{BatchItem, Logits, Model};
+use crate::model::{BatchItem, EMBED_PASS_ROWS, Logits, Model};
 use crate::sample::SamplerConfig;
 use crate::session::{
     Feed, GenerateError, GenerateParams, GenerationState, Session, Step, Stop, modelled,
 };
 use crate::tokenizer::Tokenizer;
 
-use super::shared::{Cmd, Job, Shared, panic_message};
-use super::types::{Event, Finished, ROWS_BUCKETS, ServeConfig, ServeError, Sink};
+use super::shared::{Cmd, EmbedJob, Job, Shared, panic_message};
+use super::types::{EmbedReply, Event, Finished, ROWS_BUCKETS, ServeConfig, ServeError, Sink};
 
 /// One slot: a session (its cache kept between requests, the prompt cache) and the request
 /// it serves.
@@ -68,6 +68,8 @@ type Parts = Vec<Option<Part>>;
 pub(super) struct Worker {
     slots: Vec<Slot>,
     queue: VecDeque<Job>,
+    /// Embeddings requests, the front one running (a pass of it after each step).
+    embeds: VecDeque<EmbedJob>,
     rx: Receiver<Cmd>,
     shared: Arc<Shared>,
     config: ServeConfig,
@@ -115,6 +117,7 @@ impl Worker {
         Ok(Worker {
             slots,
             queue: VecDeque::new(),
+            embeds: VecDeque::new(),
             rx,
             shared,
             config: config.clone(),
@@ -136,6 +139,7 @@ impl Worker {
             // Nothing to do: sleep until a command (or every handle is gone).
             match self.rx.recv() {
                 Ok(Cmd::Submit(job)) => self.queue.push_back(job),
+                Ok(Cmd::Embed(job)) => self.embeds.push_back(job),
                 Ok(Cmd::Stop) | Err(_) => {
                     self.stop_all();
                     return;
@@ -155,13 +159,19 @@ impl Worker {
                     self.queue.push_back(job);
                     continue; // take every waiting command before the next pass
                 }
+                Ok(Cmd::Embed(job)) => {
+                    self.embeds.push_back(job);
+                    continue;
+                }
                 Ok(Cmd::Stop) => {
                     self.stop_all();
                     return false;
                 }
                 Err(_) => {}
             }
-            let busy = !self.queue.is_empty() || self.slots.iter().any(|s| s.job.is_some());
+            let busy = !self.queue.is_empty()
+                || !self.embeds.is_empty()
+                || self.slots.iter().any(|s| s.job.is_some());
             if !busy {
                 return true;
             }
@@ -170,7 +180,66 @@ impl Worker {
             self.admit();
             self.record_state(now);
             self.step();
+            self.embed_pass(Instant::now());
         }
+    }
+
+    /// One forward pass of the front embeddings request (after the step, so that running
+    /// streams wait for at most one bounded pass of it): at most
+    /// [`ServeConfig::prefill_chunk`] rows while any slot serves a request,
+    /// [`EMBED_PASS_ROWS`] otherwise. A request past its deadline fails instead, one whose
+    /// reply says nobody listens is cancelled; one whose inputs have all run hears its
+    /// vectors.
+    fn embed_pass(&mut self, now: Instant) {
+        let Some(job) = self.embeds.front_mut() else {
+            return;
+        };
+        if job.deadline.is_some_and(|d| now >= d) {
+            let job = self.embeds.pop_front().expect("the front exists");
+            self.end_embed(job.reply, Err(ServeError::DeadlineExceeded));
+            return;
+        }
+        let listening = catch_unwind(AssertUnwindSafe(|| job.reply.is_listening()));
+        if !listening.unwrap_or(false) {
+            self.embeds.pop_front();
+            self.leave();
+            self.ended(Ended::Cancelled);
+            return;
+        }
+        let rows = if self.slots.iter().any(|s| s.job.is_some()) {
+            self.config.prefill_chunk
+        } else {
+            EMBED_PASS_ROWS
+        };
+        let t = Instant::now();
+        let model = &self.model;
+        let before = job.embedder.tokens_run();
+        let result = catch_unwind(AssertUnwindSafe(|| job.embedder.pass(model, rows)));
+        let ran = job.embedder.tokens_run() - before;
+        self.record_pass(t.elapsed(), ran, 0);
+        let outcome = match result {
+            Ok(Ok(false)) => return,
+            Ok(Ok(true)) => Ok(()),
+            Ok(Err(e)) => Err(ServeError::Embedding(e)),
+            Err(panic) => Err(ServeError::Internal(panic_message(&*panic))),
+        };
+        let job = self.embeds.pop_front().expect("the front exists");
+        let answer = outcome.map(|()| job.embedder.finish());
+        self.end_embed(job.reply, answer);
+    }
+
+    /// Ends an embeddings request: it leaves admission's count, then its reply hears
+    /// `answer`.
+    fn end_embed(&mut self, reply: EmbedReply, answer: Result<Vec<Vec<f32>>, ServeError>) {
+        self.leave();
+        let counted = match &answer {
+            Ok(_) => Ended::Done,
+            Err(ServeError::DeadlineExceeded | ServeError::ShuttingDown) => Ended::Cancelled,
+            Err(_) => Ended::Failed,
+        };
+        // A panicking reply is the caller's: the request has ended either way.
+        let _ = catch_unwind(AssertUnwindSafe(|| reply.answer(answer)));
+        self.ended(counted);
     }
 
     /// Ends everything: running and waiting requests fail with `ShuttingDown`.
@@ -184,6 +253,9 @@ impl Worker {
             self.leave();
             deliver(&mut job.sink, Event::Failed(ServeError::ShuttingDown));
             self.ended(Ended::Cancelled);
+        }
+        while let Some(job) = self.embeds.pop_front() {
+            self.end_embed(job.reply, Err(ServeError::ShuttingDown));
         }
     }
 

@@ -30,14 +30,17 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use rknn_llm::chat::{ChatTemplate, ToolCallStream, ToolConstraint, encode_prompt};
 use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
+use rknn_llm::model::Pooling;
 use rknn_llm::sample::TokenLogprobs;
-use rknn_llm::serve::{Batcher, Event, EventSink, Finished, Request as GenRequest};
+use rknn_llm::serve::{
+    Batcher, EmbedSink, Event, EventSink, Finished, Request as GenRequest, ServeError,
+};
 use rknn_llm::session::Stop;
 use rknn_llm::tokenizer::Tokenizer;
 
 use crate::error::{ApiError, json_response};
 use crate::metrics::{self, Requests};
-use crate::params::{self, Obj, Options};
+use crate::params::{self, EmbedInput, Obj, Options};
 use crate::tools::{self, Answer, ToolOutput};
 
 /// How long past a request's deadline the HTTP side waits for the batcher to report it
@@ -76,6 +79,11 @@ pub struct Loaded {
     /// Compiles the requests' grammars (`response_format`, `json_schema`, `grammar`), or why
     /// this vocabulary cannot be constrained.
     pub grammars: Result<Arc<GrammarCompiler>, String>,
+    /// The embeddings' pooling (`--pooling`, or the model's), or why embeddings cannot be
+    /// served.
+    pub pooling: Result<Pooling, String>,
+    /// The embeddings' width (the model's `n_embd`).
+    pub n_embd: usize,
 }
 
 /// The state every handler shares.
@@ -161,6 +169,8 @@ fn routes() -> Router<Arc<AppState>> {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
@@ -337,6 +347,136 @@ async fn detokenize(State(st): St, req: Request) -> Result<Response, ApiError> {
     })
     .await?;
     Ok(json_response(StatusCode::OK, &json!({"content": content})))
+}
+
+/// `POST /v1/embeddings`: OpenAI's request ([`params::embed_request`]) and answer, each
+/// input's vector pooled as `--pooling` (or the model) says and L2-normalised, computed by the
+/// batcher between its decode passes ([`Batcher::embed`]).
+async fn embeddings(State(st): St, req: Request) -> Result<Response, ApiError> {
+    let deadline = Instant::now() + st.config.timeout;
+    let (loaded, _) = st.serving()?;
+    let obj = read_json(&st, req).await?;
+    let request = params::embed_request(&obj, loaded.n_embd)?;
+    let pooling = loaded.pooling.clone().map_err(ApiError::bad_request)?;
+    let inputs = match request.input {
+        EmbedInput::Tokens(t) => t,
+        EmbedInput::Texts(texts) => {
+            let tok = loaded.tokenizer.clone();
+            blocking(move || {
+                texts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        tok.encode(t, true, true)
+                            .map_err(|e| ApiError::param("input", format!("`input[{i}]`: {e}")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await?
+        }
+    };
+    let n_vocab = loaded.tokenizer.n_vocab();
+    for (i, t) in inputs.iter().enumerate() {
+        if t.is_empty() {
+            return Err(ApiError::param(
+                "input",
+                format!("`input[{i}]` has no token"),
+            ));
+        }
+        if t.len() > loaded.slot_ctx {
+            return Err(ApiError::param(
+                "input",
+                format!(
+                    "`input[{i}]` has {} tokens, more than a slot's context of {}",
+                    t.len(),
+                    loaded.slot_ctx
+                ),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        if let Some(bad) = t.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(ApiError::param(
+                "input",
+                format!("`input[{i}]`: token id {bad} is outside the vocabulary of {n_vocab}"),
+            ));
+        }
+    }
+    let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let (_, batcher) = st.serving()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    batcher
+        .embed(inputs, pooling, Some(deadline), Box::new(EmbedChannel(tx)))
+        .map_err(|e| ApiError::from_serve(e, "input"))?;
+    drop(batcher);
+    let give_up = tokio::time::Instant::from_std(deadline + DEADLINE_GRACE);
+    let vectors = match tokio::time::timeout_at(give_up, rx).await {
+        Err(_) => return Err(ApiError::deadline()),
+        Ok(Err(_)) => {
+            return Err(ApiError::internal(
+                "the batcher ended the request without a result",
+            ));
+        }
+        Ok(Ok(answer)) => answer.map_err(|e| ApiError::from_serve(e, "input"))?,
+    };
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if request.base64 {
+                json!(base64_f32(v))
+            } else {
+                // serde_json writes an f32 as the shortest decimal that reads back to it.
+                serde_json::to_value(v).unwrap_or(Value::Null)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let body = json!({
+        "object": "list",
+        "data": data,
+        "model": st.config.alias,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// An embeddings request's reply: the answer into the channel whose receiver the handler
+/// awaits. Nobody listens once the receiver is dropped (the client went away), which the
+/// batcher asks before each of the request's passes.
+struct EmbedChannel(tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, ServeError>>);
+
+impl EmbedSink for EmbedChannel {
+    fn answer(self: Box<Self>, answer: Result<Vec<Vec<f32>>, ServeError>) {
+        let _ = self.0.send(answer);
+    }
+
+    fn is_listening(&mut self) -> bool {
+        !self.0.is_closed()
+    }
+}
+
+/// `v`'s little-endian f32 bytes in standard base64 (with padding), as OpenAI's
+/// `encoding_format: "base64"` gives them.
+fn base64_f32(v: &[f32]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if k <= chunk.len() {
+                out.push(char::from(ABC[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Which generating endpoint a request came to.

@@ -5,6 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use rknn_llm::model::ModelError;
 use rknn_llm::serve::ServeError;
 
 /// An error answered to the client.
@@ -124,6 +125,11 @@ impl ApiError {
             ServeError::EmptyPrompt | ServeError::BadToken { .. } => {
                 ApiError::param(prompt_param, e.to_string())
             }
+            ServeError::Embedding(
+                ModelError::EmbeddingInput { .. }
+                | ModelError::UnsupportedPooling { .. }
+                | ModelError::NoPooling { .. },
+            ) => ApiError::param(prompt_param, e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -34,6 +34,7 @@ use tokio::net::TcpListener;
 use rknn_llm::Model;
 use rknn_llm::cli::LoadArgs;
 use rknn_llm::constraint::GrammarCompiler;
+use rknn_llm::model::Pooling;
 use rknn_llm::serve::{Batcher, ServeConfig, ServeError};
 
 use api::{AppState, HttpConfig, Loaded};
@@ -99,6 +100,10 @@ struct Args {
     /// At shutdown, how long running requests may go on, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     shutdown_timeout: u64,
+    /// How /v1/embeddings pools an input's hidden states: mean, last or cls (default: the
+    /// model's {arch}.pooling_type; without it, embeddings are refused until this is set).
+    #[arg(long, value_name = "mean|last|cls")]
+    pooling: Option<Pooling>,
     /// The model id /v1/models shows and responses name (default: the file's stem).
     #[arg(short = 'a', long, value_name = "NAME")]
     alias: Option<String>,
@@ -364,6 +369,11 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
         grammars: GrammarCompiler::new(&loaded.tokenizer)
             .map(Arc::new)
             .map_err(|e| e.to_string()),
+        pooling: match args.pooling {
+            Some(p) => Ok(p),
+            None => loaded.model.pooling().map_err(|e| e.to_string()),
+        },
+        n_embd: loaded.model.config().n_embd,
     };
     Ok((served, batcher))
 }

@@ -11,11 +11,13 @@ use rknn_llm::serve::{Metrics, ROWS_BUCKETS};
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 /// The paths counted under their own name; any other is `other`.
-pub const ENDPOINTS: [&str; 9] = [
+pub const ENDPOINTS: [&str; 11] = [
     "/v1/chat/completions",
     "/chat/completions",
     "/v1/completions",
     "/completions",
+    "/v1/embeddings",
+    "/embeddings",
     "/v1/models",
     "/health",
     "/metrics",

@@ -948,10 +948,264 @@ pub fn logit_bias(obj: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError
     Ok(out)
 }
 
+/// The most inputs one embeddings request may give (OpenAI's limit is 2048; each input here
+/// runs through the model, so a request is bounded to what a few seconds can embed).
+pub const MAX_EMBED_INPUTS: usize = 256;
+
+/// The fields an embeddings request may give; any other is refused (400 naming it).
+pub const EMBED_FIELDS: [&str; 5] = ["input", "model", "encoding_format", "dimensions", "user"];
+
+/// An embeddings request's `input`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbedInput {
+    /// Texts, to be tokenized.
+    Texts(Vec<String>),
+    /// Token ids, one list per input.
+    Tokens(Vec<Vec<u32>>),
+}
+
+/// What an embeddings request asks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedRequest {
+    /// The inputs.
+    pub input: EmbedInput,
+    /// `encoding_format: "base64"`: each vector as its little-endian f32 bytes in base64.
+    pub base64: bool,
+}
+
+/// An embeddings request's fields: `input` (a string, a list of strings, a list of token ids,
+/// or a list of such lists; none empty, at most [`MAX_EMBED_INPUTS`]), `encoding_format`
+/// (`float` or `base64`), `dimensions` (only the model's own width, `n_embd`: the vectors
+/// cannot be shortened), `model` and `user` (accepted, not used). Any other field is a 400
+/// naming it: nothing asked is silently ignored.
+pub fn embed_request(obj: &Obj, n_embd: usize) -> Result<EmbedRequest, ApiError> {
+    if let Some(k) = obj.keys().find(|k| !EMBED_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::param(
+            k.as_str(),
+            format!(
+                "unknown field `{k}`: an embeddings request takes {}",
+                EMBED_FIELDS.map(|f| format!("`{f}`")).join(", ")
+            ),
+        ));
+    }
+    get::<String>(obj, "model")?;
+    get::<String>(obj, "user")?;
+    let base64 = match get::<String>(obj, "encoding_format")?.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::param(
+                "encoding_format",
+                format!("`encoding_format` must be \"float\" or \"base64\", not {other:?}"),
+            ));
+        }
+    };
+    if let Some(d) = get::<i64>(obj, "dimensions")? {
+        if usize::try_from(d).ok() != Some(n_embd) {
+            return Err(ApiError::param(
+                "dimensions",
+                format!(
+                    "`dimensions` {d} is not supported: this model's embeddings have {n_embd} \
+                     dimensions and cannot be shortened"
+                ),
+            ));
+        }
+    }
+    let input = embed_input(obj.get("input"))?;
+    Ok(EmbedRequest { input, base64 })
+}
+
+/// `input`, checked as [`embed_request`] says.
+fn embed_input(v: Option<&Value>) -> Result<EmbedInput, ApiError> {
+    let bad = |m: String| ApiError::param("input", m);
+    let list = match v {
+        None | Some(Value::Null) => return Err(bad("`input` is missing".into())),
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(bad("`input` is an empty string".into()));
+        }
+        Some(Value::String(s)) => return Ok(EmbedInput::Texts(vec![s.clone()])),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(bad(format!(
+                "`input` must be a string, a list of strings, a list of token ids or a list of \
+                 such lists, not {}",
+                type_name(other)
+            )));
+        }
+    };
+    if list.is_empty() {
+        return Err(bad("`input` is an empty list".into()));
+    }
+    // A flat list of numbers is one input's token ids.
+    if list.iter().all(Value::is_number) {
+        return Ok(EmbedInput::Tokens(vec![token_ids(list, "input")?]));
+    }
+    if list.len() > MAX_EMBED_INPUTS {
+        return Err(bad(format!(
+            "`input` has {} inputs, more than the {MAX_EMBED_INPUTS} a request may give",
+            list.len()
+        )));
+    }
+    match &list[0] {
+        Value::String(_) => {
+            let mut texts = Vec::with_capacity(list.len());
+            for (i, v) in list.iter().enumerate() {
+                match v {
+                    Value::String(s) if s.is_empty() => {
+                        return Err(bad(format!("`input[{i}]` is an empty string")));
+                    }
+                    Value::String(s) => texts.push(s.clone()),
+                    other => {
+                        return Err(bad(format!(
+                            "`input[{i}]` must be a string like `input[0]`, not {}",
+                            type_name(other)
+                        )));
+                    }
+                }
+            }
+            Ok(EmbedInput::Texts(texts))
+        }
+        Value::Array(_) => {
+            let mut lists = Vec::with_capacity(list.len());
+            for (i, v) in list.iter().enumerate() {
+                let name = format!("input[{i}]");
+                match v {
+                    Value::Array(ids) if ids.is_empty() => {
+                        return Err(bad(format!("`{name}` is an empty list of token ids")));
+                    }
+                    Value::Array(ids) => lists.push(token_ids(ids, &name)?),
+                    other => {
+                        return Err(bad(format!(
+                            "`{name}` must be a list of token ids like `input[0]`, not {}",
+                            type_name(other)
+                        )));
+                    }
+                }
+            }
+            Ok(EmbedInput::Tokens(lists))
+        }
+        other => Err(bad(format!(
+            "`input[0]` must be a string or a list of token ids, not {}",
+            type_name(other)
+        ))),
+    }
+}
+
+/// A list of token ids (non-negative integers that fit 32 bits), `name` in messages.
+fn token_ids(list: &[Value], name: &str) -> Result<Vec<u32>, ApiError> {
+    list.iter()
+        .enumerate()
+        .map(|(j, v)| {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| {
+                    ApiError::param(
+                        "input",
+                        format!("`{name}[{j}]` must be a token id (an integer from 0), not {v}"),
+                    )
+                })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn embedding_inputs_take_every_form() {
+        let req = |v: Value| embed_request(&obj(v), 8);
+        let texts = |t: &[&str]| EmbedInput::Texts(t.iter().map(|s| s.to_string()).collect());
+        assert_eq!(req(json!({"input": "a"})).unwrap().input, texts(&["a"]));
+        assert_eq!(
+            req(json!({"input": ["a", "b"]})).unwrap().input,
+            texts(&["a", "b"])
+        );
+        assert_eq!(
+            req(json!({"input": [1, 2]})).unwrap().input,
+            EmbedInput::Tokens(vec![vec![1, 2]])
+        );
+        assert_eq!(
+            req(json!({"input": [[1], [2, 3]]})).unwrap().input,
+            EmbedInput::Tokens(vec![vec![1], vec![2, 3]])
+        );
+        let r = req(
+            json!({"input": "a", "encoding_format": "base64", "model": "m", "user": "u",
+            "dimensions": 8}),
+        )
+        .unwrap();
+        assert!(r.base64);
+    }
+
+    #[test]
+    fn bad_embedding_requests_name_their_rule() {
+        let err = |v: Value| embed_request(&obj(v), 8).unwrap_err();
+        let many: Vec<String> = (0..=MAX_EMBED_INPUTS).map(|i| i.to_string()).collect();
+        for (body, param, words) in [
+            (json!({}), "input", "missing"),
+            (json!({"input": ""}), "input", "empty string"),
+            (json!({"input": []}), "input", "empty list"),
+            (
+                json!({"input": ["a", ""]}),
+                "input",
+                "`input[1]` is an empty string",
+            ),
+            (
+                json!({"input": [[1], []]}),
+                "input",
+                "`input[1]` is an empty list",
+            ),
+            (
+                json!({"input": ["a", 1]}),
+                "input",
+                "`input[1]` must be a string",
+            ),
+            (
+                json!({"input": [[1], "a"]}),
+                "input",
+                "`input[1]` must be a list",
+            ),
+            (
+                json!({"input": [-1]}),
+                "input",
+                "`input[0]` must be a token id",
+            ),
+            (
+                json!({"input": [[1, 2.5]]}),
+                "input",
+                "`input[0][1]` must be a token id",
+            ),
+            (
+                json!({"input": [true]}),
+                "input",
+                "`input[0]` must be a string or",
+            ),
+            (json!({"input": 3}), "input", "not a number"),
+            (json!({"input": many}), "input", "more than the 256"),
+            (
+                json!({"input": "a", "dimensions": 4}),
+                "dimensions",
+                "cannot be shortened",
+            ),
+            (
+                json!({"input": "a", "encoding_format": "hex"}),
+                "encoding_format",
+                "\"hex\"",
+            ),
+            (
+                json!({"input": "a", "pooling": "mean"}),
+                "pooling",
+                "unknown field `pooling`",
+            ),
+            (json!({"input": "a", "model": 3}), "model", "`model`"),
+        ] {
+            let e = err(body.clone());
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+            assert!(e.message.contains(words), "{body}: {e}");
+            assert_eq!(e.status.as_u16(), 400);
+        }
+    }
 
     fn obj(v: Value) -> Obj {
         match v {

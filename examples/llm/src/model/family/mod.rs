@@ -171,7 +171,9 @@ impl Config {
             embd_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
+            pooling_type: None,
         };
+        c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);
         (fam.hparams)(file, &mut c)?;
         Ok(c)
     }
