@@ -1,6 +1,8 @@
 //! `llm-server` under a minute of mixed traffic on the tiny model: six clients send random
 //! good requests (chats and completions, streamed or not, some byte by byte), hang up at random
-//! mid-stream, and mix in malformed JSON, oversized bodies, bad parameters and unknown paths.
+//! mid-stream (half of those under a JSON Schema with log-probabilities), and mix in malformed
+//! JSON, oversized bodies, bad parameters (bad schemas, grammars, unknown fields among them)
+//! and unknown paths.
 //! The server must stay up, answer every completed good request with the solo greedy text of
 //! its prompt, refuse every bad one with its 4xx (503 only with Retry-After), end idle, and not
 //! grow: its RSS after the run within 10 % of its RSS after a warm-up of the same mix (rounds
@@ -198,9 +200,15 @@ fn client(
                 t.streamed += u64::from(status == 200);
             }
             50..=61 => {
-                // Hang up after a few events (or right after the head).
+                // Hang up after a few events (or right after the head); half of them under a
+                // grammar with log-probabilities (their per-slot state dropped mid-way).
                 let mut b = good.clone();
                 b["stream"] = json!(true);
+                if rng.bool() {
+                    b["json_schema"] =
+                        json!({"type": "object", "properties": {"a": {"type": "string"}}});
+                    b["n_probs"] = json!(3);
+                }
                 let mut st = s
                     .open_stream(path, &b)
                     .map_err(|e| format!("{key:?}: {e}"))?;
@@ -244,11 +252,17 @@ fn client(
             }
             78..=89 => {
                 let mut b = good.clone();
-                let (k, v) = match rng.u32(..5) {
+                // The fields of structured output, logprobs and the table of fields too.
+                let (k, v) = match rng.u32(..10) {
                     0 => ("temperature", json!(5)),
-                    1 => ("n", json!(2)),
+                    1 => ("n", json!(9)),
                     2 => ("max_tokens", json!("x")),
                     3 => ("top_p", json!(-1)),
+                    4 => ("json_schema", json!({"type": "array", "uniqueItems": true})),
+                    5 => ("grammar", json!("root ::= (")),
+                    6 => ("mirostat", json!(2)),
+                    7 => ("logit_bias", json!({"99999999": 1})),
+                    8 => ("n_probs", json!(21)),
                     _ => (if key.2 == 0 { "prompt" } else { "messages" }, json!([])),
                 };
                 b[k] = v.clone();

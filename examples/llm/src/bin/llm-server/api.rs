@@ -1494,7 +1494,7 @@ mod tests {
                 json!({"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"a\":1}"}}),
             ],
         };
-        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Some(&a));
+        let v = reply(Kind::Chat, false).whole(&finished(Stop::Eog), Value::Null, Some(&a));
         assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
         assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
