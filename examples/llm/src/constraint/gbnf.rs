@@ -348,8 +348,9 @@ impl Node {
                 out.push_str(&serde_json::Value::String(s.clone()).to_string());
             }
             Node::Class(rx) => {
+                // A `/` in a class is escaped already (`push_class_char`).
                 out.push('/');
-                out.push_str(&rx.replace('/', "\\/"));
+                out.push_str(rx);
                 out.push('/');
             }
             Node::Ref(r) => out.push_str(&names[r.as_str()]),
