@@ -558,6 +558,7 @@ pub(crate) enum Never {}
 
 /// `row`, or under a constraint a copy of it (in `scratch`) with every token the grammar does
 /// not allow next at minus infinity.
+#[cfg_attr(not(feature = "constraint"), allow(clippy::ptr_arg))]
 fn allowed<'a>(
     constraint: Option<&mut ConstraintState>,
     row: &'a [f32],
@@ -573,7 +574,10 @@ fn allowed<'a>(
             Ok(scratch)
         }
         #[cfg(not(feature = "constraint"))]
-        Some(never) => match *never {},
+        Some(never) => {
+            let _ = scratch;
+            match *never {}
+        }
     }
 }
 

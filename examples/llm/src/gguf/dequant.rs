@@ -19,7 +19,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), GgufE
         return Err(GgufError::UnsupportedType { ty });
     }
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    if dst.len() % bs != 0 {
+    if !dst.len().is_multiple_of(bs) {
         return Err(GgufError::BadLength {
             ty,
             reason: format!("{} values are not whole blocks of {bs}", dst.len()),

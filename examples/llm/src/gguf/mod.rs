@@ -176,7 +176,7 @@ impl<'a> TensorView<'a> {
         let ty = self.info.ty;
         let row_len = self.info.row_len() as usize;
         let bad = |reason: String| GgufError::BadLength { ty, reason };
-        if row_len == 0 || out.len() % row_len != 0 {
+        if row_len == 0 || !out.len().is_multiple_of(row_len) {
             return Err(bad(format!(
                 "output of {} values is not whole rows of {row_len}",
                 out.len()
