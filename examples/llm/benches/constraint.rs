@@ -31,7 +31,10 @@ fn main() {
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let (loaded, batcher) = Model::builder(&path)
         .threads(2)
