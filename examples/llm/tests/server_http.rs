@@ -1251,20 +1251,8 @@ fn bytes_of(entry: &Json) -> Vec<u8> {
 /// from the prompt's length; `n_probs`; the refusals.
 #[test]
 fn logprobs_have_openai_shapes() {
-    let model = server::tiny_llama();
-    let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "256",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
-    );
+    let s = tiny_plain_server(256, 4);
     let chat = json!({
         "messages": [{"role": "user", "content": "the sea"}],
         "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3,
@@ -1308,7 +1296,7 @@ fn logprobs_have_openai_shapes() {
     );
     // The library's logprobs for the same prompt, through the same batcher code path.
     let lib = {
-        let loaded = rknn_llm::Model::builder(&model)
+        let loaded = rknn_llm::Model::builder(server::tiny_llama())
             .backend(rknn_llm::Backend::F32)
             .load()
             .unwrap();
@@ -1462,22 +1450,8 @@ impl ConcatStrings for Vec<Json> {
 /// the answers valid (finite languages, so that every answer ends).
 #[test]
 fn structured_output_follows_its_constraint() {
-    let model = server::tiny_llama();
-    let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "512",
-            "--parallel",
-            "2",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
-    );
+    let s = tiny_plain_server(512, 2);
     let schema = json!({
         "type": "object",
         "properties": {
@@ -1844,22 +1818,8 @@ fn embeddings_have_openai_shapes_and_equal_each_input_alone() {
 /// table is a 400 naming it; `n` gives that many choices, streamed as numbered chunks.
 #[test]
 fn every_field_of_the_table_is_honoured_or_refused_by_name() {
-    let model = server::tiny_llama();
-    let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "512",
-            "--parallel",
-            "4",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
-    );
+    let s = tiny_plain_server(512, 4);
     let chat = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0});
     let completion = json!({"prompt": "hello", "max_tokens": 4, "temperature": 0});
     let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]);
@@ -2018,4 +1978,23 @@ fn every_field_of_the_table_is_honoured_or_refused_by_name() {
         assert_eq!(usage, Some(json!(18)));
     }
     assert!(s.alive());
+}
+
+/// The tiny model on the f32 path with the plain chat template, `-c ctx`, `--parallel slots`.
+fn tiny_plain_server(ctx: usize, slots: usize) -> Server {
+    let template = server::plain_template();
+    let (ctx, slots) = (ctx.to_string(), slots.to_string());
+    Server::start(
+        &server::tiny_llama(),
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            &ctx,
+            "--parallel",
+            &slots,
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    )
 }
