@@ -368,3 +368,57 @@ fn what_cannot_be_enforced_is_an_error_naming_it() {
         assert!(!c.is_accepting().unwrap());
     }
 }
+
+/// `GrammarCompiler` and `Grammar` are shared across threads (the server compiles on its
+/// blocking threads while the batcher drives grammars): the same compiler compiling on two
+/// threads at once, and one grammar driven by two threads at once, give what one thread gives.
+#[test]
+fn a_compiler_and_a_grammar_are_shared_by_threads() {
+    let m = load(tiny("tiny-llama"), Backend::F32);
+    let compiler = GrammarCompiler::new(&m.tokenizer).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"a": {"enum": ["x", "yy", "zzz"]}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a", "b"], "additionalProperties": false
+    });
+    let n_vocab = m.model.config().n_vocab;
+    // A greedy walk over fixed logits that favour a different token at each step.
+    let walk = |g: &Grammar| -> Vec<u32> {
+        let mut c = g.start();
+        let mut out = Vec::new();
+        for step in 0..40u32 {
+            let mut row: Vec<f32> = (0..n_vocab as u32)
+                .map(|t| ((t.wrapping_mul(2_654_435_761) ^ step) % 1000) as f32)
+                .collect();
+            c.mask(&mut row).unwrap();
+            let best = (0..n_vocab)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            if m.tokenizer.is_eog(best) {
+                break;
+            }
+            c.commit(best).unwrap();
+            out.push(best);
+        }
+        out
+    };
+    let spec = GrammarSpec::JsonSchema(schema);
+    let alone = walk(&compiler.compile(&spec).unwrap());
+    let text = m.tokenizer.detokenize(&alone, false, false).unwrap();
+    let doc: Json = serde_json::from_slice(&text).unwrap();
+    assert!(doc["a"].is_string() && doc["b"].is_u64(), "{doc}");
+    let shared = compiler.compile(&spec).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let own = compiler.compile(&spec).unwrap();
+                    (walk(&own), walk(&shared))
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), (alone.clone(), alone.clone()));
+        }
+    });
+}
