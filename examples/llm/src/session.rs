@@ -296,13 +296,7 @@ impl Session {
     /// tokens are cut back with the history: the next token is penalised as in a session that
     /// evaluated the kept prefix afresh.
     pub fn keep_prefix(&mut self, prompt: &[u32]) -> usize {
-        let common = self
-            .history
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len().saturating_sub(1));
+        let common = common_prefix(&self.history, prompt).min(prompt.len().saturating_sub(1));
         if self.history.len() > common {
             self.truncate_history(common);
             self.seq.truncate(common);
@@ -312,6 +306,31 @@ impl Session {
             self.truncate_history(self.seq.len());
         }
         self.history.len()
+    }
+
+    /// [`Session::keep_prefix`], or, when `from` (a session of the same model and cache type:
+    /// another slot, another user's conversation) holds a longer prefix of `prompt` in its
+    /// cache, a copy of that: the history becomes `prompt[..len]` and the cache the keys and
+    /// values `from` computed for it, bit for bit what evaluating it here would write. Returns
+    /// the length kept (at most `prompt.len() - 1`, as `keep_prefix`). The chat's messages are
+    /// forgotten when it copies.
+    pub fn keep_prefix_from(&mut self, from: &Session, prompt: &[u32]) -> usize {
+        let limit = prompt.len().saturating_sub(1);
+        let theirs = common_prefix(&from.history, prompt)
+            .min(from.seq.len())
+            .min(limit);
+        let ours = common_prefix(&self.history, prompt).min(limit);
+        if theirs > ours
+            && Arc::ptr_eq(&self.model, &from.model)
+            && self.seq.copy_prefix(&from.seq, theirs)
+        {
+            self.history.clear();
+            self.history.extend_from_slice(&prompt[..theirs]);
+            self.sampler.set_recent(&self.history);
+            self.messages.clear();
+            return theirs;
+        }
+        self.keep_prefix(prompt)
     }
 
     /// Cuts the history back to its first `len` tokens, and the sampler's recent tokens (the
@@ -1074,6 +1093,11 @@ impl Iterator for Generation<'_> {
             }
         }
     }
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

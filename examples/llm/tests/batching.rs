@@ -390,6 +390,106 @@ fn the_prompt_cache_reuses_a_prefix_and_changes_nothing() {
     assert_eq!(cached.tokens, solo(&model, &tok, &turn2).0);
 }
 
+/// Requests with one prompt (a request's `n` choices) evaluate it once: the first takes a
+/// slot, the others wait for its prefill and copy its cache, and each still gets the tokens
+/// it gets alone, bit for bit (f32 and f16 caches; gemma3's local layers have dropped
+/// positions by the end of the 150-token prompt). A request sharing only the start (a common
+/// system prompt) copies that start from a slot that is decoding.
+#[test]
+fn requests_sharing_a_prompt_evaluate_it_once() {
+    for (name, cache_type) in [
+        ("tiny-llama", CacheType::F32),
+        ("tiny-gemma3", CacheType::F32),
+        ("tiny-gemma3", CacheType::F16),
+    ] {
+        let (model, tok) = f32_model(name);
+        let batcher = Batcher::start(
+            model.clone(),
+            tok.clone(),
+            ServeConfig {
+                slots: 4,
+                prefill_chunk: 32,
+                cache_type,
+                ..ServeConfig::default()
+            },
+        )
+        .unwrap();
+        let prompt = tokens(7, 150, model.config().n_vocab);
+        let choices: Vec<Request> = (0..4)
+            .map(|i| Request {
+                prompt: prompt.clone(),
+                sampling: SamplerConfig {
+                    temperature: if i == 0 { 0.0 } else { 0.9 },
+                    seed: 40 + i,
+                    ..SamplerConfig::default()
+                },
+                max_tokens: Some(10),
+                ..Request::default()
+            })
+            .collect();
+        let rxs: Vec<_> = choices
+            .iter()
+            .map(|r| submit(&batcher, r.clone()).unwrap())
+            .collect();
+        let mut cached = Vec::new();
+        for (i, (rx, r)) in rxs.into_iter().zip(&choices).enumerate() {
+            let got = wait(rx);
+            let want = solo_cached(&model, &tok, r, cache_type);
+            assert_eq!(got.tokens, want, "{name} {cache_type:?} choice {i}");
+            cached.push(got.done.unwrap().cached_tokens);
+        }
+        cached.sort_unstable();
+        assert_eq!(
+            cached,
+            [0, 149, 149, 149],
+            "{name} {cache_type:?}: one prefill, three copies"
+        );
+        // A prompt sharing the first 100 tokens, while a slot decodes with them.
+        let mut long = choices[0].clone();
+        long.max_tokens = Some(60);
+        long.prompt = tokens(8, 120, model.config().n_vocab);
+        let decoded = batcher.metrics().decode_rows;
+        let running = submit(&batcher, long.clone()).unwrap();
+        let mut shared = long.clone();
+        shared.max_tokens = Some(5);
+        shared.prompt.truncate(100);
+        shared.prompt.extend(tokens(9, 20, model.config().n_vocab));
+        // Wait until `long` decodes: its prefill is done (a slot holds its prompt).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while batcher.metrics().decode_rows == decoded && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let got = wait(submit(&batcher, shared.clone()).unwrap());
+        assert_eq!(
+            got.tokens,
+            solo_cached(&model, &tok, &shared, cache_type),
+            "{name} {cache_type:?}"
+        );
+        assert_eq!(
+            got.done.unwrap().cached_tokens,
+            100,
+            "{name} {cache_type:?}"
+        );
+        wait(running).done.unwrap();
+    }
+}
+
+/// [`solo`]'s tokens with a cache of `ty`.
+fn solo_cached(model: &Arc<Model>, tok: &Arc<Tokenizer>, r: &Request, ty: CacheType) -> Vec<u32> {
+    let mut s = Session::new(model.clone(), tok.clone(), r.sampling.clone()).unwrap();
+    s.set_cache_type(ty);
+    let params = GenerateParams {
+        max_tokens: r.max_tokens,
+        ..GenerateParams::default()
+    };
+    let g = s
+        .generate_tokens(&r.prompt, &params)
+        .unwrap()
+        .finish()
+        .unwrap();
+    g.generated
+}
+
 fn long_request(tok: &Tokenizer) -> Request {
     Request {
         prompt: tok.encode("A story that goes on", true, true).unwrap(),

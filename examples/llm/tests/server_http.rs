@@ -1938,6 +1938,11 @@ fn every_field_of_the_table_is_honoured_or_refused_by_name() {
         );
     }
     // `n`: that many choices, numbered, their tokens summed; streamed as numbered chunks.
+    let file = rknn_llm::gguf::GgufFile::open(server::tiny_llama()).unwrap();
+    let eog = rknn_llm::tokenizer::Tokenizer::from_gguf(&file)
+        .unwrap()
+        .eog_ids()
+        .to_vec();
     for path in [CHAT, COMPLETIONS] {
         let mut body = if path == CHAT {
             chat.clone()
@@ -1947,6 +1952,20 @@ fn every_field_of_the_table_is_honoured_or_refused_by_name() {
         body["n"] = json!(3);
         body["temperature"] = json!(1.0);
         body["max_tokens"] = json!(6);
+        // Every choice runs to `max_tokens`: no end of generation.
+        body["logit_bias"] =
+            Json::Object(eog.iter().map(|id| (id.to_string(), json!(-100))).collect());
+        // A prompt no slot holds: one choice evaluates it, the other two copy its cache.
+        let fresh = format!(
+            "Three answers to a question nobody asked before, at {path}: what the cat, the dog \
+             and the old fox said to the moon on the longest night of the coldest winter"
+        );
+        if path == CHAT {
+            body["messages"] = json!([{"role": "user", "content": fresh}]);
+        } else {
+            body["prompt"] = json!(fresh);
+        }
+        let before = s.metrics().get("llm_prompt_tokens_cached_total");
         let a = s.post(path, &body).json();
         let choices = a["choices"].as_array().unwrap();
         assert_eq!(choices.len(), 3, "{a}");
@@ -1954,6 +1973,10 @@ fn every_field_of_the_table_is_honoured_or_refused_by_name() {
             assert_eq!(c["index"], json!(i), "{a}");
         }
         assert_eq!(a["usage"]["completion_tokens"], json!(18), "{a}");
+        let copied = 2.0 * (a["usage"]["prompt_tokens"].as_f64().unwrap() - 1.0);
+        s.wait_metrics("two choices' prompts copied", budget(10), |m| {
+            m.get("llm_prompt_tokens_cached_total") - before >= copied
+        });
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
         let mut st = s.open_stream(path, &body).unwrap();

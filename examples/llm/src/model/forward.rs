@@ -110,6 +110,15 @@ impl Sequence {
         self.cache.truncate(0);
     }
 
+    /// Becomes a copy of `from`'s first `len` cached positions (a sequence of the same model
+    /// and cache type): the keys and values evaluating those tokens here would write, bit for
+    /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
+    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees)
+    /// or stores another type, or `len` is past this sequence's context.
+    pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
+        len <= self.n_ctx && self.cache.copy_prefix(&from.cache, len)
+    }
+
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
     /// sliding-window layers, a cut further back than they keep (more than
     /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read

@@ -66,6 +66,21 @@ impl KvRows {
         }
     }
 
+    /// Becomes the first `len` values of `from` (of the same type), reusing its allocation.
+    fn copy_prefix(&mut self, from: &KvRows, len: usize) {
+        match (self, from) {
+            (KvRows::F32(to), KvRows::F32(from)) => {
+                to.clear();
+                to.extend_from_slice(&from[..len]);
+            }
+            (KvRows::F16(to), KvRows::F16(from)) => {
+                to.clear();
+                to.extend_from_slice(&from[..len]);
+            }
+            _ => unreachable!("a cache copies from a cache of its own type"),
+        }
+    }
+
     /// Drops the first `n` values.
     fn drain_front(&mut self, n: usize) {
         match self {
@@ -227,6 +242,34 @@ impl KvCache {
             * elem
     }
 
+    /// Becomes a copy of the first `len` positions of `from`, a cache of the same model and
+    /// type (what evaluating those tokens here would have written, bit for bit); false, and
+    /// nothing changed, when `from` does not hold them all (fewer positions, or a local layer
+    /// that dropped keys a query at `len` sees: [`KvCache::can_rewind_to`]) or is of another
+    /// shape or type.
+    pub(crate) fn copy_prefix(&mut self, from: &KvCache, len: usize) -> bool {
+        let same = self.ty == from.ty
+            && self.head_dim == from.head_dim
+            && self.heads == from.heads
+            && self.windows == from.windows;
+        if !same || len > from.len || !from.can_rewind_to(len) {
+            return false;
+        }
+        for (l, &start) in from.starts.iter().enumerate() {
+            let start = if len == 0 { 0 } else { start };
+            let values = (len - start) * self.head_dim;
+            let buffers = l * self.heads..(l + 1) * self.heads;
+            for (to, from) in [(&mut self.k, &from.k), (&mut self.v, &from.v)] {
+                for (t, f) in to[buffers.clone()].iter_mut().zip(&from[buffers.clone()]) {
+                    t.copy_prefix(f, values);
+                }
+            }
+            self.starts[l] = start;
+        }
+        self.len = len;
+        true
+    }
+
     /// Keeps the first `pos` positions; when a local layer no longer holds what a query at
     /// `pos` sees ([`KvCache::can_rewind_to`]), keeps none.
     pub(crate) fn truncate(&mut self, pos: usize) {
@@ -312,6 +355,66 @@ mod tests {
         // A cut the local layer cannot serve keeps nothing.
         c.truncate(start);
         assert_eq!((c.len(), c.layer(1).start, c.bytes()), (0, 0, 0));
+    }
+
+    /// The keys and values of `layer`'s one head, as f32.
+    fn rows(c: &KvCache, layer: usize) -> (Vec<f32>, Vec<f32>, usize) {
+        let l = c.layer(layer);
+        let f = |r: &KvRows| match r {
+            KvRows::F32(v) => v.clone(),
+            KvRows::F16(v) => v.iter().map(|h| h.to_f32()).collect(),
+        };
+        (f(&l.keys[0]), f(&l.values[0]), l.start)
+    }
+
+    #[test]
+    fn a_copied_prefix_is_what_truncating_a_copy_keeps() {
+        for ty in [CacheType::F32, CacheType::F16] {
+            let w = 8;
+            let mut c = KvCache::new(vec![None, Some(w)], 1, 2, ty);
+            for pos in 0..300 {
+                let k = [pos as f32, -(pos as f32)];
+                let v = [0.5 * pos as f32, 1.0];
+                for l in 0..2 {
+                    c.append(l, &k, &v);
+                }
+                c.set_len(pos, pos + 1);
+            }
+            assert!(c.layer(1).start > 0, "the local layer dropped positions");
+            let mut to = KvCache::new(vec![None, Some(w)], 1, 2, ty);
+            let first = c.layer(1).start + w - 1;
+            for len in [0, first, 299, 300] {
+                assert!(to.copy_prefix(&c, len), "{len}");
+                let mut want = KvCache::new(vec![None, Some(w)], 1, 2, ty);
+                want.k = c.k.clone();
+                want.v = c.v.clone();
+                want.starts = c.starts.clone();
+                want.len = c.len;
+                want.truncate(len);
+                assert_eq!(to.len(), len);
+                for l in 0..2 {
+                    assert_eq!(rows(&to, l), rows(&want, l), "{ty:?} {len} layer {l}");
+                }
+            }
+            // Positions the local layer dropped, more than it holds, another shape or type:
+            // refused, nothing changed.
+            let before = (rows(&to, 0), rows(&to, 1), to.len());
+            let other_ty = if ty == CacheType::F32 {
+                CacheType::F16
+            } else {
+                CacheType::F32
+            };
+            for (from, len) in [
+                (&c, 5),
+                (&c, first - 1),
+                (&c, 301),
+                (&KvCache::new(vec![None, None], 1, 2, ty), 0),
+                (&KvCache::new(vec![None, Some(w)], 1, 2, other_ty), 0),
+            ] {
+                assert!(!to.copy_prefix(from, len), "{len}");
+                assert_eq!((rows(&to, 0), rows(&to, 1), to.len()), before);
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,11 @@
 //! **Prompt cache.** A slot keeps its KV cache after its request ends. A new request goes to
 //! the free slot whose cached tokens share the longest prefix with its prompt (a chat's next
 //! turn, a common system prompt), which evaluates only the rest
-//! ([`Session::keep_prefix`]); the logits are the same as from a cold cache.
+//! ([`Session::keep_prefix`]); the logits are the same as from a cold cache. When another
+//! slot (busy or free) holds a longer prefix, the request copies that slot's keys and values
+//! for it ([`Session::keep_prefix_from`]); a request whose prompt a slot is evaluating now
+//! waits for that prefill when it would copy at least 16 tokens more, so one prompt submitted
+//! `n` times (a server's `n` choices) is evaluated once.
 //!
 //! **Admission.** `slots` requests run at once and `queue` more wait; past that,
 //! [`Batcher::submit`] refuses with [`ServeError::QueueFull`] (a server answers 503). A
@@ -81,6 +85,7 @@
 //! [`Model::forward_batch`]: crate::model::Model::forward_batch
 //! [`Model::embed`]: crate::model::Model::embed
 //! [`Session::keep_prefix`]: crate::session::Session::keep_prefix
+//! [`Session::keep_prefix_from`]: crate::session::Session::keep_prefix_from
 
 mod batcher;
 mod shared;

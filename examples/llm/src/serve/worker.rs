@@ -11,12 +11,18 @@ use std::time::{Duration, Instant};
 use crate::model::{BatchItem, EMBED_PASS_ROWS, Logits, Model};
 use crate::sample::SamplerConfig;
 use crate::session::{
-    Feed, GenerateError, GenerateParams, GenerationState, Session, Step, Stop, modelled,
+    Feed, GenerateError, GenerateParams, GenerationState, Session, Step, Stop, common_prefix,
+    modelled,
 };
 use crate::tokenizer::Tokenizer;
 
 use super::shared::{Cmd, EmbedJob, Job, Shared, panic_message};
 use super::types::{EmbedReply, Event, Finished, ROWS_BUCKETS, ServeConfig, ServeError, Sink};
+
+/// How many more prompt tokens a prefilling slot must be about to hold than any cache holds
+/// now for a waiting request to wait for that prefill and copy them ([`Session::keep_prefix_from`])
+/// rather than start now and evaluate them itself.
+const SHARE_MIN: usize = 16;
 
 /// One slot: a session (its cache kept between requests, the prompt cache) and the request
 /// it serves.
@@ -302,11 +308,15 @@ impl Worker {
     }
 
     /// Gives waiting requests the free slots, each the one holding the longest prefix of its
-    /// prompt (the least recently used among equals).
+    /// prompt (the least recently used among equals), in the order they came; a request
+    /// whose prompt a prefilling slot is about to hold more of ([`SHARE_MIN`] tokens more
+    /// than any cache holds now: `n` choices of one prompt, a burst sharing a system prompt)
+    /// waits for that prefill, and the ones behind it go first meanwhile.
     fn admit(&mut self) {
-        while let Some(job) = self.queue.front() {
-            let prompt = &job.request.prompt;
-            let use_cache = job.request.cache_prompt;
+        let mut k = 0;
+        while k < self.queue.len() {
+            let prompt = &self.queue[k].request.prompt;
+            let use_cache = self.queue[k].request.cache_prompt;
             let best = self
                 .slots
                 .iter()
@@ -322,22 +332,79 @@ impl Worker {
                 })
                 .map(|(i, _)| i);
             let Some(i) = best else { return };
-            let job = self.queue.pop_front().expect("the front exists");
+            if use_cache && self.coming(prompt) >= self.held(prompt, None).1 + SHARE_MIN {
+                k += 1;
+                continue;
+            }
+            let job = self.queue.remove(k).expect("in the queue");
             self.start(i, job);
         }
+    }
+
+    /// The slot (other than `except`) whose cache holds the longest prefix of `prompt`, and
+    /// its length (at most all but the prompt's last token).
+    fn held(&self, prompt: &[u32], except: Option<usize>) -> (Option<usize>, usize) {
+        let limit = prompt.len().saturating_sub(1);
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| Some(j) != except)
+            .map(|(j, s)| {
+                let cached = s.session.sequence().len();
+                (
+                    Some(j),
+                    common_prefix(s.session.history(), prompt).min(cached),
+                )
+            })
+            .max_by_key(|&(_, n)| n)
+            .map_or((None, 0), |(j, n)| (j, n.min(limit)))
+    }
+
+    /// The longest prefix of `prompt` a slot still evaluating its own prompt will hold once
+    /// it has.
+    fn coming(&self, prompt: &[u32]) -> usize {
+        let limit = prompt.len().saturating_sub(1);
+        self.slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.job,
+                    Some(Running {
+                        phase: Phase::Prefill { .. },
+                        ..
+                    })
+                )
+            })
+            .map(|s| common_prefix(s.session.history(), prompt).min(limit))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Starts `job` in slot `i`: keeps the cached prefix and begins the prompt.
     fn start(&mut self, i: usize, job: Job) {
         self.clock += 1;
+        let r = job.request;
+        // The longest prefix held: this slot's own, or another slot's copied.
+        let other = match self.held(&r.prompt, Some(i)) {
+            (Some(j), n) if r.cache_prompt => {
+                Some(j).filter(|_| n > common_prefix(self.slots[i].session.history(), &r.prompt))
+            }
+            _ => None,
+        };
         let slot = &mut self.slots[i];
         slot.last_used = self.clock;
-        let s = &mut slot.session;
-        let r = job.request;
         if !r.cache_prompt {
-            s.reset();
+            slot.session.reset();
         }
-        let kept = s.keep_prefix(&r.prompt);
+        let kept = match other {
+            Some(j) => {
+                let (to, from) = two_slots(&mut self.slots, i, j);
+                to.session.keep_prefix_from(&from.session, &r.prompt)
+            }
+            None => slot.session.keep_prefix(&r.prompt),
+        };
+        let slot = &mut self.slots[i];
+        let s = &mut slot.session;
         s.set_sampling(r.sampling.clone());
         let began = Instant::now();
         let modelled_from = modelled(&self.model);
@@ -683,6 +750,17 @@ impl Worker {
     }
 }
 
+/// Slot `i` to change and slot `j` to read (`i != j`).
+fn two_slots(slots: &mut [Slot], i: usize, j: usize) -> (&mut Slot, &Slot) {
+    if i < j {
+        let (a, b) = slots.split_at_mut(j);
+        (&mut a[i], &b[0])
+    } else {
+        let (a, b) = slots.split_at_mut(i);
+        (&mut b[0], &a[j])
+    }
+}
+
 /// Hands `event` to `sink`: whether somebody still listens (a panicking sink does not).
 fn deliver(sink: &mut Sink, event: Event) -> bool {
     catch_unwind(AssertUnwindSafe(|| sink.send(event))).unwrap_or(false)
@@ -696,11 +774,6 @@ fn listening(sink: &mut Sink) -> bool {
 /// The same error again, for each request of a failed pass.
 fn copy_error(e: &ServeError) -> ServeError {
     ServeError::Internal(e.to_string())
-}
-
-/// The length of the longest common prefix.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

@@ -620,7 +620,7 @@ async fn generate(
         }
     };
     // `n` choices: a request each, seeds `seed`, `seed + 1`, ... (greedy choices are equal),
-    // decoded in the same passes.
+    // decoded in the same passes; one evaluates the prompt, the others copy its cache.
     let mut choices = Vec::with_capacity(options.n);
     for i in 0..options.n {
         let (tx, rx) = unbounded_channel();
@@ -1091,8 +1091,8 @@ fn usage(f: &Finished) -> Value {
     usage_of(&[f])
 }
 
-/// The usage of a request's choices: its prompt once (as OpenAI counts it; each choice
-/// evaluated it in its own slot, in the same passes), and every choice's tokens.
+/// The usage of a request's choices: its prompt once (as OpenAI counts it; the first choice's
+/// cached tokens), and every choice's tokens.
 fn usage_of(fs: &[&Finished]) -> Value {
     let prompt = fs.first().map_or(0, |f| f.prompt_tokens);
     let cached = fs.first().map_or(0, |f| f.cached_tokens);
