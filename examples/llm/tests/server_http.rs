@@ -903,6 +903,111 @@ fn tools_in_the_generic_form() {
     );
 }
 
+/// A call streamed as OpenAI streams one (`tool_choice: required` and `parallel_tool_calls:
+/// false` on the demo model, so the generic form's reply is one call): per choice a first `delta.tool_calls` chunk with the call's
+/// `index`, `id`, `type` and name and empty arguments, then chunks of argument pieces alone,
+/// which put together are the non-streamed reply's arguments; no content; `finish_reason:
+/// "tool_calls"`. Two choices (`n: 2`, sampled) are streamed each under its own `index`, each
+/// equal to the non-streamed choice of the same seed.
+#[test]
+fn a_streamed_call_arrives_in_pieces() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &["--backend", "f32", "-c", "2048", "--parallel", "2"],
+    );
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools, "tool_choice": "required", "max_tokens": 80, "temperature": 0.8,
+        "seed": 7, "n": 2, "parallel_tool_calls": false});
+    let whole = s.post(CHAT, &body);
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
+    assert_eq!(st.status, 200);
+    let mut events: Vec<Json> = Vec::new();
+    while let Some(d) = st.next_data().expect("event") {
+        if d == "[DONE]" {
+            break;
+        }
+        events.push(serde_json::from_str(&d).expect("json"));
+    }
+    for choice in 0..2 {
+        let want = &whole["choices"][choice];
+        assert_eq!(want["finish_reason"], "tool_calls", "{whole}");
+        let want_calls = want["message"]["tool_calls"].as_array().expect("calls");
+        let chunks: Vec<&Json> = events
+            .iter()
+            .map(|e| &e["choices"][0])
+            .filter(|c| c["index"] == json!(choice))
+            .collect();
+        let calls: Vec<&Json> = chunks
+            .iter()
+            .filter_map(|c| c["delta"].get("tool_calls"))
+            .collect();
+        let mut ids = Vec::new();
+        for (k, want_call) in want_calls.iter().enumerate() {
+            let of_k: Vec<&Json> = calls
+                .iter()
+                .map(|c| {
+                    assert_eq!(c.as_array().map(Vec::len), Some(1), "{c}");
+                    &c[0]
+                })
+                .filter(|c| c["index"] == json!(k))
+                .collect();
+            assert!(of_k.len() > 2, "call {k} in pieces: {of_k:?}");
+            let first = of_k[0];
+            assert_eq!(first["type"], "function");
+            assert_eq!(first["function"]["name"], want_call["function"]["name"]);
+            assert_eq!(first["function"]["arguments"], "");
+            let id = first["id"].as_str().expect("an id");
+            assert!(
+                id.len() == 29
+                    && id.starts_with("call_")
+                    && id[5..].bytes().all(|b| b.is_ascii_alphanumeric()),
+                "{id}"
+            );
+            ids.push(id.to_string());
+            let mut args = String::new();
+            for c in &of_k[1..] {
+                assert!(
+                    c.get("id").is_none() && c["function"].get("name").is_none(),
+                    "{c}"
+                );
+                args.push_str(c["function"]["arguments"].as_str().expect("a piece"));
+            }
+            assert_eq!(args, want_call["function"]["arguments"].as_str().unwrap());
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), want_calls.len());
+        assert!(
+            calls
+                .iter()
+                .all(|c| c[0]["index"].as_u64() < Some(want_calls.len() as u64))
+        );
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "", "no content beside the call");
+        let finishes: Vec<&Json> = chunks
+            .iter()
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, [&json!("tool_calls")]);
+        assert!(chunks.last().unwrap()["finish_reason"] == "tool_calls");
+    }
+}
+
 /// Tools reach a template that renders them as its `tools`, and calls and results as the
 /// messages' `tool_calls` (arguments as objects) and `tool` messages: the chat answers as the
 /// completion of the library's rendering with those tools; the tiny model writes no

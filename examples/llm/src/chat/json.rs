@@ -146,6 +146,104 @@ pub(crate) fn parse(text: &str) -> Result<Json, JsonError> {
     }
 }
 
+/// Whether `b` is JSON whitespace (space, tab, line feed, carriage return).
+pub(crate) fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// `text` without the JSON whitespace outside its strings: the compact form of a model's JSON
+/// as it wrote it (its numbers and escapes kept). Appending text to `text` only appends to
+/// the result, so the result can be sent in pieces as the text arrives.
+pub(crate) fn strip_ws(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_str, mut esc) = (false, false);
+    for c in text.chars() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+        } else if c == '"' {
+            in_str = true;
+        } else if c.is_ascii() && is_ws(c as u8) {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The text of the value of the member `key` (the last of that name) of the JSON object
+/// `text` (whitespace around allowed); `None` when `text` is no object or has no such member.
+pub(crate) fn member_text<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let b = text.as_bytes();
+    let mut i = skip(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip(b, i + 1);
+    let mut found = None;
+    if b.get(i) == Some(&b'}') {
+        return None;
+    }
+    loop {
+        let (k, n) = parse_prefix(&text[i..]).ok()?;
+        i = skip(b, i + n);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip(b, i + 1);
+        let (_, n) = parse_prefix(&text[start..]).ok()?;
+        if k.as_str() == Some(key) {
+            found = Some(&text[start..start + n]);
+        }
+        i = skip(b, start + n);
+        match b.get(i) {
+            Some(b',') => i = skip(b, i + 1),
+            Some(b'}') => return found,
+            _ => return None,
+        }
+    }
+}
+
+/// The texts of the items of the JSON list `text` (whitespace around allowed); empty when
+/// `text` is no list.
+pub(crate) fn item_texts(text: &str) -> Vec<&str> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = skip(b, 0);
+    if b.get(i) != Some(&b'[') {
+        return out;
+    }
+    i = skip(b, i + 1);
+    if b.get(i) == Some(&b']') {
+        return out;
+    }
+    loop {
+        let Ok((_, n)) = parse_prefix(&text[i..]) else {
+            return Vec::new();
+        };
+        out.push(&text[i..i + n]);
+        i = skip(b, i + n);
+        match b.get(i) {
+            Some(b',') => i = skip(b, i + 1),
+            Some(b']') => return out,
+            _ => return Vec::new(),
+        }
+    }
+}
+
+/// The offset of the first byte at or after `i` that is not JSON whitespace.
+fn skip(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && is_ws(b[i]) {
+        i += 1;
+    }
+    i
+}
+
 /// The JSON value at the start of `text` (after whitespace), and the byte offset just past it.
 pub(crate) fn parse_prefix(text: &str) -> Result<(Json, usize), JsonError> {
     let mut p = Parser {

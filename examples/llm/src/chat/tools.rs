@@ -214,6 +214,14 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` after optional
     /// text.
     Mistral,
+    /// Phi-4-mini: the tools are given in the system message's `tools` field (JSON text of the
+    /// list of functions, which its template writes between `<|tool|>` and `<|/tool|>`), and
+    /// the model writes `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`
+    /// after optional text (a single call object is taken for a list of one; the closing tag
+    /// may be left out). The markers are special tokens, which the text of a reply does not
+    /// carry, so a reply that begins with the list (or with `functools[`, the form vLLM's own
+    /// Phi-4-mini template asks for) is read as calls too.
+    Phi4Mini,
     /// The generic form, for templates without tools: the whole reply is a JSON object,
     /// `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` (or llama.cpp's single
     /// `{"tool_call": {...}}`), or `{"response": "text"}`.
@@ -223,9 +231,10 @@ pub enum ToolCallFormat {
 impl ToolCallFormat {
     /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
     /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen, `<|python_tag|>` or the
-    /// `ipython` header Llama 3.x, else [`Generic`](Self::Generic). Use it only for a template
-    /// that renders `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools));
-    /// the others take the generic form.
+    /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
+    /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
+    /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
+    /// system message's tools for Phi-4-mini; the others take the generic form.
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
@@ -235,25 +244,35 @@ impl ToolCallFormat {
             || source.contains("<|start_header_id|>ipython<|end_header_id|>")
         {
             ToolCallFormat::Llama3
+        } else if (source.contains("<|tool|>") && source.contains("<|/tool|>"))
+            || source.contains("functools[")
+        {
+            ToolCallFormat::Phi4Mini
         } else {
             ToolCallFormat::Generic
         }
     }
 
     /// The marker text a call starts with, for the formats that have one.
-    fn marker(self) -> Option<&'static str> {
+    pub(super) fn marker(self) -> Option<&'static str> {
         match self {
             ToolCallFormat::Hermes => Some(HERMES_OPEN),
             ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
+            ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
         }
     }
 }
 
-const HERMES_OPEN: &str = "<tool_call>";
-const HERMES_CLOSE: &str = "</tool_call>";
-const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
-const PYTHON_TAG: &str = "<|python_tag|>";
+pub(super) const HERMES_OPEN: &str = "<tool_call>";
+pub(super) const HERMES_CLOSE: &str = "</tool_call>";
+pub(super) const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
+pub(super) const PYTHON_TAG: &str = "<|python_tag|>";
+/// Phi-4-mini's call markers (special tokens of its vocabulary).
+pub(super) const PHI4_OPEN: &str = "<|tool_call|>";
+pub(super) const PHI4_CLOSE: &str = "<|/tool_call|>";
+/// The word vLLM's own Phi-4-mini template has the model write before its list of calls.
+pub(super) const FUNCTOOLS: &str = "functools";
 
 /// A model's output read for calls: the text, and the calls.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -273,6 +292,7 @@ pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
         ToolCallFormat::Hermes => parse_hermes(text),
         ToolCallFormat::Llama3 => parse_llama3(text),
         ToolCallFormat::Mistral => parse_mistral(text),
+        ToolCallFormat::Phi4Mini => parse_phi4mini(text),
         ToolCallFormat::Generic => parse_generic(text),
     };
     parsed.unwrap_or_else(|| ParsedOutput {
@@ -281,9 +301,11 @@ pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
     })
 }
 
-/// A call object: `name` (a string) and the arguments under `args_key` (an object; `{}` when
-/// absent), and an `id` string if there is one.
-fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
+/// A call object `v` (of JSON text `raw`): `name` (a string) and the arguments under
+/// `args_key` (an object; `{}` when absent), and an `id` string if there is one. The
+/// arguments are the model's own text of the object without the whitespace outside strings
+/// ([`json::strip_ws`]): what [`ToolCallStream`] sends in pieces as it arrives.
+fn call_of(v: &Json, raw: &str, args_key: &str) -> Option<ToolCall> {
     let Json::Obj(_) = v else { return None };
     let name = v.get("name")?.as_str()?;
     if name.is_empty() {
@@ -291,10 +313,10 @@ fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
     }
     let arguments = match v.get(args_key) {
         None => "{}".to_string(),
-        Some(a @ Json::Obj(_)) => a.to_compact(),
+        Some(Json::Obj(_)) => json::strip_ws(json::member_text(raw, args_key)?),
         // Arguments given as JSON text of an object, as some models write them.
         Some(Json::Str(s)) => match json::parse(s) {
-            Ok(a @ Json::Obj(_)) => a.to_compact(),
+            Ok(Json::Obj(_)) => json::strip_ws(s),
             _ => return None,
         },
         Some(_) => return None,
@@ -306,7 +328,7 @@ fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
     })
 }
 
-fn skip_ws(s: &str) -> &str {
+pub(super) fn skip_ws(s: &str) -> &str {
     s.trim_start_matches([' ', '\t', '\n', '\r'])
 }
 
@@ -318,7 +340,7 @@ fn parse_hermes(text: &str) -> Option<ParsedOutput> {
     loop {
         let after = skip_ws(rest.strip_prefix(HERMES_OPEN)?);
         let (v, end) = json::parse_prefix(after).ok()?;
-        calls.push(call_of(&v, "arguments")?);
+        calls.push(call_of(&v, &after[..end], "arguments")?);
         let tail = skip_ws(&after[end..]);
         rest = match tail.strip_prefix(HERMES_CLOSE) {
             Some(r) => r,
@@ -351,8 +373,8 @@ fn parse_llama3(text: &str) -> Option<ParsedOutput> {
     loop {
         let (v, end) = json::parse_prefix(rest).ok()?;
         let call = match v.get("parameters") {
-            Some(_) => call_of(&v, "parameters")?,
-            None => call_of(&v, "arguments")?,
+            Some(_) => call_of(&v, &rest[..end], "parameters")?,
+            None => call_of(&v, &rest[..end], "arguments")?,
         };
         calls.push(call);
         rest = skip_ws(&rest[end..]);
@@ -385,12 +407,62 @@ fn parse_mistral(text: &str) -> Option<ParsedOutput> {
     }
     let calls = items
         .iter()
-        .map(|c| call_of(c, "arguments"))
+        .zip(json::item_texts(&after[..end]))
+        .map(|(c, raw)| call_of(c, raw, "arguments"))
         .collect::<Option<Vec<_>>>()?;
     Some(ParsedOutput {
         content: text[..at].trim_end().to_string(),
         calls,
     })
+}
+
+fn parse_phi4mini(text: &str) -> Option<ParsedOutput> {
+    let start = skip_ws(text);
+    // The list alone: the markers are special tokens, not in the reply's text.
+    let (mut content, mut rest) = if start.starts_with('[') || start.starts_with(FUNCTOOLS) {
+        (
+            String::new(),
+            start.strip_prefix(FUNCTOOLS).unwrap_or(start),
+        )
+    } else {
+        let at = text.find(PHI4_OPEN)?;
+        (
+            text[..at].trim_end().to_string(),
+            &text[at + PHI4_OPEN.len()..],
+        )
+    };
+    let mut calls = Vec::new();
+    loop {
+        let after = skip_ws(rest);
+        let (v, end) = json::parse_prefix(after).ok()?;
+        let raw = &after[..end];
+        match &v {
+            Json::Arr(items) if !items.is_empty() => {
+                for (c, r) in items.iter().zip(json::item_texts(raw)) {
+                    calls.push(call_of(c, r, "arguments")?);
+                }
+            }
+            Json::Obj(_) => calls.push(call_of(&v, raw, "arguments")?),
+            _ => return None,
+        }
+        let mut tail = skip_ws(&after[end..]);
+        if let Some(r) = tail.strip_prefix(PHI4_CLOSE) {
+            tail = skip_ws(r);
+        }
+        if let Some(r) = tail.strip_prefix(PHI4_OPEN) {
+            rest = r;
+            continue;
+        }
+        // Text after the calls is kept as content.
+        let after_calls = tail.trim();
+        if !after_calls.is_empty() {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(after_calls);
+        }
+        return Some(ParsedOutput { content, calls });
+    }
 }
 
 fn parse_generic(text: &str) -> Option<ParsedOutput> {
@@ -404,108 +476,20 @@ fn parse_generic(text: &str) -> Option<ParsedOutput> {
     let calls = match (v.get("tool_calls"), v.get("tool_call")) {
         (Some(Json::Arr(items)), _) if !items.is_empty() => items
             .iter()
-            .map(|c| call_of(c, "arguments"))
+            .zip(json::item_texts(json::member_text(text, "tool_calls")?))
+            .map(|(c, raw)| call_of(c, raw, "arguments"))
             .collect::<Option<Vec<_>>>()?,
-        (None, Some(c)) => vec![call_of(c, "arguments")?],
+        (None, Some(c)) => vec![call_of(
+            c,
+            json::member_text(text, "tool_call")?,
+            "arguments",
+        )?],
         _ => return None,
     };
     Some(ParsedOutput {
         content: String::new(),
         calls,
     })
-}
-
-/// Reads calls from output as it streams: text that cannot be part of a call is passed on at
-/// once; from the point where a call may begin (the format's marker, or a part of it at the
-/// end of the text so far; for Llama 3.x and the generic form, a reply that begins with `{` or
-/// `<|python_tag|>`), the text is held back, and read at the end ([`finish`](Self::finish))
-/// as [`parse_tool_calls`] reads it. The text passed on plus the content of `finish` is the
-/// whole output when it holds no call.
-#[derive(Clone, Debug)]
-pub struct ToolCallStream {
-    format: ToolCallFormat,
-    /// Text not passed on yet.
-    held: String,
-    /// From `held`'s start on, everything is held until the end.
-    holding: bool,
-    /// Llama 3.x / generic: the reply did not begin as a call, so nothing is held any more.
-    plain: bool,
-}
-
-impl ToolCallStream {
-    /// A stream of output in `format`.
-    pub fn new(format: ToolCallFormat) -> ToolCallStream {
-        ToolCallStream {
-            format,
-            held: String::new(),
-            holding: false,
-            plain: false,
-        }
-    }
-
-    /// Takes the next piece of output; returns the text that can be passed on now.
-    pub fn push(&mut self, text: &str) -> String {
-        self.held.push_str(text);
-        if self.holding {
-            return String::new();
-        }
-        if self.plain {
-            return std::mem::take(&mut self.held);
-        }
-        match self.format.marker() {
-            Some(marker) => {
-                if let Some(at) = self.held.find(marker) {
-                    self.holding = true;
-                    let rest = self.held.split_off(at);
-                    return std::mem::replace(&mut self.held, rest);
-                }
-                // Hold back the longest end of the text that begins the marker.
-                let keep = (1..marker.len().min(self.held.len() + 1))
-                    .rev()
-                    .find(|&n| {
-                        self.held.is_char_boundary(self.held.len() - n)
-                            && marker.starts_with(&self.held[self.held.len() - n..])
-                    })
-                    .unwrap_or(0);
-                let rest = self.held.split_off(self.held.len() - keep);
-                std::mem::replace(&mut self.held, rest)
-            }
-            None => {
-                let start = skip_ws(&self.held);
-                if start.is_empty() {
-                    return String::new();
-                }
-                let tag_prefix = start.len() < PYTHON_TAG.len() && PYTHON_TAG.starts_with(start);
-                if start.starts_with('{') || start.starts_with(PYTHON_TAG) {
-                    self.holding = true;
-                    String::new()
-                } else if tag_prefix {
-                    String::new()
-                } else {
-                    self.plain = true;
-                    std::mem::take(&mut self.held)
-                }
-            }
-        }
-    }
-
-    /// The text held back so far (what [`finish`](Self::finish) reads).
-    pub fn held(&self) -> &str {
-        &self.held
-    }
-
-    /// The end of the output: the calls, and the text still held (all of it, when it holds no
-    /// well-formed call).
-    pub fn finish(self) -> ParsedOutput {
-        if self.holding {
-            parse_tool_calls(self.format, &self.held)
-        } else {
-            ParsedOutput {
-                content: self.held,
-                calls: Vec::new(),
-            }
-        }
-    }
 }
 
 /// The JSON Schema of one call of `f`: `{"name": f, <args_key>: its parameters}`.
@@ -626,6 +610,15 @@ pub fn tool_constraint(
             let _ = writeln!(
                 g,
                 "json_calls: %json {}",
+                calls_schema(&fns, "arguments", parallel)
+            );
+        }
+        ToolCallFormat::Phi4Mini => {
+            // The list alone: the model's markers are special tokens, which grammar text
+            // cannot produce and the reply's text does not carry.
+            let _ = writeln!(
+                g,
+                "start: %json {}",
                 calls_schema(&fns, "arguments", parallel)
             );
         }
@@ -988,72 +981,6 @@ mod tests {
             .calls,
             [call("a", "{}"), call("b", "{}")]
         );
-    }
-
-    /// Every way of cutting the output into pieces streams the same: the text passed on plus
-    /// the final content and calls equal the whole output's parse, and nothing of a call is
-    /// passed on.
-    #[test]
-    fn streaming_holds_back_what_may_be_a_call() {
-        let cases = [
-            (
-                ToolCallFormat::Hermes,
-                "Let me look. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>",
-            ),
-            (ToolCallFormat::Hermes, "No call here, only <tool text."),
-            (
-                ToolCallFormat::Hermes,
-                "Bad <tool_call>{\"name\": 1}</tool_call>",
-            ),
-            (
-                ToolCallFormat::Llama3,
-                "{\"name\": \"add\", \"parameters\": {\"a\": 1}}",
-            ),
-            (
-                ToolCallFormat::Llama3,
-                "<|python_tag|>{\"name\": \"add\", \"parameters\": {}}",
-            ),
-            (ToolCallFormat::Llama3, "Plain { text"),
-            // Not JSON whitespace before the object: no call, whole or streamed.
-            (
-                ToolCallFormat::Llama3,
-                "\u{a0}{\"name\": \"add\", \"parameters\": {}}",
-            ),
-            (
-                ToolCallFormat::Mistral,
-                "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]",
-            ),
-            (ToolCallFormat::Generic, "{\"response\": \"hi\"}"),
-            (ToolCallFormat::Generic, "  hello"),
-        ];
-        for (format, text) in cases {
-            let whole = parse_tool_calls(format, text);
-            for step in 1..=text.len() {
-                let mut s = ToolCallStream::new(format);
-                let mut passed = String::new();
-                let mut i = 0;
-                while i < text.len() {
-                    let mut j = (i + step).min(text.len());
-                    while !text.is_char_boundary(j) {
-                        j += 1;
-                    }
-                    passed.push_str(&s.push(&text[i..j]));
-                    i = j;
-                }
-                let end = s.finish();
-                assert_eq!(end.calls, whole.calls, "{text} by {step}");
-                if whole.calls.is_empty() {
-                    assert_eq!(passed + &end.content, whole.content, "{text} by {step}");
-                } else {
-                    assert!(!passed.contains('{'), "{text} by {step}: {passed}");
-                    assert_eq!(
-                        format!("{}{}", passed, end.content).trim(),
-                        whole.content,
-                        "{text} by {step}"
-                    );
-                }
-            }
-        }
     }
 
     #[test]
