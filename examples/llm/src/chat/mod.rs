@@ -5,7 +5,7 @@
 //! The environment is transformers' `ImmutableSandboxedEnvironment(trim_blocks=True,
 //! lstrip_blocks=True)` with `jinja2.ext.loopcontrols` (`{% break %}`, `{% continue %}`):
 //!
-//! * variables `messages` (a list of `{role, content}` maps, with `tool_calls`, `tool_call_id`
+//! * variables `messages` (a list of `{role, content}` maps, with `tool_calls`, `tool_call_id`, `tools`
 //!   and `name` where a [`Message`] has them), `add_generation_prompt`, `tools`
 //!   ([`ChatOptions::tools`]: OpenAI's list, as given) and `documents` (none), `bos_token` and `eos_token` (the texts of the vocabulary's
 //!   BOS and EOS tokens; undefined when it has none), and extra keyword arguments such as
@@ -72,6 +72,7 @@ pub use message::{Message, ToolCall};
 pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, encode_prompt};
 pub use tool_stream::{ToolCallStream, ToolStreamEvent};
 pub use tools::{
-    Function, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint, Tools, ToolsError,
-    generic_messages, generic_reply_schema, parse_tool_calls, tool_constraint,
+    Function, PHI4MINI_SYSTEM, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint, Tools,
+    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, phi4mini_messages,
+    tool_constraint,
 };

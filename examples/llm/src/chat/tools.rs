@@ -10,9 +10,11 @@
 //! * [`ToolCallFormat`]: how the model writes calls, detected from the template's source by
 //!   the markers llama.cpp's `chat.cpp` looks for; [`ToolCallFormat::Generic`] for a template
 //!   that does not render `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)).
-//! * [`parse_tool_calls`] and [`ToolCallStream`]: the calls in a model's output. Never a
-//!   panic: output that is not a well-formed call is given back whole as content, as OpenAI
-//!   does.
+//! * [`parse_tool_calls`] and [`ToolCallStream`](super::ToolCallStream): the calls in a
+//!   model's output. Never a panic: output that is not a well-formed call is given back whole
+//!   as content, as OpenAI does.
+//! * [`phi4mini_messages`]: Phi-4-mini's form (its template takes the tools in the system
+//!   message).
 //! * [`generic_messages`], [`tool_constraint`]: the generic form (as llama-server's generic
 //!   handler: the tools described in a system message, the reply a JSON object with either
 //!   `tool_calls` or `response`), and what to constrain the output with for a `tool_choice`.
@@ -234,7 +236,9 @@ impl ToolCallFormat {
     /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
     /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
     /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
-    /// system message's tools for Phi-4-mini; the others take the generic form.
+    /// system message's tools
+    /// ([`ChatTemplate::renders_system_tools`](super::ChatTemplate::renders_system_tools)) for
+    /// Phi-4-mini; the others take the generic form.
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
@@ -304,7 +308,8 @@ pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
 /// A call object `v` (of JSON text `raw`): `name` (a string) and the arguments under
 /// `args_key` (an object; `{}` when absent), and an `id` string if there is one. The
 /// arguments are the model's own text of the object without the whitespace outside strings
-/// ([`json::strip_ws`]): what [`ToolCallStream`] sends in pieces as it arrives.
+/// ([`json::strip_ws`]): what [`ToolCallStream`](super::ToolCallStream) sends in pieces as it
+/// arrives.
 fn call_of(v: &Json, raw: &str, args_key: &str) -> Option<ToolCall> {
     let Json::Obj(_) = v else { return None };
     let name = v.get("name")?.as_str()?;
@@ -576,7 +581,8 @@ pub enum ToolConstraint {
 ///   `required` and a named function;
 /// * a model's own format: nothing under `auto` (the model chooses, its output is parsed), a
 ///   Lark grammar of the format's calls (of the allowed functions, one unless `parallel`;
-///   Llama 3.x: one) under `required` and a named function;
+///   Llama 3.x: one; Phi-4-mini: the list of calls without its markers, special tokens that
+///   grammar text cannot produce) under `required` and a named function;
 /// * nothing under `none`, nor when the named function is not in `tools`.
 pub fn tool_constraint(
     format: ToolCallFormat,
@@ -744,6 +750,78 @@ pub fn generic_messages(
     out
 }
 
+/// The system text Phi-4-mini's conversation gets when it has no system message of its own:
+/// the one its model card shows with tools.
+pub const PHI4MINI_SYSTEM: &str = "You are a helpful assistant with some tools.";
+
+/// The conversation in Phi-4-mini's form: the tools (those `choice` allows; none under
+/// `none`) as the system message's [`tools`](Message::tools), JSON text of the list of the
+/// functions (`[{"name", "description", "parameters"}]`, as the request gives them) written
+/// as Python's `json.dumps` writes it, the way its model card passes them; the first message
+/// when it is a system message, else one added with [`PHI4MINI_SYSTEM`]. An assistant
+/// message's calls are written after its text as the model writes them,
+/// `<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>` (its template renders
+/// only a message's text). `tool` messages are left as they are.
+pub fn phi4mini_messages(messages: &[Message], tools: &Tools, choice: &ToolChoice) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    let fns = (*choice != ToolChoice::None)
+        .then(|| allowed(tools, choice))
+        .flatten()
+        .filter(|f| !f.is_empty());
+    let mut rest = messages;
+    if let Some(fns) = fns {
+        let Json::Arr(list) = tools.json.as_ref() else {
+            unreachable!("a checked tool list is a list")
+        };
+        let listed: Vec<Json> = list
+            .iter()
+            .filter_map(|t| t.get("function"))
+            .filter(|f| {
+                let name = f.get("name").and_then(Json::as_str);
+                fns.iter().any(|g| Some(g.name.as_str()) == name)
+            })
+            .cloned()
+            .collect();
+        let mut system = match messages.first() {
+            Some(m) if m.role == "system" => {
+                rest = &messages[1..];
+                m.clone()
+            }
+            _ => Message::system(PHI4MINI_SYSTEM),
+        };
+        system.tools = Some(Json::Arr(listed).to_python());
+        out.push(system);
+    }
+    for m in rest {
+        if m.tool_calls.is_empty() {
+            out.push(m.clone());
+            continue;
+        }
+        let calls: Vec<Json> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let arguments = json::parse(&c.arguments).unwrap_or(Json::Str(c.arguments.clone()));
+                Json::Obj(vec![
+                    ("name".into(), Json::Str(c.name.clone())),
+                    ("arguments".into(), arguments),
+                ])
+            })
+            .collect();
+        let text = format!(
+            "{}{PHI4_OPEN}{}{PHI4_CLOSE}",
+            m.content,
+            Json::Arr(calls).to_python()
+        );
+        out.push(Message {
+            content: text,
+            tool_calls: Vec::new(),
+            ..m.clone()
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,6 +926,21 @@ mod tests {
             ToolCallFormat::detect("{{ m.content }}"),
             ToolCallFormat::Generic
         );
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' }}"
+            ),
+            ToolCallFormat::Phi4Mini
+        );
+        assert_eq!(
+            ToolCallFormat::detect("formatted as functools[{\"name\": ...}]"),
+            ToolCallFormat::Phi4Mini
+        );
+        // Phi-3.5's template has `<|end|>` but no tool markers.
+        assert_eq!(
+            ToolCallFormat::detect("{{ '<|user|>\n' + m['content'] + '<|end|>' }}"),
+            ToolCallFormat::Generic
+        );
     }
 
     #[test]
@@ -918,6 +1011,21 @@ mod tests {
             ),
             (ToolCallFormat::Generic, "{\"response\": 3}"),
             (ToolCallFormat::Generic, "{\"response\": \"x\""),
+            (ToolCallFormat::Phi4Mini, "<|tool_call|>[]<|/tool_call|>"),
+            (ToolCallFormat::Phi4Mini, "[1, 2] are numbers"),
+            (
+                ToolCallFormat::Phi4Mini,
+                "[{\"name\": \"a\", \"arguments\": [1]}]",
+            ),
+            (
+                ToolCallFormat::Phi4Mini,
+                "Call <|tool_call|>{\"arguments\": {}}<|/tool_call|>",
+            ),
+            (
+                ToolCallFormat::Phi4Mini,
+                "<|tool_call|>[{\"name\": \"a\", \"arguments\": {}}",
+            ),
+            (ToolCallFormat::Phi4Mini, "functools"),
         ] {
             assert_eq!(
                 parse_tool_calls(format, text),
@@ -1031,6 +1139,12 @@ mod tests {
             ),
             (ToolCallFormat::Llama3, ToolChoice::Required, true),
             (ToolCallFormat::Mistral, ToolChoice::Required, false),
+            (ToolCallFormat::Phi4Mini, ToolChoice::Required, false),
+            (
+                ToolCallFormat::Phi4Mini,
+                ToolChoice::Function("add".into()),
+                true,
+            ),
         ] {
             let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
             else {
@@ -1050,7 +1164,68 @@ mod tests {
                 format == ToolCallFormat::Hermes && parallel,
                 "{g}"
             );
+            if format == ToolCallFormat::Phi4Mini {
+                // The list of calls alone (its markers are special tokens).
+                assert!(g.starts_with("start: %json {\"type\":\"array\""), "{g}");
+                assert_eq!(g.contains(r#""maxItems":1"#), !parallel, "{g}");
+                assert_eq!(g.contains("get_weather"), choice == ToolChoice::Required);
+            }
         }
+    }
+
+    /// Phi-4-mini's form: the tools in the system message as `json.dumps` writes their
+    /// functions, a system message added when there is none, calls written after the text.
+    #[test]
+    fn the_phi4mini_form_of_a_conversation() {
+        let t = tools();
+        let msgs = [
+            Message::user("Weather in Paris?"),
+            Message::assistant_calls(
+                "Let me look.",
+                vec![ToolCall {
+                    id: Some("call_1".into()),
+                    ..call("get_weather", r#"{"city":"Paris"}"#)
+                }],
+            ),
+            Message::tool("call_1", "Sunny"),
+        ];
+        let p = phi4mini_messages(&msgs, &t, &ToolChoice::Auto);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p[0].content, PHI4MINI_SYSTEM);
+        assert_eq!(
+            p[0].tools.as_deref(),
+            Some(
+                r#"[{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}, {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]"#
+            )
+        );
+        assert_eq!(p[1], msgs[0]);
+        assert_eq!(
+            p[2],
+            Message::assistant(
+                r#"Let me look.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>"#
+            )
+        );
+        assert_eq!(p[3], msgs[2]);
+        // Its own system message takes the tools; a named function is the only one listed.
+        let with_system = [Message::system("Be brief."), msgs[0].clone()];
+        let p = phi4mini_messages(&with_system, &t, &ToolChoice::Function("add".into()));
+        assert_eq!((p.len(), p[0].content.as_str()), (2, "Be brief."));
+        assert!(
+            p[0].tools
+                .as_deref()
+                .unwrap()
+                .starts_with(r#"[{"name": "add""#)
+        );
+        assert!(!p[0].tools.as_deref().unwrap().contains("get_weather"));
+        // `none`: no tools, the calls of the history still written.
+        let p = phi4mini_messages(&msgs, &t, &ToolChoice::None);
+        assert_eq!(p.len(), 3);
+        assert!(p.iter().all(|m| m.tools.is_none()));
+        assert!(p[1].content.ends_with("<|/tool_call|>"));
+        // What the form writes parses back to the calls.
+        let back = parse_tool_calls(ToolCallFormat::Phi4Mini, &p[1].content);
+        assert_eq!(back.content, "Let me look.");
+        assert_eq!(back.calls, [call("get_weather", r#"{"city":"Paris"}"#)]);
     }
 
     #[test]
