@@ -30,7 +30,9 @@ are calls), streamed = not streamed (content and calls); the call (the model's, 
 made-up one when it answered in text) and its result sent back are rendered into the prompt
 (a longer result, more prompt tokens); tool_choice "none" describes no tools (fewer prompt
 tokens). With --tool-choice-required (the server constrains decoding): "required" and a
-named function always give a call of a listed function whose arguments validate.
+named function always give a call of a listed function whose arguments validate; streamed,
+each call's arguments arrive in more than one chunk, and the client's own stream accumulation
+(ChatCompletionStreamState) puts them together into the non-streamed arguments.
 
 Prints one line per check; exits 1 naming every failed check, 2 on a usage error.
 """
@@ -42,6 +44,7 @@ import traceback
 import urllib.request
 
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 FAILURES = []
 
@@ -148,9 +151,13 @@ def calls_of(tool_calls):
 
 def stream_tools(client, **kw):
     """The content, calls (accumulated from delta.tool_calls as OpenAI streams them) and
-    finish reason of a streamed chat."""
+    finish reason of a streamed chat. Each call's entry also has "pieces" (how many chunks
+    carried a piece of its arguments) and "client" (its arguments as the client's own stream
+    accumulation, ChatCompletionStreamState, puts them together)."""
     parts, calls, finish = [], {}, None
+    state = ChatCompletionStreamState()
     for chunk in client.chat.completions.create(stream=True, **kw):
+        state.handle_chunk(chunk)
         for choice in chunk.choices:
             parts.append(choice.delta.content or "")
             for d in choice.delta.tool_calls or []:
@@ -159,8 +166,13 @@ def stream_tools(client, **kw):
                 if d.function is not None:
                     c["name"] += d.function.name or ""
                     c["arguments"] += d.function.arguments or ""
+                    c["pieces"] = c.get("pieces", 0) + bool(d.function.arguments)
             if choice.finish_reason is not None:
                 finish = choice.finish_reason
+    # The snapshot (get_final_completion refuses a reply cut by max_tokens).
+    final = state.current_completion_snapshot.choices[0].message.tool_calls or []
+    for i, c in calls.items():
+        c["client"] = final[i].function.arguments if i < len(final) else None
     listed = [calls[i] for i in sorted(calls)]
     return "".join(parts), [(c["name"], json.loads(c["arguments"])) for c in listed], listed, finish
 
@@ -223,9 +235,18 @@ def tool_checks(client, model, required):
                   and all(isinstance(a.get("city"), str) for _, a in qcalls)
                   and (par or len(qcalls) == 1),
                   f"tool_choice {choice!r} parallel={par}: a valid call", repr(qm))
-            _, q_calls, _, q_finish = stream_tools(client, **dict(kw, tool_choice=choice, parallel_tool_calls=par))
+            _, q_calls, q_listed, q_finish = stream_tools(
+                client, **dict(kw, tool_choice=choice, parallel_tool_calls=par))
             check((q_calls, q_finish) == (qcalls, "tool_calls"),
                   f"tool_choice {choice!r} parallel={par}: streamed = not streamed", f"{q_calls}")
+            # The arguments arrive in pieces, as OpenAI streams them, which the client's own
+            # accumulation puts together into the non-streamed arguments, byte for byte.
+            whole = [c.function.arguments for c in qm.tool_calls or []]
+            check(q_listed and all(c.get("pieces", 0) > 1 for c in q_listed)
+                  and [c["client"] for c in q_listed] == whole
+                  and [c["arguments"] for c in q_listed] == whole,
+                  f"tool_choice {choice!r} parallel={par}: arguments streamed in pieces",
+                  f"{q_listed} vs {whole}")
 
 
 def main():

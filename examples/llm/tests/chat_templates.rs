@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rknn_llm::chat::{
     ChatError, ChatOptions, ChatTemplate, DateTime, Message, ParsedOutput, ToolCall,
-    ToolCallFormat, Tools, encode_prompt, parse_tool_calls,
+    ToolCallFormat, ToolChoice, Tools, encode_prompt, parse_tool_calls, phi4mini_messages,
 };
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::sample::SamplerConfig;
@@ -115,7 +115,18 @@ fn tool_call(c: &Json) -> ToolCall {
     }
 }
 
+/// The case's messages; in Phi-4-mini's form (`phi4mini_messages`, with the case's tools) when
+/// the fixture rendered them so.
 fn messages(case: &Json) -> Vec<Message> {
+    let msgs = plain_messages(case);
+    if case["form"] == "phi4mini" {
+        let tools = Tools::from_json(&case["tools"].to_string()).unwrap();
+        return phi4mini_messages(&msgs, &tools, &ToolChoice::Auto);
+    }
+    msgs
+}
+
+fn plain_messages(case: &Json) -> Vec<Message> {
     case["messages"]
         .as_array()
         .unwrap()
@@ -140,8 +151,10 @@ fn options(case: &Json, now: DateTime) -> ChatOptions {
             .get("enable_thinking")
             .map(|v| v.as_bool().unwrap()),
         now: Some(now),
+        // Phi-4-mini's form carries the tools in its system message.
         tools: case
             .get("tools")
+            .filter(|_| case["form"] != "phi4mini")
             .map(|t| Tools::from_json(&t.to_string()).unwrap()),
         ..ChatOptions::default()
     }
@@ -261,6 +274,26 @@ fn the_fixture_covers_tool_calling() {
             );
         }
     }
+    // Phi-4-mini's, in its form (the tools in the system message).
+    for conv in [
+        "tools_request",
+        "tools_request_system",
+        "tools_result",
+        "tools_answered",
+        "tools_parallel",
+    ] {
+        assert!(
+            cases
+                .iter()
+                .any(|c| c["template"] == "microsoft-Phi-4-mini-instruct"
+                    && c["conversation"] == conv
+                    && c["form"] == "phi4mini"
+                    && c["expected"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("<|tool|>[{"))),
+            "Phi-4-mini lacks {conv}"
+        );
+    }
     // Llama 3.x refuses two calls in one message, in its own words.
     assert!(
         cases
@@ -286,6 +319,7 @@ fn calls_rendered_by_each_template_parse_back() {
             ToolCallFormat::Llama3
         }
         "mistralai-Mistral-Nemo-Instruct-2407" => ToolCallFormat::Mistral,
+        "microsoft-Phi-4-mini-instruct" => ToolCallFormat::Phi4Mini,
         _ => ToolCallFormat::Generic,
     };
     let mut checked = 0;
@@ -295,8 +329,13 @@ fn calls_rendered_by_each_template_parse_back() {
             continue;
         };
         let template = compile(name, t, src);
+        // As the server chooses (its tools::plan).
         let format = if template.renders_tools() {
             ToolCallFormat::detect(template.source())
+        } else if ToolCallFormat::detect(template.source()) == ToolCallFormat::Phi4Mini
+            && template.renders_system_tools()
+        {
+            ToolCallFormat::Phi4Mini
         } else {
             ToolCallFormat::Generic
         };

@@ -903,6 +903,232 @@ fn tools_in_the_generic_form() {
     );
 }
 
+/// A call streamed as OpenAI streams one (`tool_choice: required` and `parallel_tool_calls:
+/// false` on the demo model, so the generic form's reply is one call): per choice a first `delta.tool_calls` chunk with the call's
+/// `index`, `id`, `type` and name and empty arguments, then chunks of argument pieces alone,
+/// which put together are the non-streamed reply's arguments; no content; `finish_reason:
+/// "tool_calls"`. Two choices (`n: 2`, sampled) are streamed each under its own `index`, each
+/// equal to the non-streamed choice of the same seed.
+#[test]
+fn a_streamed_call_arrives_in_pieces() {
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &["--backend", "f32", "-c", "2048", "--parallel", "2"],
+    );
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools, "tool_choice": "required", "max_tokens": 80, "temperature": 0.8,
+        "seed": 7, "n": 2, "parallel_tool_calls": false});
+    let whole = s.post(CHAT, &body);
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
+    assert_eq!(st.status, 200);
+    let mut events: Vec<Json> = Vec::new();
+    while let Some(d) = st.next_data().expect("event") {
+        if d == "[DONE]" {
+            break;
+        }
+        events.push(serde_json::from_str(&d).expect("json"));
+    }
+    for choice in 0..2 {
+        let want = &whole["choices"][choice];
+        assert_eq!(want["finish_reason"], "tool_calls", "{whole}");
+        let want_calls = want["message"]["tool_calls"].as_array().expect("calls");
+        let chunks: Vec<&Json> = events
+            .iter()
+            .map(|e| &e["choices"][0])
+            .filter(|c| c["index"] == json!(choice))
+            .collect();
+        let calls: Vec<&Json> = chunks
+            .iter()
+            .filter_map(|c| c["delta"].get("tool_calls"))
+            .collect();
+        let mut ids = Vec::new();
+        for (k, want_call) in want_calls.iter().enumerate() {
+            let of_k: Vec<&Json> = calls
+                .iter()
+                .map(|c| {
+                    assert_eq!(c.as_array().map(Vec::len), Some(1), "{c}");
+                    &c[0]
+                })
+                .filter(|c| c["index"] == json!(k))
+                .collect();
+            assert!(of_k.len() > 2, "call {k} in pieces: {of_k:?}");
+            let first = of_k[0];
+            assert_eq!(first["type"], "function");
+            assert_eq!(first["function"]["name"], want_call["function"]["name"]);
+            assert_eq!(first["function"]["arguments"], "");
+            let id = first["id"].as_str().expect("an id");
+            assert!(
+                id.len() == 29
+                    && id.starts_with("call_")
+                    && id[5..].bytes().all(|b| b.is_ascii_alphanumeric()),
+                "{id}"
+            );
+            ids.push(id.to_string());
+            let mut args = String::new();
+            for c in &of_k[1..] {
+                assert!(
+                    c.get("id").is_none() && c["function"].get("name").is_none(),
+                    "{c}"
+                );
+                args.push_str(c["function"]["arguments"].as_str().expect("a piece"));
+            }
+            assert_eq!(args, want_call["function"]["arguments"].as_str().unwrap());
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), want_calls.len());
+        assert!(
+            calls
+                .iter()
+                .all(|c| c[0]["index"].as_u64() < Some(want_calls.len() as u64))
+        );
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "", "no content beside the call");
+        let finishes: Vec<&Json> = chunks
+            .iter()
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, [&json!("tool_calls")]);
+        assert!(chunks.last().unwrap()["finish_reason"] == "tool_calls");
+    }
+}
+
+/// Phi-4-mini's template (the fixture's copy) on the demo model: the tools reach it in the
+/// system message (the prompt is the library's rendering of `phi4mini_messages`, token for
+/// token), and `tool_choice: required` gives a call in its format, read back as `tool_calls`,
+/// streamed in pieces that put together are the non-streamed arguments.
+#[test]
+fn phi4_minis_template_takes_tools_in_its_system_message() {
+    use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, ToolCall, ToolChoice, Tools};
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let fixture: Json = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::workspace_root().join("examples/llm/tests/fixtures/chat/templates.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let source = fixture["templates"]["microsoft-Phi-4-mini-instruct"]["source"]
+        .as_str()
+        .unwrap();
+    let path = std::env::temp_dir().join(format!("llm-server-phi4-{}.jinja", std::process::id()));
+    std::fs::write(&path, source).unwrap();
+    let _serial = server::serial();
+    let s = Server::start(
+        &model,
+        &[
+            "--backend",
+            "f32",
+            "-c",
+            "2048",
+            "--parallel",
+            "1",
+            "--chat-template-file",
+            path.to_str().unwrap(),
+        ],
+    );
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false}}}]);
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "Weather in Rome?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "user", "content": "And in Paris?"},
+        ],
+        "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+        "max_tokens": 60, "temperature": 0,
+    });
+    let lib_tools = Tools::from_json(&tools.to_string()).unwrap();
+    let messages = rknn_llm::chat::phi4mini_messages(
+        &[
+            Message::user("Weather in Rome?"),
+            Message::assistant_calls(
+                "",
+                vec![ToolCall {
+                    id: Some("call_1".into()),
+                    ..ToolCall::new("get_weather", r#"{"city": "Rome"}"#)
+                }],
+            ),
+            Message::tool("call_1", "sunny"),
+            Message::user("And in Paris?"),
+        ],
+        &lib_tools,
+        &ToolChoice::Required,
+    );
+    let rendered = ChatTemplate::new("phi4", source)
+        .unwrap()
+        .render(&messages, true, &ChatOptions::default())
+        .unwrap();
+    assert!(
+        rendered.starts_with(
+            "<|system|>You are a helpful assistant with some tools.<|tool|>[{\"name\": \"get_weather\""
+        ) && rendered.contains(
+            "<|assistant|><|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]<|/tool_call|><|end|><|tool|>sunny<|end|>"
+        ),
+        "{rendered}"
+    );
+    let r = s.post(CHAT, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = r.json();
+    assert_eq!(
+        a["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        tokenize(&s, &rendered).len(),
+        "the prompt is the library's rendering"
+    );
+    let choice = &a["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{a}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{a}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args = calls[0]["function"]["arguments"].as_str().unwrap();
+    let parsed: Json = serde_json::from_str(args).unwrap();
+    assert!(parsed["city"].is_string(), "{args}");
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
+    let mut pieces = Vec::new();
+    let mut finish = Json::Null;
+    while let Some(d) = st.next_data().expect("event") {
+        if d == "[DONE]" {
+            break;
+        }
+        let e: Json = serde_json::from_str(&d).unwrap();
+        let c = &e["choices"][0];
+        if let Some(tc) = c["delta"].get("tool_calls") {
+            pieces.push(tc[0]["function"]["arguments"].as_str().unwrap().to_string());
+        }
+        if !c["finish_reason"].is_null() {
+            finish = c["finish_reason"].clone();
+        }
+    }
+    assert!(pieces.len() > 2, "{pieces:?}");
+    assert_eq!(pieces[0], "");
+    assert_eq!(pieces.concat(), args);
+    assert_eq!(finish, "tool_calls");
+    let _ = std::fs::remove_file(&path);
+}
+
 /// Tools reach a template that renders them as its `tools`, and calls and results as the
 /// messages' `tool_calls` (arguments as objects) and `tool` messages: the chat answers as the
 /// completion of the library's rendering with those tools; the tiny model writes no

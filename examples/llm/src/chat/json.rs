@@ -79,6 +79,66 @@ impl Json {
         out
     }
 
+    /// JSON text as Python's `json.dumps(x)` writes it: `", "` and `": "` between items,
+    /// every character outside ASCII's printable range escaped (`\u00e9`), floats as Python
+    /// prints them.
+    pub(crate) fn to_python(&self) -> String {
+        let mut out = String::new();
+        self.write_python(&mut out);
+        out
+    }
+
+    fn write_python(&self, out: &mut String) {
+        match self {
+            Json::Float(f) => out.push_str(&super::python::py_float(*f, true)),
+            Json::Str(s) => {
+                out.push('"');
+                for c in s.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        '\r' => out.push_str("\\r"),
+                        '\t' => out.push_str("\\t"),
+                        '\x08' => out.push_str("\\b"),
+                        '\x0c' => out.push_str("\\f"),
+                        ' '..='~' => out.push(c),
+                        c => {
+                            let mut buf = [0u16; 2];
+                            for unit in c.encode_utf16(&mut buf) {
+                                let _ = write!(out, "\\u{unit:04x}");
+                            }
+                        }
+                    }
+                }
+                out.push('"');
+            }
+            Json::Arr(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    v.write_python(out);
+                }
+                out.push(']');
+            }
+            Json::Obj(pairs) => {
+                out.push('{');
+                for (i, (k, v)) in pairs.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    Json::Str(k.clone()).write_python(out);
+                    out.push_str(": ");
+                    v.write_python(out);
+                }
+                out.push('}');
+            }
+            other => other.write(out),
+        }
+    }
+
     fn write(&self, out: &mut String) {
         match self {
             Json::Null => out.push_str("null"),
@@ -144,6 +204,104 @@ pub(crate) fn parse(text: &str) -> Result<Json, JsonError> {
         None => Ok(v),
         Some(i) => Err(JsonError::Invalid(end + i)),
     }
+}
+
+/// Whether `b` is JSON whitespace (space, tab, line feed, carriage return).
+pub(crate) fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// `text` without the JSON whitespace outside its strings: the compact form of a model's JSON
+/// as it wrote it (its numbers and escapes kept). Appending text to `text` only appends to
+/// the result, so the result can be sent in pieces as the text arrives.
+pub(crate) fn strip_ws(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_str, mut esc) = (false, false);
+    for c in text.chars() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+        } else if c == '"' {
+            in_str = true;
+        } else if c.is_ascii() && is_ws(c as u8) {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The text of the value of the member `key` (the last of that name) of the JSON object
+/// `text` (whitespace around allowed); `None` when `text` is no object or has no such member.
+pub(crate) fn member_text<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let b = text.as_bytes();
+    let mut i = skip(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip(b, i + 1);
+    let mut found = None;
+    if b.get(i) == Some(&b'}') {
+        return None;
+    }
+    loop {
+        let (k, n) = parse_prefix(&text[i..]).ok()?;
+        i = skip(b, i + n);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip(b, i + 1);
+        let (_, n) = parse_prefix(&text[start..]).ok()?;
+        if k.as_str() == Some(key) {
+            found = Some(&text[start..start + n]);
+        }
+        i = skip(b, start + n);
+        match b.get(i) {
+            Some(b',') => i = skip(b, i + 1),
+            Some(b'}') => return found,
+            _ => return None,
+        }
+    }
+}
+
+/// The texts of the items of the JSON list `text` (whitespace around allowed); empty when
+/// `text` is no list.
+pub(crate) fn item_texts(text: &str) -> Vec<&str> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = skip(b, 0);
+    if b.get(i) != Some(&b'[') {
+        return out;
+    }
+    i = skip(b, i + 1);
+    if b.get(i) == Some(&b']') {
+        return out;
+    }
+    loop {
+        let Ok((_, n)) = parse_prefix(&text[i..]) else {
+            return Vec::new();
+        };
+        out.push(&text[i..i + n]);
+        i = skip(b, i + n);
+        match b.get(i) {
+            Some(b',') => i = skip(b, i + 1),
+            Some(b']') => return out,
+            _ => return Vec::new(),
+        }
+    }
+}
+
+/// The offset of the first byte at or after `i` that is not JSON whitespace.
+fn skip(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && is_ws(b[i]) {
+        i += 1;
+    }
+    i
 }
 
 /// The JSON value at the start of `text` (after whitespace), and the byte offset just past it.
@@ -400,6 +558,39 @@ impl Parser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Python's `json.dumps` (its output pasted from Python 3).
+    #[test]
+    fn python_json_is_json_dumps() {
+        let v = parse(
+            "{\"d\": \"\u{e9} \\\"q\\\" \\\\ \\n\\t\\u0001\\u007f \u{1f642}\", \"n\": [1, 2.5, 1e20, 1e-7, null, true], \"e\": {}}",
+        )
+        .unwrap();
+        assert_eq!(
+            v.to_python(),
+            r#"{"d": "\u00e9 \"q\" \\ \n\t\u0001\u007f \ud83d\ude42", "n": [1, 2.5, 1e+20, 1e-07, null, true], "e": {}}"#
+        );
+    }
+
+    /// A model's JSON without the whitespace outside strings, and the texts of members and
+    /// items.
+    #[test]
+    fn raw_texts_of_members_and_items() {
+        assert_eq!(
+            strip_ws(" {\"a b\" : [1 ,\n 2.50e1],\t\"c\": \" x \\\" y \"} "),
+            r#"{"a b":[1,2.50e1],"c":" x \" y "}"#
+        );
+        let obj = r#" { "k": {"x": [1, "}"]}, "k" : 2 , "j": "k" } "#;
+        assert_eq!(member_text(obj, "k"), Some("2"));
+        assert_eq!(member_text(obj, "j"), Some(r#""k""#));
+        assert_eq!(member_text(obj, "x"), None);
+        assert_eq!(member_text("[1]", "k"), None);
+        assert_eq!(
+            item_texts(r#"[ {"a": 1} , "]", [2] ]"#),
+            [r#"{"a": 1}"#, r#""]""#, "[2]"]
+        );
+        assert!(item_texts("{}").is_empty());
+    }
 
     #[test]
     fn values_read_and_written() {

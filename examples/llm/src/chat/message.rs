@@ -9,7 +9,7 @@ use super::json::{self, Json};
 /// The template gets it as Hugging Face's `apply_chat_template` gets an OpenAI message: a map
 /// of `role` and `content`, with `tool_calls` (a list of `{"id", "type": "function",
 /// "function": {"name", "arguments"}}`) only when the message has calls, and `tool_call_id`
-/// and `name` only when set. `content` is always text (an OpenAI client's `null` is empty
+/// and `name` only when set, and `tools` (text) only when set. `content` is always text (an OpenAI client's `null` is empty
 /// text: Qwen 3's template requires a string beside calls); each call's arguments are given
 /// as the object they parse to (as HF's templates expect), or as the text when they are not a
 /// JSON object.
@@ -25,6 +25,9 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     /// The name of the tool a `tool` message comes from (or of the participant).
     pub name: Option<String>,
+    /// A system message's tools, as JSON text, for a template that takes them there
+    /// (Phi-4-mini's writes `message['tools']` between `<|tool|>` and `<|/tool|>`).
+    pub tools: Option<String>,
 }
 
 /// A function call, in an assistant message or parsed from a model's output
@@ -78,6 +81,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            tools: None,
         }
     }
 
@@ -113,6 +117,9 @@ impl Message {
         }
         if let Some(name) = &self.name {
             pairs.push(("name", Value::from(name.as_str())));
+        }
+        if let Some(tools) = &self.tools {
+            pairs.push(("tools", Value::from(tools.as_str())));
         }
         Value::from_pairs(pairs)
     }

@@ -5,7 +5,7 @@
 //! The environment is transformers' `ImmutableSandboxedEnvironment(trim_blocks=True,
 //! lstrip_blocks=True)` with `jinja2.ext.loopcontrols` (`{% break %}`, `{% continue %}`):
 //!
-//! * variables `messages` (a list of `{role, content}` maps, with `tool_calls`, `tool_call_id`
+//! * variables `messages` (a list of `{role, content}` maps, with `tool_calls`, `tool_call_id`, `tools`
 //!   and `name` where a [`Message`] has them), `add_generation_prompt`, `tools`
 //!   ([`ChatOptions::tools`]: OpenAI's list, as given) and `documents` (none), `bos_token` and `eos_token` (the texts of the vocabulary's
 //!   BOS and EOS tokens; undefined when it has none), and extra keyword arguments such as
@@ -54,7 +54,7 @@
 //! Where things are: the template, its environment and its errors in `template.rs`; Python's
 //! printing and string methods in `python.rs`; `tojson` (Python's `json.dumps`) in
 //! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`; the render
-//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`,
+//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`, the streaming reader of calls in `tool_stream.rs`,
 //! on the small JSON reader of `json.rs`.
 
 mod datetime;
@@ -63,13 +63,16 @@ mod message;
 mod python;
 mod template;
 mod tojson;
+mod tool_stream;
 mod tools;
 mod worker;
 
 pub use datetime::DateTime;
 pub use message::{Message, ToolCall};
 pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, encode_prompt};
+pub use tool_stream::{ToolCallStream, ToolStreamEvent};
 pub use tools::{
-    Function, ParsedOutput, ToolCallFormat, ToolCallStream, ToolChoice, ToolConstraint, Tools,
-    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, tool_constraint,
+    Function, PHI4MINI_SYSTEM, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint, Tools,
+    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, phi4mini_messages,
+    tool_constraint,
 };

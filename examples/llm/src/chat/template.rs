@@ -309,6 +309,22 @@ impl ChatTemplate {
             .is_ok_and(|text| text.contains(PROBE))
     }
 
+    /// Whether the template renders a system message's `tools` (Phi-4-mini's: the tools as
+    /// JSON text in the system message, [`Message::tools`]), tested by rendering a probe.
+    pub fn renders_system_tools(&self) -> bool {
+        const PROBE: &str = "rknn_probe_system_tools";
+        let system = Message {
+            tools: Some(format!(r#"[{{"name": "{PROBE}"}}]"#)),
+            ..Message::system("")
+        };
+        self.render(
+            &[system, Message::user("Hi.")],
+            true,
+            &ChatOptions::default(),
+        )
+        .is_ok_and(|text| text.contains(PROBE))
+    }
+
     /// The template's variables, in the order `apply_chat_template` lays them (a later one
     /// wins): `strftime_now`, the special tokens, the options, then the conversation.
     fn context(&self, messages: &[Message], agp: bool, options: &ChatOptions) -> Value {

@@ -10,9 +10,11 @@
 //! * [`ToolCallFormat`]: how the model writes calls, detected from the template's source by
 //!   the markers llama.cpp's `chat.cpp` looks for; [`ToolCallFormat::Generic`] for a template
 //!   that does not render `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)).
-//! * [`parse_tool_calls`] and [`ToolCallStream`]: the calls in a model's output. Never a
-//!   panic: output that is not a well-formed call is given back whole as content, as OpenAI
-//!   does.
+//! * [`parse_tool_calls`] and [`ToolCallStream`](super::ToolCallStream): the calls in a
+//!   model's output. Never a panic: output that is not a well-formed call is given back whole
+//!   as content, as OpenAI does.
+//! * [`phi4mini_messages`]: Phi-4-mini's form (its template takes the tools in the system
+//!   message).
 //! * [`generic_messages`], [`tool_constraint`]: the generic form (as llama-server's generic
 //!   handler: the tools described in a system message, the reply a JSON object with either
 //!   `tool_calls` or `response`), and what to constrain the output with for a `tool_choice`.
@@ -214,6 +216,14 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` after optional
     /// text.
     Mistral,
+    /// Phi-4-mini: the tools are given in the system message's `tools` field (JSON text of the
+    /// list of functions, which its template writes between `<|tool|>` and `<|/tool|>`), and
+    /// the model writes `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`
+    /// after optional text (a single call object is taken for a list of one; the closing tag
+    /// may be left out). The markers are special tokens, which the text of a reply does not
+    /// carry, so a reply that begins with the list (or with `functools[`, the form vLLM's own
+    /// Phi-4-mini template asks for) is read as calls too.
+    Phi4Mini,
     /// The generic form, for templates without tools: the whole reply is a JSON object,
     /// `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` (or llama.cpp's single
     /// `{"tool_call": {...}}`), or `{"response": "text"}`.
@@ -223,9 +233,12 @@ pub enum ToolCallFormat {
 impl ToolCallFormat {
     /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
     /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen, `<|python_tag|>` or the
-    /// `ipython` header Llama 3.x, else [`Generic`](Self::Generic). Use it only for a template
-    /// that renders `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools));
-    /// the others take the generic form.
+    /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
+    /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
+    /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
+    /// system message's tools
+    /// ([`ChatTemplate::renders_system_tools`](super::ChatTemplate::renders_system_tools)) for
+    /// Phi-4-mini; the others take the generic form.
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
@@ -235,25 +248,35 @@ impl ToolCallFormat {
             || source.contains("<|start_header_id|>ipython<|end_header_id|>")
         {
             ToolCallFormat::Llama3
+        } else if (source.contains("<|tool|>") && source.contains("<|/tool|>"))
+            || source.contains("functools[")
+        {
+            ToolCallFormat::Phi4Mini
         } else {
             ToolCallFormat::Generic
         }
     }
 
     /// The marker text a call starts with, for the formats that have one.
-    fn marker(self) -> Option<&'static str> {
+    pub(super) fn marker(self) -> Option<&'static str> {
         match self {
             ToolCallFormat::Hermes => Some(HERMES_OPEN),
             ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
+            ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
         }
     }
 }
 
-const HERMES_OPEN: &str = "<tool_call>";
-const HERMES_CLOSE: &str = "</tool_call>";
-const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
-const PYTHON_TAG: &str = "<|python_tag|>";
+pub(super) const HERMES_OPEN: &str = "<tool_call>";
+pub(super) const HERMES_CLOSE: &str = "</tool_call>";
+pub(super) const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
+pub(super) const PYTHON_TAG: &str = "<|python_tag|>";
+/// Phi-4-mini's call markers (special tokens of its vocabulary).
+pub(super) const PHI4_OPEN: &str = "<|tool_call|>";
+pub(super) const PHI4_CLOSE: &str = "<|/tool_call|>";
+/// The word vLLM's own Phi-4-mini template has the model write before its list of calls.
+pub(super) const FUNCTOOLS: &str = "functools";
 
 /// A model's output read for calls: the text, and the calls.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -273,6 +296,7 @@ pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
         ToolCallFormat::Hermes => parse_hermes(text),
         ToolCallFormat::Llama3 => parse_llama3(text),
         ToolCallFormat::Mistral => parse_mistral(text),
+        ToolCallFormat::Phi4Mini => parse_phi4mini(text),
         ToolCallFormat::Generic => parse_generic(text),
     };
     parsed.unwrap_or_else(|| ParsedOutput {
@@ -281,9 +305,12 @@ pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
     })
 }
 
-/// A call object: `name` (a string) and the arguments under `args_key` (an object; `{}` when
-/// absent), and an `id` string if there is one.
-fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
+/// A call object `v` (of JSON text `raw`): `name` (a string) and the arguments under
+/// `args_key` (an object; `{}` when absent), and an `id` string if there is one. The
+/// arguments are the model's own text of the object without the whitespace outside strings
+/// ([`json::strip_ws`]): what [`ToolCallStream`](super::ToolCallStream) sends in pieces as it
+/// arrives.
+fn call_of(v: &Json, raw: &str, args_key: &str) -> Option<ToolCall> {
     let Json::Obj(_) = v else { return None };
     let name = v.get("name")?.as_str()?;
     if name.is_empty() {
@@ -291,10 +318,10 @@ fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
     }
     let arguments = match v.get(args_key) {
         None => "{}".to_string(),
-        Some(a @ Json::Obj(_)) => a.to_compact(),
+        Some(Json::Obj(_)) => json::strip_ws(json::member_text(raw, args_key)?),
         // Arguments given as JSON text of an object, as some models write them.
         Some(Json::Str(s)) => match json::parse(s) {
-            Ok(a @ Json::Obj(_)) => a.to_compact(),
+            Ok(Json::Obj(_)) => json::strip_ws(s),
             _ => return None,
         },
         Some(_) => return None,
@@ -306,7 +333,7 @@ fn call_of(v: &Json, args_key: &str) -> Option<ToolCall> {
     })
 }
 
-fn skip_ws(s: &str) -> &str {
+pub(super) fn skip_ws(s: &str) -> &str {
     s.trim_start_matches([' ', '\t', '\n', '\r'])
 }
 
@@ -318,7 +345,7 @@ fn parse_hermes(text: &str) -> Option<ParsedOutput> {
     loop {
         let after = skip_ws(rest.strip_prefix(HERMES_OPEN)?);
         let (v, end) = json::parse_prefix(after).ok()?;
-        calls.push(call_of(&v, "arguments")?);
+        calls.push(call_of(&v, &after[..end], "arguments")?);
         let tail = skip_ws(&after[end..]);
         rest = match tail.strip_prefix(HERMES_CLOSE) {
             Some(r) => r,
@@ -351,8 +378,8 @@ fn parse_llama3(text: &str) -> Option<ParsedOutput> {
     loop {
         let (v, end) = json::parse_prefix(rest).ok()?;
         let call = match v.get("parameters") {
-            Some(_) => call_of(&v, "parameters")?,
-            None => call_of(&v, "arguments")?,
+            Some(_) => call_of(&v, &rest[..end], "parameters")?,
+            None => call_of(&v, &rest[..end], "arguments")?,
         };
         calls.push(call);
         rest = skip_ws(&rest[end..]);
@@ -385,12 +412,62 @@ fn parse_mistral(text: &str) -> Option<ParsedOutput> {
     }
     let calls = items
         .iter()
-        .map(|c| call_of(c, "arguments"))
+        .zip(json::item_texts(&after[..end]))
+        .map(|(c, raw)| call_of(c, raw, "arguments"))
         .collect::<Option<Vec<_>>>()?;
     Some(ParsedOutput {
         content: text[..at].trim_end().to_string(),
         calls,
     })
+}
+
+fn parse_phi4mini(text: &str) -> Option<ParsedOutput> {
+    let start = skip_ws(text);
+    // The list alone: the markers are special tokens, not in the reply's text.
+    let (mut content, mut rest) = if start.starts_with('[') || start.starts_with(FUNCTOOLS) {
+        (
+            String::new(),
+            start.strip_prefix(FUNCTOOLS).unwrap_or(start),
+        )
+    } else {
+        let at = text.find(PHI4_OPEN)?;
+        (
+            text[..at].trim_end().to_string(),
+            &text[at + PHI4_OPEN.len()..],
+        )
+    };
+    let mut calls = Vec::new();
+    loop {
+        let after = skip_ws(rest);
+        let (v, end) = json::parse_prefix(after).ok()?;
+        let raw = &after[..end];
+        match &v {
+            Json::Arr(items) if !items.is_empty() => {
+                for (c, r) in items.iter().zip(json::item_texts(raw)) {
+                    calls.push(call_of(c, r, "arguments")?);
+                }
+            }
+            Json::Obj(_) => calls.push(call_of(&v, raw, "arguments")?),
+            _ => return None,
+        }
+        let mut tail = skip_ws(&after[end..]);
+        if let Some(r) = tail.strip_prefix(PHI4_CLOSE) {
+            tail = skip_ws(r);
+        }
+        if let Some(r) = tail.strip_prefix(PHI4_OPEN) {
+            rest = r;
+            continue;
+        }
+        // Text after the calls is kept as content.
+        let after_calls = tail.trim();
+        if !after_calls.is_empty() {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(after_calls);
+        }
+        return Some(ParsedOutput { content, calls });
+    }
 }
 
 fn parse_generic(text: &str) -> Option<ParsedOutput> {
@@ -404,108 +481,20 @@ fn parse_generic(text: &str) -> Option<ParsedOutput> {
     let calls = match (v.get("tool_calls"), v.get("tool_call")) {
         (Some(Json::Arr(items)), _) if !items.is_empty() => items
             .iter()
-            .map(|c| call_of(c, "arguments"))
+            .zip(json::item_texts(json::member_text(text, "tool_calls")?))
+            .map(|(c, raw)| call_of(c, raw, "arguments"))
             .collect::<Option<Vec<_>>>()?,
-        (None, Some(c)) => vec![call_of(c, "arguments")?],
+        (None, Some(c)) => vec![call_of(
+            c,
+            json::member_text(text, "tool_call")?,
+            "arguments",
+        )?],
         _ => return None,
     };
     Some(ParsedOutput {
         content: String::new(),
         calls,
     })
-}
-
-/// Reads calls from output as it streams: text that cannot be part of a call is passed on at
-/// once; from the point where a call may begin (the format's marker, or a part of it at the
-/// end of the text so far; for Llama 3.x and the generic form, a reply that begins with `{` or
-/// `<|python_tag|>`), the text is held back, and read at the end ([`finish`](Self::finish))
-/// as [`parse_tool_calls`] reads it. The text passed on plus the content of `finish` is the
-/// whole output when it holds no call.
-#[derive(Clone, Debug)]
-pub struct ToolCallStream {
-    format: ToolCallFormat,
-    /// Text not passed on yet.
-    held: String,
-    /// From `held`'s start on, everything is held until the end.
-    holding: bool,
-    /// Llama 3.x / generic: the reply did not begin as a call, so nothing is held any more.
-    plain: bool,
-}
-
-impl ToolCallStream {
-    /// A stream of output in `format`.
-    pub fn new(format: ToolCallFormat) -> ToolCallStream {
-        ToolCallStream {
-            format,
-            held: String::new(),
-            holding: false,
-            plain: false,
-        }
-    }
-
-    /// Takes the next piece of output; returns the text that can be passed on now.
-    pub fn push(&mut self, text: &str) -> String {
-        self.held.push_str(text);
-        if self.holding {
-            return String::new();
-        }
-        if self.plain {
-            return std::mem::take(&mut self.held);
-        }
-        match self.format.marker() {
-            Some(marker) => {
-                if let Some(at) = self.held.find(marker) {
-                    self.holding = true;
-                    let rest = self.held.split_off(at);
-                    return std::mem::replace(&mut self.held, rest);
-                }
-                // Hold back the longest end of the text that begins the marker.
-                let keep = (1..marker.len().min(self.held.len() + 1))
-                    .rev()
-                    .find(|&n| {
-                        self.held.is_char_boundary(self.held.len() - n)
-                            && marker.starts_with(&self.held[self.held.len() - n..])
-                    })
-                    .unwrap_or(0);
-                let rest = self.held.split_off(self.held.len() - keep);
-                std::mem::replace(&mut self.held, rest)
-            }
-            None => {
-                let start = skip_ws(&self.held);
-                if start.is_empty() {
-                    return String::new();
-                }
-                let tag_prefix = start.len() < PYTHON_TAG.len() && PYTHON_TAG.starts_with(start);
-                if start.starts_with('{') || start.starts_with(PYTHON_TAG) {
-                    self.holding = true;
-                    String::new()
-                } else if tag_prefix {
-                    String::new()
-                } else {
-                    self.plain = true;
-                    std::mem::take(&mut self.held)
-                }
-            }
-        }
-    }
-
-    /// The text held back so far (what [`finish`](Self::finish) reads).
-    pub fn held(&self) -> &str {
-        &self.held
-    }
-
-    /// The end of the output: the calls, and the text still held (all of it, when it holds no
-    /// well-formed call).
-    pub fn finish(self) -> ParsedOutput {
-        if self.holding {
-            parse_tool_calls(self.format, &self.held)
-        } else {
-            ParsedOutput {
-                content: self.held,
-                calls: Vec::new(),
-            }
-        }
-    }
 }
 
 /// The JSON Schema of one call of `f`: `{"name": f, <args_key>: its parameters}`.
@@ -592,7 +581,8 @@ pub enum ToolConstraint {
 ///   `required` and a named function;
 /// * a model's own format: nothing under `auto` (the model chooses, its output is parsed), a
 ///   Lark grammar of the format's calls (of the allowed functions, one unless `parallel`;
-///   Llama 3.x: one) under `required` and a named function;
+///   Llama 3.x: one; Phi-4-mini: the list of calls without its markers, special tokens that
+///   grammar text cannot produce) under `required` and a named function;
 /// * nothing under `none`, nor when the named function is not in `tools`.
 pub fn tool_constraint(
     format: ToolCallFormat,
@@ -626,6 +616,15 @@ pub fn tool_constraint(
             let _ = writeln!(
                 g,
                 "json_calls: %json {}",
+                calls_schema(&fns, "arguments", parallel)
+            );
+        }
+        ToolCallFormat::Phi4Mini => {
+            // The list alone: the model's markers are special tokens, which grammar text
+            // cannot produce and the reply's text does not carry.
+            let _ = writeln!(
+                g,
+                "start: %json {}",
                 calls_schema(&fns, "arguments", parallel)
             );
         }
@@ -751,6 +750,78 @@ pub fn generic_messages(
     out
 }
 
+/// The system text Phi-4-mini's conversation gets when it has no system message of its own:
+/// the one its model card shows with tools.
+pub const PHI4MINI_SYSTEM: &str = "You are a helpful assistant with some tools.";
+
+/// The conversation in Phi-4-mini's form: the tools (those `choice` allows; none under
+/// `none`) as the system message's [`tools`](Message::tools), JSON text of the list of the
+/// functions (`[{"name", "description", "parameters"}]`, as the request gives them) written
+/// as Python's `json.dumps` writes it, the way its model card passes them; the first message
+/// when it is a system message, else one added with [`PHI4MINI_SYSTEM`]. An assistant
+/// message's calls are written after its text as the model writes them,
+/// `<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>` (its template renders
+/// only a message's text). `tool` messages are left as they are.
+pub fn phi4mini_messages(messages: &[Message], tools: &Tools, choice: &ToolChoice) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    let fns = (*choice != ToolChoice::None)
+        .then(|| allowed(tools, choice))
+        .flatten()
+        .filter(|f| !f.is_empty());
+    let mut rest = messages;
+    if let Some(fns) = fns {
+        let Json::Arr(list) = tools.json.as_ref() else {
+            unreachable!("a checked tool list is a list")
+        };
+        let listed: Vec<Json> = list
+            .iter()
+            .filter_map(|t| t.get("function"))
+            .filter(|f| {
+                let name = f.get("name").and_then(Json::as_str);
+                fns.iter().any(|g| Some(g.name.as_str()) == name)
+            })
+            .cloned()
+            .collect();
+        let mut system = match messages.first() {
+            Some(m) if m.role == "system" => {
+                rest = &messages[1..];
+                m.clone()
+            }
+            _ => Message::system(PHI4MINI_SYSTEM),
+        };
+        system.tools = Some(Json::Arr(listed).to_python());
+        out.push(system);
+    }
+    for m in rest {
+        if m.tool_calls.is_empty() {
+            out.push(m.clone());
+            continue;
+        }
+        let calls: Vec<Json> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let arguments = json::parse(&c.arguments).unwrap_or(Json::Str(c.arguments.clone()));
+                Json::Obj(vec![
+                    ("name".into(), Json::Str(c.name.clone())),
+                    ("arguments".into(), arguments),
+                ])
+            })
+            .collect();
+        let text = format!(
+            "{}{PHI4_OPEN}{}{PHI4_CLOSE}",
+            m.content,
+            Json::Arr(calls).to_python()
+        );
+        out.push(Message {
+            content: text,
+            tool_calls: Vec::new(),
+            ..m.clone()
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -855,6 +926,21 @@ mod tests {
             ToolCallFormat::detect("{{ m.content }}"),
             ToolCallFormat::Generic
         );
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' }}"
+            ),
+            ToolCallFormat::Phi4Mini
+        );
+        assert_eq!(
+            ToolCallFormat::detect("formatted as functools[{\"name\": ...}]"),
+            ToolCallFormat::Phi4Mini
+        );
+        // Phi-3.5's template has `<|end|>` but no tool markers.
+        assert_eq!(
+            ToolCallFormat::detect("{{ '<|user|>\n' + m['content'] + '<|end|>' }}"),
+            ToolCallFormat::Generic
+        );
     }
 
     #[test]
@@ -925,6 +1011,21 @@ mod tests {
             ),
             (ToolCallFormat::Generic, "{\"response\": 3}"),
             (ToolCallFormat::Generic, "{\"response\": \"x\""),
+            (ToolCallFormat::Phi4Mini, "<|tool_call|>[]<|/tool_call|>"),
+            (ToolCallFormat::Phi4Mini, "[1, 2] are numbers"),
+            (
+                ToolCallFormat::Phi4Mini,
+                "[{\"name\": \"a\", \"arguments\": [1]}]",
+            ),
+            (
+                ToolCallFormat::Phi4Mini,
+                "Call <|tool_call|>{\"arguments\": {}}<|/tool_call|>",
+            ),
+            (
+                ToolCallFormat::Phi4Mini,
+                "<|tool_call|>[{\"name\": \"a\", \"arguments\": {}}",
+            ),
+            (ToolCallFormat::Phi4Mini, "functools"),
         ] {
             assert_eq!(
                 parse_tool_calls(format, text),
@@ -990,72 +1091,6 @@ mod tests {
         );
     }
 
-    /// Every way of cutting the output into pieces streams the same: the text passed on plus
-    /// the final content and calls equal the whole output's parse, and nothing of a call is
-    /// passed on.
-    #[test]
-    fn streaming_holds_back_what_may_be_a_call() {
-        let cases = [
-            (
-                ToolCallFormat::Hermes,
-                "Let me look. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>",
-            ),
-            (ToolCallFormat::Hermes, "No call here, only <tool text."),
-            (
-                ToolCallFormat::Hermes,
-                "Bad <tool_call>{\"name\": 1}</tool_call>",
-            ),
-            (
-                ToolCallFormat::Llama3,
-                "{\"name\": \"add\", \"parameters\": {\"a\": 1}}",
-            ),
-            (
-                ToolCallFormat::Llama3,
-                "<|python_tag|>{\"name\": \"add\", \"parameters\": {}}",
-            ),
-            (ToolCallFormat::Llama3, "Plain { text"),
-            // Not JSON whitespace before the object: no call, whole or streamed.
-            (
-                ToolCallFormat::Llama3,
-                "\u{a0}{\"name\": \"add\", \"parameters\": {}}",
-            ),
-            (
-                ToolCallFormat::Mistral,
-                "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]",
-            ),
-            (ToolCallFormat::Generic, "{\"response\": \"hi\"}"),
-            (ToolCallFormat::Generic, "  hello"),
-        ];
-        for (format, text) in cases {
-            let whole = parse_tool_calls(format, text);
-            for step in 1..=text.len() {
-                let mut s = ToolCallStream::new(format);
-                let mut passed = String::new();
-                let mut i = 0;
-                while i < text.len() {
-                    let mut j = (i + step).min(text.len());
-                    while !text.is_char_boundary(j) {
-                        j += 1;
-                    }
-                    passed.push_str(&s.push(&text[i..j]));
-                    i = j;
-                }
-                let end = s.finish();
-                assert_eq!(end.calls, whole.calls, "{text} by {step}");
-                if whole.calls.is_empty() {
-                    assert_eq!(passed + &end.content, whole.content, "{text} by {step}");
-                } else {
-                    assert!(!passed.contains('{'), "{text} by {step}: {passed}");
-                    assert_eq!(
-                        format!("{}{}", passed, end.content).trim(),
-                        whole.content,
-                        "{text} by {step}"
-                    );
-                }
-            }
-        }
-    }
-
     #[test]
     fn constraints_for_each_choice() {
         let t = tools();
@@ -1104,6 +1139,12 @@ mod tests {
             ),
             (ToolCallFormat::Llama3, ToolChoice::Required, true),
             (ToolCallFormat::Mistral, ToolChoice::Required, false),
+            (ToolCallFormat::Phi4Mini, ToolChoice::Required, false),
+            (
+                ToolCallFormat::Phi4Mini,
+                ToolChoice::Function("add".into()),
+                true,
+            ),
         ] {
             let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
             else {
@@ -1123,7 +1164,68 @@ mod tests {
                 format == ToolCallFormat::Hermes && parallel,
                 "{g}"
             );
+            if format == ToolCallFormat::Phi4Mini {
+                // The list of calls alone (its markers are special tokens).
+                assert!(g.starts_with("start: %json {\"type\":\"array\""), "{g}");
+                assert_eq!(g.contains(r#""maxItems":1"#), !parallel, "{g}");
+                assert_eq!(g.contains("get_weather"), choice == ToolChoice::Required);
+            }
         }
+    }
+
+    /// Phi-4-mini's form: the tools in the system message as `json.dumps` writes their
+    /// functions, a system message added when there is none, calls written after the text.
+    #[test]
+    fn the_phi4mini_form_of_a_conversation() {
+        let t = tools();
+        let msgs = [
+            Message::user("Weather in Paris?"),
+            Message::assistant_calls(
+                "Let me look.",
+                vec![ToolCall {
+                    id: Some("call_1".into()),
+                    ..call("get_weather", r#"{"city":"Paris"}"#)
+                }],
+            ),
+            Message::tool("call_1", "Sunny"),
+        ];
+        let p = phi4mini_messages(&msgs, &t, &ToolChoice::Auto);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p[0].content, PHI4MINI_SYSTEM);
+        assert_eq!(
+            p[0].tools.as_deref(),
+            Some(
+                r#"[{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}, {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]"#
+            )
+        );
+        assert_eq!(p[1], msgs[0]);
+        assert_eq!(
+            p[2],
+            Message::assistant(
+                r#"Let me look.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>"#
+            )
+        );
+        assert_eq!(p[3], msgs[2]);
+        // Its own system message takes the tools; a named function is the only one listed.
+        let with_system = [Message::system("Be brief."), msgs[0].clone()];
+        let p = phi4mini_messages(&with_system, &t, &ToolChoice::Function("add".into()));
+        assert_eq!((p.len(), p[0].content.as_str()), (2, "Be brief."));
+        assert!(
+            p[0].tools
+                .as_deref()
+                .unwrap()
+                .starts_with(r#"[{"name": "add""#)
+        );
+        assert!(!p[0].tools.as_deref().unwrap().contains("get_weather"));
+        // `none`: no tools, the calls of the history still written.
+        let p = phi4mini_messages(&msgs, &t, &ToolChoice::None);
+        assert_eq!(p.len(), 3);
+        assert!(p.iter().all(|m| m.tools.is_none()));
+        assert!(p[1].content.ends_with("<|/tool_call|>"));
+        // What the form writes parses back to the calls.
+        let back = parse_tool_calls(ToolCallFormat::Phi4Mini, &p[1].content);
+        assert_eq!(back.content, "Let me look.");
+        assert_eq!(back.calls, [call("get_weather", r#"{"city":"Paris"}"#)]);
     }
 
     #[test]

@@ -28,7 +28,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use rknn_llm::chat::{ChatTemplate, ToolCallStream, ToolConstraint, encode_prompt};
+use rknn_llm::chat::{
+    ChatTemplate, ToolCallFormat, ToolCallStream, ToolConstraint, ToolStreamEvent, encode_prompt,
+};
 use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
 use rknn_llm::model::Pooling;
 use rknn_llm::sample::TokenLogprobs;
@@ -641,7 +643,9 @@ async fn generate(
             .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
         choices.push(ChoiceStream {
             rx,
-            tools: tools.clone().map(|t| (ToolCallStream::new(t.format), t)),
+            tools: tools
+                .clone()
+                .map(|t| (ToolCallStream::new(t.format).offering(t.names.clone()), t)),
             pending: None,
             logprobs: logprobs.map(|top| LogprobsOut {
                 kind,
@@ -929,7 +933,8 @@ impl Reply {
     }
 
     /// The chat stream's chunk of the call `index`: `delta.tool_calls` of one call with its
-    /// `index`, `id`, `type`, and `function` with its name and whole arguments.
+    /// `index` and what `call` has of it (`id`, `type`, `function.name` and `arguments` in its
+    /// first chunk; a piece of `function.arguments` in the next ones).
     fn call_chunk(&self, index: usize, call: &Value) -> Value {
         let mut call = call.clone();
         call["index"] = json!(index);
@@ -946,16 +951,27 @@ impl Reply {
     /// tools: `answer`), the finish reason, the usage if asked, `[DONE]`.
     #[cfg(test)]
     fn closing(&self, f: &Finished, answer: Option<&Answer>) -> Bytes {
-        let mut out = self.closing_choice(f, answer, 0);
+        let mut out = self.closing_choice(f, answer, false, 0);
         out.extend_from_slice(&self.tail(&[f]));
         Bytes::from(out)
     }
 
     /// A choice's closing chunks (numbered `index`): the text held back and a chunk per call
-    /// (a chat with tools: `answer`), then its finish reason.
-    fn closing_choice(&self, f: &Finished, answer: Option<&Answer>, index: usize) -> Vec<u8> {
+    /// (a chat with tools: `answer`), then its finish reason; `streamed`: calls were sent as
+    /// they came, so the reply ends as a call (`tool_calls`, or `length` when the token limit
+    /// cut it).
+    fn closing_choice(
+        &self,
+        f: &Finished,
+        answer: Option<&Answer>,
+        streamed: bool,
+        index: usize,
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         let mut finish = finish_reason(f.stop);
+        if streamed && finish != "length" {
+            finish = "tool_calls";
+        }
         if let Some(a) = answer {
             if let Some(text) = a.content.as_deref().filter(|t| !t.is_empty()) {
                 out.extend_from_slice(&sse(&self.chunk(Some(text), false, None, Value::Null)));
@@ -1158,19 +1174,43 @@ impl SseBody {
                 if let (Some(lp), Some(t)) = (&mut c.logprobs, p.logprobs) {
                     lp.pending.push(t);
                 }
-                let text = match &mut c.tools {
-                    // Text that may begin a call is held back until the end.
-                    Some((stream, _)) => stream.push(&p.text),
-                    None => p.text,
+                let events = match &mut c.tools {
+                    // Text that may begin a call is held back; calls are sent as they come.
+                    Some((stream, _)) => stream.feed(&p.text),
+                    None if p.text.is_empty() => Vec::new(),
+                    None => vec![ToolStreamEvent::Text(p.text)],
                 };
                 // A token without text yet (part of a character, text a stop string or a
                 // call may begin): its log-probabilities go with the next chunk.
-                if text.is_empty() {
+                if events.is_empty() {
                     return Ok(None);
                 }
-                let lp = c.logprobs.as_mut().map_or(Value::Null, LogprobsOut::take);
-                let chunk = reply.chunk(Some(&text), false, None, lp);
-                Ok(Some(sse(&chunk_of(chunk, i))))
+                let format = c
+                    .tools
+                    .as_ref()
+                    .map_or(ToolCallFormat::Generic, |(_, o)| o.format);
+                let mut out = Vec::new();
+                for event in events {
+                    let chunk = match event {
+                        ToolStreamEvent::Text(text) => {
+                            let lp = c.logprobs.as_mut().map_or(Value::Null, LogprobsOut::take);
+                            reply.chunk(Some(&text), false, None, lp)
+                        }
+                        ToolStreamEvent::CallStart { index, name } => {
+                            let call = json!({
+                                "id": tools::call_id(format),
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            });
+                            reply.call_chunk(index, &call)
+                        }
+                        ToolStreamEvent::CallArguments { index, fragment } => {
+                            reply.call_chunk(index, &json!({"function": {"arguments": fragment}}))
+                        }
+                    };
+                    out.extend_from_slice(&sse(&chunk_of(chunk, i)));
+                }
+                Ok(Some(Bytes::from(out)))
             }
             Event::Done(f) => {
                 let mut out = Vec::new();
@@ -1179,11 +1219,23 @@ impl SseBody {
                     let chunk = reply.chunk(Some(""), false, None, lp.take());
                     out.extend_from_slice(&sse(&chunk_of(chunk, i)));
                 }
+                let mut streamed = false;
                 let answer = c.tools.take().map(|(stream, output)| {
                     let raw = stream.held().to_string();
-                    tools::answer(&output, stream.finish(), &raw)
+                    if stream.calls_started() == 0 {
+                        return tools::answer(&output, stream.finish(), &raw);
+                    }
+                    // Calls were sent: they stand. Text after well-formed calls is content;
+                    // what turned out not to be a call cannot be taken back, and is dropped.
+                    streamed = true;
+                    let parsed = stream.finish();
+                    Answer {
+                        content: (!parsed.calls.is_empty() && !parsed.content.is_empty())
+                            .then_some(parsed.content),
+                        calls: Vec::new(),
+                    }
                 });
-                out.extend_from_slice(&reply.closing_choice(&f, answer.as_ref(), i));
+                out.extend_from_slice(&reply.closing_choice(&f, answer.as_ref(), streamed, i));
                 c.finished = Some(f);
                 if self.choices.iter().all(|c| c.finished.is_some()) {
                     let fs: Vec<&Finished> = self

@@ -1,5 +1,6 @@
-//! Tool calling on the server: how a request's tools reach the template (its own `tools`, or
-//! the generic form for a template that does not render them), the hook where `tool_choice`
+//! Tool calling on the server: how a request's tools reach the template (its own `tools`, the
+//! system message's `tools` for Phi-4-mini's, or the generic form for a template that renders
+//! neither), the hook where `tool_choice`
 //! `required` or a named function is to be constrained, and the calls read back from the
 //! output into OpenAI's `tool_calls`.
 
@@ -7,7 +8,7 @@ use serde_json::{Value, json};
 
 use rknn_llm::chat::{
     ChatOptions, ChatTemplate, Message, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint,
-    Tools, generic_messages, parse_tool_calls, tool_constraint,
+    Tools, generic_messages, parse_tool_calls, phi4mini_messages, tool_constraint,
 };
 
 use crate::api::random_seed;
@@ -61,8 +62,8 @@ fn has_tool_turns(messages: &[Message]) -> bool {
         .any(|m| !m.tool_calls.is_empty() || m.role == "tool")
 }
 
-/// The rendering of a chat request with its tools (rendering `template` once, to tell whether
-/// it renders tools, when there are tools or tool turns).
+/// The rendering of a chat request with its tools (rendering `template` once or twice, to tell
+/// whether it renders tools, or a system message's, when there are tools or tool turns).
 pub fn plan(
     template: &ChatTemplate,
     messages: Vec<Message>,
@@ -79,10 +80,17 @@ pub fn plan(
         });
     }
     let native = template.renders_tools();
+    // Phi-4-mini's template renders no `tools`, but a system message's.
+    let phi4 = !native
+        && ToolCallFormat::detect(template.source()) == ToolCallFormat::Phi4Mini
+        && template.renders_system_tools();
     let Some(req) = active else {
         // Tool turns without tools to call (or under `none`): only the history is rendered.
         let messages = if native {
             messages
+        } else if phi4 {
+            let none = Tools::from_json("[]").map_err(|e| ApiError::internal(e.to_string()))?;
+            phi4mini_messages(&messages, &none, &ToolChoice::None)
         } else {
             let none = Tools::from_json("[]").map_err(|e| ApiError::internal(e.to_string()))?;
             generic_messages(&messages, &none, &ToolChoice::None, true)
@@ -96,6 +104,8 @@ pub fn plan(
     };
     let format = if native {
         ToolCallFormat::detect(template.source())
+    } else if phi4 {
+        ToolCallFormat::Phi4Mini
     } else {
         ToolCallFormat::Generic
     };
@@ -112,6 +122,8 @@ pub fn plan(
     let messages = if native {
         options.tools = Some(req.tools.clone());
         messages
+    } else if phi4 {
+        phi4mini_messages(&messages, &req.tools, &req.choice)
     } else {
         generic_messages(&messages, &req.tools, &req.choice, req.parallel)
     };
@@ -280,6 +292,54 @@ mod tests {
             r#"{"tool_calls":[{"name":"get_weather","arguments":{}}]}"#
         );
         assert_eq!(p.messages[2].role, "user");
+    }
+
+    /// Phi-4-mini's template renders a system message's tools: the plan puts them there, reads
+    /// the reply in its format and constrains `required` with its grammar.
+    #[test]
+    fn a_plan_for_phi4_minis_template() {
+        let phi4 = ChatTemplate::new(
+            "phi4",
+            "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}",
+        )
+        .unwrap();
+        assert!(!phi4.renders_tools() && phi4.renders_system_tools());
+        let msgs = vec![Message::user("weather?")];
+        let p = plan(&phi4, msgs.clone(), Some(req(ToolChoice::Required))).unwrap();
+        assert_eq!(
+            p.output,
+            Some(ToolOutput {
+                format: ToolCallFormat::Phi4Mini,
+                names: vec!["get_weather".into()]
+            })
+        );
+        assert!(p.options.tools.is_none());
+        assert_eq!(p.messages.len(), 2);
+        assert!(
+            p.messages[0]
+                .tools
+                .as_deref()
+                .is_some_and(|t| t.starts_with(r#"[{"name": "get_weather""#)),
+            "{:?}",
+            p.messages[0]
+        );
+        assert!(matches!(p.constraint, Some(ToolConstraint::Lark(_))));
+        let text = phi4
+            .render(&p.messages, true, &ChatOptions::default())
+            .unwrap();
+        assert!(text.starts_with("<|system|>"), "{text}");
+        assert!(
+            text.contains(r#"<|tool|>[{"name": "get_weather""#),
+            "{text}"
+        );
+        let a = answer_text(
+            p.output.as_ref().unwrap(),
+            "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+        );
+        assert_eq!(a.calls.len(), 1);
+        // `none`: nothing added to the conversation.
+        let p = plan(&phi4, msgs.clone(), Some(req(ToolChoice::None))).unwrap();
+        assert_eq!((p.messages, p.output), (msgs, None));
     }
 
     #[test]
