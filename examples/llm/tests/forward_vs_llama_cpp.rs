@@ -222,6 +222,14 @@ fn tiny_phi3_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_smollm3_matches_llama_cpp() {
+    check(
+        "tiny-smollm3",
+        &common::fixtures().join("llm/tiny-smollm3.gguf"),
+    );
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

@@ -71,6 +71,9 @@ pub struct Config {
     pub sliding_window: Option<SlidingWindow>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
+    /// Per layer: whether it leaves its queries and keys unrotated (NoPE: SmolLM3's every
+    /// fourth layer); layers past its end rotate (empty: every layer does).
+    pub no_rope: Vec<bool>,
     /// `{arch}.pooling_type`, if set: how the file says to pool its embeddings, in llama.cpp's
     /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
     /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
@@ -113,6 +116,11 @@ fn describe(v: &Value) -> String {
 }
 
 impl Config {
+    /// Whether layer `l` applies RoPE to its queries and keys ([`Config::no_rope`]).
+    pub fn rotates(&self, l: usize) -> bool {
+        !self.no_rope.get(l).copied().unwrap_or(false)
+    }
+
     /// The sliding window of layer `l`, if it is local.
     pub fn window(&self, l: usize) -> Option<usize> {
         self.sliding_window
@@ -181,6 +189,20 @@ impl PartialEq for Family {
 
 /// A family with nothing of its own to read.
 pub(super) fn no_hparams(_: &GgufFile, _: &mut Config) -> Result<(), ModelError> {
+    Ok(())
+}
+
+/// Refuses RoPE on part of each head where llama.cpp's graph asserts it covers the whole head
+/// (`n_rot == head_dim`).
+pub(super) fn rope_whole_head(c: &Config) -> Result<(), ModelError> {
+    if c.n_rot != c.head_dim {
+        return Err(ModelError::Unsupported {
+            what: format!(
+                "{} with RoPE on {} of {} dimensions per head",
+                c.family.name, c.n_rot, c.head_dim
+            ),
+        });
+    }
     Ok(())
 }
 

@@ -2,11 +2,12 @@
 //!
 //! A token's path: embedding row (× √n_embd for gemma) → per layer { RMSNorm → Q, K, V
 //! projections (+ biases for qwen2) → per-head Q/K RMSNorms (qwen3, gemma3) → RoPE on Q and K
-//! (the local layers' own base on a sliding-window model) → append K, V to the sequence's
-//! cache → causal grouped-query attention (over the last `window` positions on a local layer)
-//! → output projection → RMSNorm (gemma3's post-norm) → residual; RMSNorm → gated
-//! feed-forward (SiLU or GELU) → RMSNorm (post-norm) → residual } → final RMSNorm → output
-//! projection (tied to the embedding when the file has no `output.weight`) → soft-cap if set.
+//! (the local layers' own base on a sliding-window model; none on smollm3's NoPE layers) →
+//! append K, V to the sequence's cache → causal grouped-query attention (over the last
+//! `window` positions on a local layer) → output projection → RMSNorm (gemma3's post-norm) →
+//! residual; RMSNorm → gated feed-forward (SiLU or GELU) → RMSNorm (post-norm) → residual } →
+//! final RMSNorm → output projection (tied to the embedding when the file has no
+//! `output.weight`) → soft-cap if set.
 //! Which of these a model has is its [`Family`](super::family::Family)'s data. Every weight
 //! matmul goes through the seam ([`LinearOp`]).
 //!
@@ -303,8 +304,10 @@ impl Model {
                     (Some(_), Some(local)) => local,
                     _ => global,
                 };
-                rope.apply(q, c.n_head);
-                rope.apply(k, c.n_head_kv);
+                if c.rotates(l) {
+                    rope.apply(q, c.n_head);
+                    rope.apply(k, c.n_head_kv);
+                }
                 if fam.scale_queries {
                     scale(q, c.attn_scale);
                 }

@@ -334,6 +334,7 @@ mod tests {
             embd_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
+            no_rope: Vec::new(),
             pooling_type: None,
         }
     }
