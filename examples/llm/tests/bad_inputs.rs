@@ -521,6 +521,15 @@ fn model_cases() -> Vec<Case> {
             }),
         ),
         (
+            "a smollm3 file of 2^40 layers in 300 bytes",
+            Box::new(|| {
+                let mut b = config_of("smollm3", 1, 0, 8, 1 << 40, 2, None);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")
+            }),
+        ),
+        (
             "3 KV heads for 4 query heads",
             Box::new(|| {
                 let mut b = llama(0, 8, 1, 4, None);

@@ -71,9 +71,10 @@ pub struct Config {
     pub sliding_window: Option<SlidingWindow>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
-    /// Per layer: whether it leaves its queries and keys unrotated (NoPE: SmolLM3's every
-    /// fourth layer); layers past its end rotate (empty: every layer does).
-    pub no_rope: Vec<bool>,
+    /// Layers without RoPE (NoPE), as llama.cpp's `n_no_rope_layer_step`: with `Some(n)`, the
+    /// layers `l` with `(l + 1) % n == 0` leave their queries and keys unrotated (SmolLM3: 4,
+    /// every fourth layer; 1: no layer rotates). `None`: every layer rotates.
+    pub no_rope_step: Option<usize>,
     /// `{arch}.pooling_type`, if set: how the file says to pool its embeddings, in llama.cpp's
     /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
     /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
@@ -116,9 +117,11 @@ fn describe(v: &Value) -> String {
 }
 
 impl Config {
-    /// Whether layer `l` applies RoPE to its queries and keys ([`Config::no_rope`]).
+    /// Whether layer `l` applies RoPE to its queries and keys ([`Config::no_rope_step`]).
     pub fn rotates(&self, l: usize) -> bool {
-        !self.no_rope.get(l).copied().unwrap_or(false)
+        self.no_rope_step
+            .and_then(|n| (l + 1).checked_rem(n))
+            .is_none_or(|r| r != 0)
     }
 
     /// The sliding window of layer `l`, if it is local.

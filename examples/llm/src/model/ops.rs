@@ -334,7 +334,7 @@ mod tests {
             embd_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
-            no_rope: Vec::new(),
+            no_rope_step: None,
             pooling_type: None,
         }
     }

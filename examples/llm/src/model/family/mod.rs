@@ -173,7 +173,7 @@ impl Config {
             embd_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
-            no_rope: Vec::new(),
+            no_rope_step: None,
             pooling_type: None,
         };
         c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);

@@ -27,8 +27,6 @@ const NO_ROPE_LAYER_STEP: usize = 4;
 
 fn hparams(_: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
     rope_whole_head(c)?;
-    c.no_rope = (0..c.n_layer)
-        .map(|l| (l + 1) % NO_ROPE_LAYER_STEP == 0)
-        .collect();
+    c.no_rope_step = Some(NO_ROPE_LAYER_STEP);
     Ok(())
 }
