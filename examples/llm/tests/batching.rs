@@ -26,13 +26,14 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 6] = [
+const FAMILIES: [&str; 7] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-gemma3",
     "tiny-phi3",
     "tiny-smollm3",
+    "tiny-granite",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

@@ -230,6 +230,14 @@ fn tiny_smollm3_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_granite_matches_llama_cpp() {
+    check(
+        "tiny-granite",
+        &common::fixtures().join("llm/tiny-granite.gguf"),
+    );
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

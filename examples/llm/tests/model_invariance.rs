@@ -10,13 +10,14 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 6] = [
+const TINY: [&str; 7] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
     "tiny-gemma3.gguf",
     "tiny-phi3.gguf",
     "tiny-smollm3.gguf",
+    "tiny-granite.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -245,6 +246,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite)"
     );
 }

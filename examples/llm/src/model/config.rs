@@ -65,12 +65,19 @@ pub struct Config {
     /// scores inside the softmax, or to the queries when the family says so
     /// ([`Family::scale_queries`]).
     pub attn_scale: f32,
-    /// The factor the embedding rows are multiplied by (Gemma: √n_embd).
+    /// The factor the embedding rows are multiplied by (Gemma: √n_embd; Granite:
+    /// `embedding_scale`).
     pub embd_scale: Option<f32>,
+    /// The factor the attention's and the feed-forward's outputs are multiplied by before
+    /// their residual adds (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
     /// The sliding window of the local layers, if any.
     pub sliding_window: Option<SlidingWindow>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
+    /// The divisor of the output logits (Granite's `logit_scale`): they are multiplied by its
+    /// f32 reciprocal, as ggml scales them.
+    pub logit_scale: Option<f32>,
     /// Layers without RoPE (NoPE), as llama.cpp's `n_no_rope_layer_step`: with `Some(n)`, the
     /// layers `l` with `(l + 1) % n == 0` leave their queries and keys unrotated (SmolLM3: 4,
     /// every fourth layer; 1: no layer rotates). `None`: every layer rotates.

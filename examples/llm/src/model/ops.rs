@@ -332,8 +332,10 @@ mod tests {
             rope_style: RopeStyle::Adjacent,
             attn_scale: 1.0 / (hd as f32).sqrt(),
             embd_scale: None,
+            residual_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
+            logit_scale: None,
             no_rope_step: None,
             pooling_type: None,
         }

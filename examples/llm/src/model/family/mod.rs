@@ -9,6 +9,7 @@
 //! still go through the one seam, so the NPU path needs nothing per family beyond shapes.
 
 mod gemma3;
+mod granite;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -27,6 +28,7 @@ pub const FAMILIES: &[&Family] = &[
     &gemma3::FAMILY,
     &phi3::FAMILY,
     &smollm3::FAMILY,
+    &granite::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -171,8 +173,10 @@ impl Config {
             rope_style: fam.rope_style,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embd_scale: None,
+            residual_scale: None,
             sliding_window: None,
             final_logit_softcap: None,
+            logit_scale: None,
             no_rope_step: None,
             pooling_type: None,
         };
@@ -192,6 +196,9 @@ mod tests {
             assert_eq!(family(f.name), Some(*f));
         }
         assert_eq!(family("gpt2"), None);
-        assert_eq!(supported(), "llama, qwen2, qwen3, gemma3, phi3, smollm3");
+        assert_eq!(
+            supported(),
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite"
+        );
     }
 }
