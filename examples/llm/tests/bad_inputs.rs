@@ -422,7 +422,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
                 )
             }),
         ),
@@ -608,6 +608,59 @@ fn model_cases() -> Vec<Case> {
                     load(&f),
                     ModelError::Unsupported { ref what } if what.contains("blk.0.attn_output.bias")
                 )
+            }),
+        ),
+        (
+            "a gemma2 attention soft-cap of 0",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_f32("gemma2.attn_logit_softcapping", 0.0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.attn_logit_softcapping")
+            }),
+        ),
+        (
+            "a negative gemma2 final soft-cap",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_f32("gemma2.final_logit_softcapping", -30.0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.final_logit_softcapping")
+            }),
+        ),
+        (
+            "a gemma2 sliding window of 0",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_u64("gemma2.attention.sliding_window", 0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.attention.sliding_window")
+            }),
+        ),
+        (
+            "a gemma2 file with an output matrix",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 1, 1, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .tensor("output.weight", &[8, 4], 0, 0)
+                    .data(128);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("output.weight")
+                )
+            }),
+        ),
+        (
+            "a gemma2 file of 2^40 layers in 300 bytes (one local-layer flag each)",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 1, 0, 8, 1 << 40, 2, None);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.block_count")
             }),
         ),
         (

@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 7] = [
+const FAMILIES: [&str; 8] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -34,6 +34,7 @@ const FAMILIES: [&str; 7] = [
     "tiny-phi3",
     "tiny-smollm3",
     "tiny-granite",
+    "tiny-gemma2",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

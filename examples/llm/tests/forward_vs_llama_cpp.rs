@@ -238,6 +238,15 @@ fn tiny_granite_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_gemma2_matches_llama_cpp() {
+    check_within(
+        "tiny-gemma2",
+        &common::fixtures().join("llm/tiny-gemma2.gguf"),
+        TOLERANCE_GELU_F16,
+    );
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

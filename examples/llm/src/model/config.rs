@@ -16,7 +16,7 @@ pub enum RopeStyle {
     Halves,
 }
 
-/// Sliding-window attention on some layers (Gemma 3's local layers).
+/// Sliding-window attention on some layers (the local layers of Gemma 2 and 3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
     /// Positions a query sees, itself included: the key at position `p0` is visible from the
@@ -73,6 +73,8 @@ pub struct Config {
     pub residual_scale: Option<f32>,
     /// The sliding window of the local layers, if any.
     pub sliding_window: Option<SlidingWindow>,
+    /// `cap · tanh(score / cap)` on the attention scores before the softmax, if set (Gemma 2).
+    pub attn_softcap: Option<f32>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
     /// The divisor of the output logits (Granite's `logit_scale`): they are multiplied by its
@@ -216,17 +218,21 @@ pub(super) fn rope_whole_head(c: &Config) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// The sliding window of `{arch}.attention.sliding_window`, if set and not 0, on the layers of
-/// `{arch}.attention.sliding_window_pattern` (an array of booleans, one per layer, or `n`:
-/// every layer but each `n`-th is local; `default_pattern` when absent), with RoPE base
-/// `{arch}.rope.freq_base_swa` (10 000 when absent) and no RoPE scaling, as llama.cpp reads them.
+/// The sliding window of `{arch}.attention.sliding_window` (`default_window` when absent; none
+/// when 0) on the layers of `{arch}.attention.sliding_window_pattern` (an array of booleans,
+/// one per layer, or `n`: every layer but each `n`-th is local; `default_pattern` when
+/// absent), with RoPE base `{arch}.rope.freq_base_swa` (`default_rope.0` when absent) and
+/// position scale `default_rope.1`, as llama.cpp reads them.
 pub(super) fn sliding_window(
     file: &GgufFile,
     c: &Config,
+    default_window: Option<usize>,
     default_pattern: usize,
+    default_rope: (f32, f32),
 ) -> Result<Option<SlidingWindow>, ModelError> {
     let p = c.family.name;
-    let window = match key_usize(file, &format!("{p}.attention.sliding_window"))? {
+    let window = match key_usize(file, &format!("{p}.attention.sliding_window"))?.or(default_window)
+    {
         None | Some(0) => return Ok(None),
         Some(w) => w,
     };
@@ -246,17 +252,29 @@ pub(super) fn sliding_window(
             flags.to_vec()
         }
         _ => {
+            // One flag per layer: a layer has tensors, so a block count beyond the file's
+            // tensors is refused before it is allocated.
+            if c.n_layer > file.tensor_infos().len() {
+                return Err(ModelError::BadKey {
+                    key: format!("{p}.block_count"),
+                    reason: format!(
+                        "{} layers in a file of {} tensors",
+                        c.n_layer,
+                        file.tensor_infos().len()
+                    ),
+                });
+            }
             let n = key_usize(file, &pattern_key)?.unwrap_or(default_pattern);
             // llama.cpp: with a pattern of n, layer il is local unless il % n == n - 1; 0 makes
             // every layer local.
             (0..c.n_layer).map(|l| n == 0 || l % n < n - 1).collect()
         }
     };
-    let rope_base = key_f32(file, &format!("{p}.rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    let rope_base = key_f32(file, &format!("{p}.rope.freq_base_swa"))?.unwrap_or(default_rope.0);
     Ok(Some(SlidingWindow {
         window,
         layers,
         rope_base,
-        rope_freq_scale: 1.0,
+        rope_freq_scale: default_rope.1,
     }))
 }

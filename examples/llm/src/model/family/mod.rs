@@ -8,6 +8,7 @@
 //! Adding the next family is one file here and one line in [`FAMILIES`]; the weight matmuls
 //! still go through the one seam, so the NPU path needs nothing per family beyond shapes.
 
+mod gemma2;
 mod gemma3;
 mod granite;
 mod llama;
@@ -29,6 +30,7 @@ pub const FAMILIES: &[&Family] = &[
     &phi3::FAMILY,
     &smollm3::FAMILY,
     &granite::FAMILY,
+    &gemma2::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -175,6 +177,7 @@ impl Config {
             embd_scale: None,
             residual_scale: None,
             sliding_window: None,
+            attn_softcap: None,
             final_logit_softcap: None,
             logit_scale: None,
             no_rope_step: None,
@@ -198,7 +201,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
         );
     }
 }
