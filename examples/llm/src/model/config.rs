@@ -155,10 +155,10 @@ impl Config {
 /// The activation of the gated feed-forward network, `act(gate) * up`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// SiLU, `g / (1 + e^-g)` (llama, qwen, phi3).
+    /// SiLU, `g / (1 + e^-g)` (llama, qwen, phi3, smollm3, granite).
     Silu,
     /// GELU with the tanh approximation, as ggml computes it in f32: the input rounded to f16,
-    /// `0.5 x (1 + tanh(√(2/π) x (1 + 0.044715 x²)))` rounded to f16 (gemma).
+    /// `0.5 x (1 + tanh(√(2/π) x (1 + 0.044715 x²)))` rounded to f16 (gemma2, gemma3).
     GeluTanh,
 }
 
