@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use rknn_llm::gguf::{GgmlType, GgufError, GgufFile};
-use rknn_llm::model::{HostF32Factory, Logits, Model, ModelError};
+use rknn_llm::model::{Config, HostF32Factory, Logits, Model, ModelError};
 use rknn_llm::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, VocabSpec};
 
 type Case = (&'static str, Box<dyn Fn() -> Result<(), String>>);
@@ -422,7 +422,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
                 )
             }),
         ),
@@ -515,6 +515,158 @@ fn model_cases() -> Vec<Case> {
             "2^40 layers in a 300-byte file",
             Box::new(|| {
                 let mut b = llama(1, 8, 1 << 40, 2, None);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")
+            }),
+        ),
+        (
+            "a granite file without its logit scale",
+            Box::new(|| {
+                let mut b = config_of("granite", 0, 1, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "granite.logit_scale")
+            }),
+        ),
+        (
+            "a granite logit scale of 0",
+            Box::new(|| {
+                let mut b = config_of("granite", 0, 2, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4)
+                    .kv_f32("granite.logit_scale", 0.0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "granite.logit_scale")
+            }),
+        ),
+        (
+            "a granite residual scale of infinity",
+            Box::new(|| {
+                let mut b = config_of("granite", 0, 3, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4)
+                    .kv_f32("granite.logit_scale", 8.0)
+                    .kv_f32("granite.residual_scale", f32::INFINITY);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "granite.residual_scale")
+            }),
+        ),
+        (
+            "a granite embedding scale as a string",
+            Box::new(|| {
+                let mut b = config_of("granite", 0, 3, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4)
+                    .kv_f32("granite.logit_scale", 8.0)
+                    .kv_str("granite.embedding_scale", "12");
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "granite.embedding_scale")
+            }),
+        ),
+        (
+            "a granite RoPE switch as an integer",
+            Box::new(|| {
+                let mut b = config_of("granite", 0, 3, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4)
+                    .kv_f32("granite.logit_scale", 8.0)
+                    .kv_u64("granite.rope.scaling.finetuned", 0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "granite.rope.scaling.finetuned")
+            }),
+        ),
+        (
+            "granite's RoPE switch: false leaves every layer unrotated, true or absent none",
+            Box::new(|| {
+                for switch in [Some(false), Some(true), None] {
+                    let mut b =
+                        config_of("granite", 0, 2 + u64::from(switch.is_some()), 8, 5, 2, None);
+                    b.kv_u64("granite.vocab_size", 4)
+                        .kv_f32("granite.logit_scale", 8.0);
+                    if let Some(on) = switch {
+                        b.str("granite.rope.scaling.finetuned")
+                            .u32(7)
+                            .u8(u8::from(on));
+                    }
+                    let f = b.parse().map_err(|e| e.to_string())?;
+                    let c = Config::from_gguf(&f).map_err(|e| e.to_string())?;
+                    let rotating: Vec<bool> = (0..5).map(|l| c.rotates(l)).collect();
+                    if rotating != [switch != Some(false); 5] {
+                        return Err(format!("switch {switch:?}: layers rotating {rotating:?}"));
+                    }
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "a granite file with a bias on the attention output",
+            Box::new(|| {
+                let mut b = config_of("granite", 1, 2, 8, 1, 2, None);
+                b.kv_u64("granite.vocab_size", 4)
+                    .kv_f32("granite.logit_scale", 8.0)
+                    .tensor("blk.0.attn_output.bias", &[8], 0, 0)
+                    .data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("blk.0.attn_output.bias")
+                )
+            }),
+        ),
+        (
+            "a gemma2 attention soft-cap of 0",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_f32("gemma2.attn_logit_softcapping", 0.0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.attn_logit_softcapping")
+            }),
+        ),
+        (
+            "a negative gemma2 final soft-cap",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_f32("gemma2.final_logit_softcapping", -30.0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.final_logit_softcapping")
+            }),
+        ),
+        (
+            "a gemma2 sliding window of 0",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 0, 2, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .kv_u64("gemma2.attention.sliding_window", 0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.attention.sliding_window")
+            }),
+        ),
+        (
+            "a gemma2 file with an output matrix",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 1, 1, 8, 1, 2, None);
+                b.kv_u64("gemma2.vocab_size", 4)
+                    .tensor("output.weight", &[8, 4], 0, 0)
+                    .data(128);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("output.weight")
+                )
+            }),
+        ),
+        (
+            "a gemma2 file of 2^40 layers in 300 bytes (one local-layer flag each)",
+            Box::new(|| {
+                let mut b = config_of("gemma2", 1, 0, 8, 1 << 40, 2, None);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "gemma2.block_count")
+            }),
+        ),
+        (
+            "a smollm3 file of 2^40 layers in 300 bytes",
+            Box::new(|| {
+                let mut b = config_of("smollm3", 1, 0, 8, 1 << 40, 2, None);
                 b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
                 let f = b.parse().map_err(|e| e.to_string())?;
                 expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")

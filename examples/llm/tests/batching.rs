@@ -26,12 +26,15 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 5] = [
+const FAMILIES: [&str; 8] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-gemma3",
     "tiny-phi3",
+    "tiny-smollm3",
+    "tiny-granite",
+    "tiny-gemma2",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

@@ -222,6 +222,8 @@ fn the_fixture_covers_the_templates_and_conversations() {
         "meta-llama-Llama-3.2-3B-Instruct",
         "microsoft-Phi-3.5-mini-instruct",
         "google-gemma-2-2b-it",
+        "HuggingFaceTB-SmolLM3-3B",
+        "ibm-granite-granite-3.3-2B-Instruct",
     ] {
         let of: Vec<&Json> = cases.iter().filter(|c| c["template"] == name).collect();
         for conv in ["single", "single_system", "multi", "multi_system", "tricky"] {

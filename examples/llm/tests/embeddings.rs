@@ -165,6 +165,21 @@ fn tiny_phi3_matches_llama_cpp() {
     check_f32("tiny-phi3");
 }
 
+#[test]
+fn tiny_smollm3_matches_llama_cpp() {
+    check_f32("tiny-smollm3");
+}
+
+#[test]
+fn tiny_granite_matches_llama_cpp() {
+    check_f32("tiny-granite");
+}
+
+#[test]
+fn tiny_gemma2_matches_llama_cpp() {
+    check_f32("tiny-gemma2");
+}
+
 /// The demo model's case cut to 20 of its 27 inputs, to bound the test's time: the 19
 /// shortest (1 to 66 tokens) and the longest (324). (All 27 agree as well: the least cosines
 /// are in docs/llm.md.)

@@ -222,6 +222,31 @@ fn tiny_phi3_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_smollm3_matches_llama_cpp() {
+    check(
+        "tiny-smollm3",
+        &common::fixtures().join("llm/tiny-smollm3.gguf"),
+    );
+}
+
+#[test]
+fn tiny_granite_matches_llama_cpp() {
+    check(
+        "tiny-granite",
+        &common::fixtures().join("llm/tiny-granite.gguf"),
+    );
+}
+
+#[test]
+fn tiny_gemma2_matches_llama_cpp() {
+    check_within(
+        "tiny-gemma2",
+        &common::fixtures().join("llm/tiny-gemma2.gguf"),
+        TOLERANCE_GELU_F16,
+    );
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

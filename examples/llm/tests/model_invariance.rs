@@ -10,12 +10,15 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 5] = [
+const TINY: [&str; 8] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
     "tiny-gemma3.gguf",
     "tiny-phi3.gguf",
+    "tiny-smollm3.gguf",
+    "tiny-granite.gguf",
+    "tiny-gemma2.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -244,6 +247,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2)"
     );
 }

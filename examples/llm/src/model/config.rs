@@ -16,7 +16,7 @@ pub enum RopeStyle {
     Halves,
 }
 
-/// Sliding-window attention on some layers (Gemma 3's local layers).
+/// Sliding-window attention on some layers (the local layers of Gemma 2 and 3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
     /// Positions a query sees, itself included: the key at position `p0` is visible from the
@@ -65,12 +65,25 @@ pub struct Config {
     /// scores inside the softmax, or to the queries when the family says so
     /// ([`Family::scale_queries`]).
     pub attn_scale: f32,
-    /// The factor the embedding rows are multiplied by (Gemma: √n_embd).
+    /// The factor the embedding rows are multiplied by (Gemma: √n_embd; Granite:
+    /// `embedding_scale`).
     pub embd_scale: Option<f32>,
+    /// The factor the attention's and the feed-forward's outputs are multiplied by before
+    /// their residual adds (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
     /// The sliding window of the local layers, if any.
     pub sliding_window: Option<SlidingWindow>,
+    /// `cap · tanh(score / cap)` on the attention scores before the softmax, if set (Gemma 2).
+    pub attn_softcap: Option<f32>,
     /// `cap · tanh(logit / cap)` on the output logits, if set.
     pub final_logit_softcap: Option<f32>,
+    /// The divisor of the output logits (Granite's `logit_scale`): they are multiplied by its
+    /// f32 reciprocal, as ggml scales them.
+    pub logit_scale: Option<f32>,
+    /// Layers without RoPE (NoPE), as llama.cpp's `n_no_rope_layer_step`: with `Some(n)`, the
+    /// layers `l` with `(l + 1) % n == 0` leave their queries and keys unrotated (SmolLM3: 4,
+    /// every fourth layer; 1: no layer rotates). `None`: every layer rotates.
+    pub no_rope_step: Option<usize>,
     /// `{arch}.pooling_type`, if set: how the file says to pool its embeddings, in llama.cpp's
     /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
     /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
@@ -113,6 +126,13 @@ fn describe(v: &Value) -> String {
 }
 
 impl Config {
+    /// Whether layer `l` applies RoPE to its queries and keys ([`Config::no_rope_step`]).
+    pub fn rotates(&self, l: usize) -> bool {
+        self.no_rope_step
+            .and_then(|n| (l + 1).checked_rem(n))
+            .is_none_or(|r| r != 0)
+    }
+
     /// The sliding window of layer `l`, if it is local.
     pub fn window(&self, l: usize) -> Option<usize> {
         self.sliding_window
@@ -135,10 +155,10 @@ impl Config {
 /// The activation of the gated feed-forward network, `act(gate) * up`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
-    /// SiLU, `g / (1 + e^-g)` (llama, qwen, phi3).
+    /// SiLU, `g / (1 + e^-g)` (llama, qwen, phi3, smollm3, granite).
     Silu,
     /// GELU with the tanh approximation, as ggml computes it in f32: the input rounded to f16,
-    /// `0.5 x (1 + tanh(√(2/π) x (1 + 0.044715 x²)))` rounded to f16 (gemma).
+    /// `0.5 x (1 + tanh(√(2/π) x (1 + 0.044715 x²)))` rounded to f16 (gemma2, gemma3).
     GeluTanh,
 }
 
@@ -184,17 +204,35 @@ pub(super) fn no_hparams(_: &GgufFile, _: &mut Config) -> Result<(), ModelError>
     Ok(())
 }
 
-/// The sliding window of `{arch}.attention.sliding_window`, if set and not 0, on the layers of
-/// `{arch}.attention.sliding_window_pattern` (an array of booleans, one per layer, or `n`:
-/// every layer but each `n`-th is local; `default_pattern` when absent), with RoPE base
-/// `{arch}.rope.freq_base_swa` (10 000 when absent) and no RoPE scaling, as llama.cpp reads them.
+/// Refuses RoPE on part of each head where llama.cpp's graph asserts it covers the whole head
+/// (`n_rot == head_dim`).
+pub(super) fn rope_whole_head(c: &Config) -> Result<(), ModelError> {
+    if c.n_rot != c.head_dim {
+        return Err(ModelError::Unsupported {
+            what: format!(
+                "{} with RoPE on {} of {} dimensions per head",
+                c.family.name, c.n_rot, c.head_dim
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The sliding window of `{arch}.attention.sliding_window` (`default_window` when absent; none
+/// when 0) on the layers of `{arch}.attention.sliding_window_pattern` (an array of booleans,
+/// one per layer, or `n`: every layer but each `n`-th is local; `default_pattern` when
+/// absent), with RoPE base `{arch}.rope.freq_base_swa` (`default_rope.0` when absent) and
+/// position scale `default_rope.1`, as llama.cpp reads them.
 pub(super) fn sliding_window(
     file: &GgufFile,
     c: &Config,
+    default_window: Option<usize>,
     default_pattern: usize,
+    default_rope: (f32, f32),
 ) -> Result<Option<SlidingWindow>, ModelError> {
     let p = c.family.name;
-    let window = match key_usize(file, &format!("{p}.attention.sliding_window"))? {
+    let window = match key_usize(file, &format!("{p}.attention.sliding_window"))?.or(default_window)
+    {
         None | Some(0) => return Ok(None),
         Some(w) => w,
     };
@@ -214,17 +252,29 @@ pub(super) fn sliding_window(
             flags.to_vec()
         }
         _ => {
+            // One flag per layer: a layer has tensors, so a block count beyond the file's
+            // tensors is refused before it is allocated.
+            if c.n_layer > file.tensor_infos().len() {
+                return Err(ModelError::BadKey {
+                    key: format!("{p}.block_count"),
+                    reason: format!(
+                        "{} layers in a file of {} tensors",
+                        c.n_layer,
+                        file.tensor_infos().len()
+                    ),
+                });
+            }
             let n = key_usize(file, &pattern_key)?.unwrap_or(default_pattern);
             // llama.cpp: with a pattern of n, layer il is local unless il % n == n - 1; 0 makes
             // every layer local.
             (0..c.n_layer).map(|l| n == 0 || l % n < n - 1).collect()
         }
     };
-    let rope_base = key_f32(file, &format!("{p}.rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    let rope_base = key_f32(file, &format!("{p}.rope.freq_base_swa"))?.unwrap_or(default_rope.0);
     Ok(Some(SlidingWindow {
         window,
         layers,
         rope_base,
-        rope_freq_scale: 1.0,
+        rope_freq_scale: default_rope.1,
     }))
 }

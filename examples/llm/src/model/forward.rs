@@ -1,12 +1,14 @@
 //! The forward pass: token ids at positions of one sequence to logits, read in one sitting.
 //!
-//! A token's path: embedding row (× √n_embd for gemma) → per layer { RMSNorm → Q, K, V
-//! projections (+ biases for qwen2) → per-head Q/K RMSNorms (qwen3, gemma3) → RoPE on Q and K
-//! (the local layers' own base on a sliding-window model) → append K, V to the sequence's
-//! cache → causal grouped-query attention (over the last `window` positions on a local layer)
-//! → output projection → RMSNorm (gemma3's post-norm) → residual; RMSNorm → gated
-//! feed-forward (SiLU or GELU) → RMSNorm (post-norm) → residual } → final RMSNorm → output
-//! projection (tied to the embedding when the file has no `output.weight`) → soft-cap if set.
+//! A token's path: embedding row (× √n_embd for gemma, × a scale for granite) → per layer {
+//! RMSNorm → Q, K, V projections (+ biases for qwen2) → per-head Q/K RMSNorms (qwen3, gemma3)
+//! → RoPE on Q and K (the local layers' own base on a sliding-window model; none on smollm3's
+//! NoPE layers) → append K, V to the sequence's cache → causal grouped-query attention (over
+//! the last `window` positions on a local layer) → output projection → RMSNorm (gemma3's
+//! post-norm) → × granite's residual scale → residual; RMSNorm → gated feed-forward (SiLU or
+//! GELU) → RMSNorm (post-norm) → × residual scale → residual } → final RMSNorm → output
+//! projection (tied to the embedding when the file has no `output.weight`) → ÷ granite's logit
+//! scale → soft-cap if set.
 //! Which of these a model has is its [`Family`](super::family::Family)'s data. Every weight
 //! matmul goes through the seam ([`LinearOp`]).
 //!
@@ -303,8 +305,10 @@ impl Model {
                     (Some(_), Some(local)) => local,
                     _ => global,
                 };
-                rope.apply(q, c.n_head);
-                rope.apply(k, c.n_head_kv);
+                if c.rotates(l) {
+                    rope.apply(q, c.n_head);
+                    rope.apply(k, c.n_head_kv);
+                }
                 if fam.scale_queries {
                     scale(q, c.attn_scale);
                 }
@@ -328,6 +332,9 @@ impl Model {
             if let Some(w) = &layer.attn_post_norm {
                 rms_norm_in_place(&mut h, w, c.rms_eps);
             }
+            if let Some(s) = c.residual_scale {
+                scale(&mut h, s);
+            }
             add_into(&mut x, &h);
 
             // Feed-forward block.
@@ -347,6 +354,9 @@ impl Model {
             t_matmul += t.elapsed();
             if let Some(w) = &layer.ffn_post_norm {
                 rms_norm_in_place(&mut h, w, c.rms_eps);
+            }
+            if let Some(s) = c.residual_scale {
+                scale(&mut h, s);
             }
             add_into(&mut x, &h);
         }
@@ -383,6 +393,9 @@ impl Model {
                 p.op.forward(&normed, n, &mut logits)
                     .map_err(|e| p.failed(e))?;
                 t_matmul += t.elapsed();
+                if let Some(s) = c.logit_scale {
+                    scale(&mut logits, 1.0 / s);
+                }
                 if let Some(cap) = c.final_logit_softcap {
                     softcap(&mut logits, cap);
                 }

@@ -55,8 +55,8 @@ pub(super) fn scale(x: &mut [f32], s: f32) {
     }
 }
 
-/// `cap · tanh(x / cap)` (final-logit soft-capping), as ggml computes it: scale by `1/cap`,
-/// tanh, scale by `cap`.
+/// `cap · tanh(x / cap)` (soft-capping of the final logits or of the attention scores), as ggml
+/// computes it: scale by `1/cap`, tanh, scale by `cap`.
 pub(super) fn softcap(x: &mut [f32], cap: f32) {
     let inv = 1.0 / cap;
     for v in x {
@@ -235,7 +235,8 @@ impl RopeTable {
 /// `kv.start..pos + m`); `out` is `[m][n_head * head_dim]`.
 ///
 /// Per (row, head): the visible positions are `0..=p` for the row at position `p`, or its last
-/// `window` of them on a local layer; scores `q·k * scale` with the canonical dot product;
+/// `window` of them on a local layer; scores `q·k` with the canonical dot product, soft-capped
+/// where the model says so ([`Config::attn_softcap`], before the scale), times `scale`;
 /// softmax with the maximum subtracted and the sum of exponentials in f64, in position order;
 /// the output `Σ_t p_t v_t` accumulated in position order. Nothing depends on `m` or on what
 /// else the buffers hold.
@@ -280,6 +281,9 @@ pub(super) fn attention(
         match &k_cache[g] {
             KvRows::F32(keys) => kern.dot_rows(qh, &keys[first..], hd, &mut scores),
             KvRows::F16(keys) => kern.dot_rows_f16(qh, &keys[first..], hd, &mut scores),
+        }
+        if let Some(cap) = c.attn_softcap {
+            softcap(&mut scores, cap);
         }
         kern.softmax_scaled(&mut scores, scale);
         o.fill(0.0);
@@ -332,8 +336,12 @@ mod tests {
             rope_style: RopeStyle::Adjacent,
             attn_scale: 1.0 / (hd as f32).sqrt(),
             embd_scale: None,
+            residual_scale: None,
             sliding_window: None,
+            attn_softcap: None,
             final_logit_softcap: None,
+            logit_scale: None,
+            no_rope_step: None,
             pooling_type: None,
         }
     }

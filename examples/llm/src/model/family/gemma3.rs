@@ -28,7 +28,7 @@ pub(super) const FAMILY: Family = Family {
 };
 
 fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
-    c.sliding_window = sliding_window(file, c, 6)?;
+    c.sliding_window = sliding_window(file, c, None, 6, (10_000.0, 1.0))?;
     c.embd_scale = Some((c.n_embd as f32).sqrt());
     c.attn_scale = if c.n_layer == 62 {
         1.0 / ((c.n_embd / c.n_head) as f32).sqrt()

@@ -4,15 +4,18 @@
 //! A family says which of the shared building blocks its layers use (RoPE pairing, Q/K biases,
 //! per-head Q/K norms, post-norms, the gated feed-forward's activation, how its tensors are
 //! fused) and reads its own metadata keys in [`Family::hparams`] (a sliding window, an
-//! attention scale, a refusal of what the code does not implement). Adding the next family
-//! (SmolLM3, Granite, ...) is one file here and one line in [`FAMILIES`]; the weight matmuls
+//! attention scale, the layers without RoPE, a refusal of what the code does not implement).
+//! Adding the next family is one file here and one line in [`FAMILIES`]; the weight matmuls
 //! still go through the one seam, so the NPU path needs nothing per family beyond shapes.
 
+mod gemma2;
 mod gemma3;
+mod granite;
 mod llama;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod smollm3;
 
 use super::config::{Config, Family, key_f32, key_usize};
 use super::error::ModelError;
@@ -25,6 +28,9 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3::FAMILY,
     &gemma3::FAMILY,
     &phi3::FAMILY,
+    &smollm3::FAMILY,
+    &granite::FAMILY,
+    &gemma2::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -169,8 +175,12 @@ impl Config {
             rope_style: fam.rope_style,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embd_scale: None,
+            residual_scale: None,
             sliding_window: None,
+            attn_softcap: None,
             final_logit_softcap: None,
+            logit_scale: None,
+            no_rope_step: None,
             pooling_type: None,
         };
         c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);
@@ -189,6 +199,9 @@ mod tests {
             assert_eq!(family(f.name), Some(*f));
         }
         assert_eq!(family("gpt2"), None);
-        assert_eq!(supported(), "llama, qwen2, qwen3, gemma3, phi3");
+        assert_eq!(
+            supported(),
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
+        );
     }
 }

@@ -5,7 +5,7 @@
 use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
-use crate::model::config::{Activation, Config, Family, RopeStyle};
+use crate::model::config::{Activation, Config, Family, RopeStyle, rope_whole_head};
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
@@ -23,13 +23,5 @@ pub(super) const FAMILY: Family = Family {
 
 /// llama.cpp rotates the whole head (it asserts `n_rot == head size`).
 fn hparams(_: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
-    if c.n_rot != c.head_dim {
-        return Err(ModelError::Unsupported {
-            what: format!(
-                "qwen3 with RoPE on {} of {} dimensions per head",
-                c.n_rot, c.head_dim
-            ),
-        });
-    }
-    Ok(())
+    rope_whole_head(c)
 }
