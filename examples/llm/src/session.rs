@@ -95,6 +95,11 @@ pub struct GenerateParams {
     /// position (at most [`MAX_TOP_LOGPROBS`](crate::sample::MAX_TOP_LOGPROBS)) in
     /// [`Piece::logprobs`], from the raw logits ([`token_logprobs`]); `None` computes none.
     pub logprobs: Option<usize>,
+    /// Control tokens whose text the output keeps (others are rendered as nothing): a
+    /// tool-call format's markers ([`ToolCallFormat::preserved_tokens`]).
+    ///
+    /// [`ToolCallFormat::preserved_tokens`]: crate::chat::ToolCallFormat::preserved_tokens
+    pub preserve: Vec<u32>,
 }
 
 impl Default for GenerateParams {
@@ -107,6 +112,7 @@ impl Default for GenerateParams {
             #[cfg(feature = "constraint")]
             constraint: None,
             logprobs: None,
+            preserve: Vec::new(),
         }
     }
 }
@@ -748,7 +754,7 @@ impl GenerationState {
         reply: bool,
     ) -> GenerationState {
         GenerationState {
-            decoder: StreamDecoder::new(tokenizer.clone()),
+            decoder: StreamDecoder::new(tokenizer.clone()).preserve(&params.preserve),
             policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
             params: params.clone(),
             out: p.out,

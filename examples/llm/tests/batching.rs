@@ -477,6 +477,33 @@ fn requests_sharing_a_prompt_evaluate_it_once() {
     }
 }
 
+/// A control token a request preserves comes out as its text (a tool format's marker, for
+/// its reader); otherwise as nothing.
+#[test]
+fn preserved_control_tokens_are_rendered() {
+    let (model, tok) = f32_model("tiny-llama");
+    let start = tok.token_id("<|im_start|>").unwrap();
+    assert!(tok.is_control(start) && !tok.is_eog(start));
+    let batcher = Batcher::start(model, tok.clone(), ServeConfig::default()).unwrap();
+    let request = |preserve: Vec<u32>| Request {
+        prompt: tok.encode("Once upon a time", true, true).unwrap(),
+        sampling: SamplerConfig {
+            temperature: 0.0,
+            logit_bias: vec![(start, 100.0)],
+            ..SamplerConfig::default()
+        },
+        max_tokens: Some(3),
+        preserve,
+        ..Request::default()
+    };
+    let kept = wait(submit(&batcher, request(vec![start])).unwrap());
+    let plain = wait(submit(&batcher, request(Vec::new())).unwrap());
+    assert_eq!(kept.tokens, vec![start; 3]);
+    assert_eq!(plain.tokens, kept.tokens);
+    assert_eq!(kept.text, "<|im_start|>".repeat(3));
+    assert_eq!(plain.text, "");
+}
+
 /// [`solo`]'s tokens with a cache of `ty`.
 fn solo_cached(model: &Arc<Model>, tok: &Arc<Tokenizer>, r: &Request, ty: CacheType) -> Vec<u32> {
     let mut s = Session::new(model.clone(), tok.clone(), r.sampling.clone()).unwrap();

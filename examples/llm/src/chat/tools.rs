@@ -26,6 +26,7 @@ use minijinja::value::Value;
 
 use super::json::{self, Json, JsonError, write_str};
 use super::message::{Message, ToolCall};
+use crate::tokenizer::Tokenizer;
 
 /// One function of a [`Tools`] list.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,6 +266,33 @@ impl ToolCallFormat {
             ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
         }
+    }
+}
+
+impl ToolCallFormat {
+    /// The marker texts of the format's calls (`<tool_call>`, `[TOOL_CALLS]`,
+    /// `<|python_tag|>`, ...).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolCallFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
+            ToolCallFormat::Mistral => &[MISTRAL_OPEN],
+            ToolCallFormat::Llama3 => &[PYTHON_TAG],
+            ToolCallFormat::Phi4Mini => &[PHI4_OPEN, PHI4_CLOSE],
+            ToolCallFormat::Generic => &[],
+        }
+    }
+
+    /// The ids of the format's markers that are control tokens of `tokenizer`'s vocabulary:
+    /// a model writes them as one token, which a decoder renders as nothing unless told to
+    /// keep it ([`GenerateParams::preserve`](crate::session::GenerateParams::preserve)), and
+    /// the reader must see them (Mistral's `[TOOL_CALLS]`, Llama 3.x's `<|python_tag|>`,
+    /// Phi-4-mini's `<|tool_call|>`).
+    pub fn preserved_tokens(self, tokenizer: &Tokenizer) -> Vec<u32> {
+        self.markers()
+            .iter()
+            .filter_map(|m| tokenizer.token_id(m))
+            .filter(|&id| tokenizer.is_control(id))
+            .collect()
     }
 }
 

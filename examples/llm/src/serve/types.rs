@@ -66,6 +66,8 @@ pub struct Request {
     /// in each [`Piece`] ([`GenerateParams::logprobs`](crate::session::GenerateParams::logprobs));
     /// `None` computes none.
     pub logprobs: Option<usize>,
+    /// Control tokens whose text the output keeps ([`GenerateParams::preserve`](crate::session::GenerateParams::preserve)).
+    pub preserve: Vec<u32>,
 }
 
 impl Default for Request {
@@ -80,6 +82,7 @@ impl Default for Request {
             #[cfg(feature = "constraint")]
             constraint: None,
             logprobs: None,
+            preserve: Vec::new(),
         }
     }
 }

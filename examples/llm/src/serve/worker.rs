@@ -437,6 +437,7 @@ impl Worker {
                 #[cfg(feature = "constraint")]
                 constraint: r.constraint,
                 logprobs: r.logprobs,
+                preserve: r.preserve,
             },
             deadline: r.deadline,
             prompt_tokens: r.prompt.len(),

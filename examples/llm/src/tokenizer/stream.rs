@@ -18,6 +18,7 @@ pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
     tokenizer: T,
     pending: Vec<u8>,
     render_special: bool,
+    preserved: Vec<u32>,
 }
 
 impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
@@ -28,6 +29,7 @@ impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
             tokenizer,
             pending: Vec::new(),
             render_special: false,
+            preserved: Vec::new(),
         }
     }
 
@@ -37,9 +39,18 @@ impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
         self
     }
 
+    /// Renders these control tokens as their text even when others are rendered as nothing
+    /// (llama.cpp's `preserved_tokens`: a tool-call format's markers, such as Mistral's
+    /// `[TOOL_CALLS]`, which its reader must see).
+    pub fn preserve(mut self, ids: &[u32]) -> Self {
+        self.preserved = ids.to_vec();
+        self
+    }
+
     /// Adds one token and returns the text that is now complete (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        let piece = self.tokenizer.piece(id, self.render_special)?;
+        let special = self.render_special || self.preserved.contains(&id);
+        let piece = self.tokenizer.piece(id, special)?;
         self.pending.extend_from_slice(piece);
         Ok(self.drain(false))
     }

@@ -290,6 +290,40 @@ fn eog_set_and_eot_by_name() {
     assert!(tok.is_eog(11));
 }
 
+/// A tool-call format's markers that are control tokens (type 3) are the ones a decoder is
+/// told to keep, and only those are rendered; a user-defined one (type 4) is text anyway.
+#[test]
+fn tool_markers_that_are_control_tokens_are_preserved() {
+    use crate::chat::ToolCallFormat;
+    let extra = ["[TOOL_CALLS]", "<tool_call>", "</tool_call>", "<|im_end|>"];
+    let mut spec = bpe_spec(&extra, &[], "gpt-2");
+    let mut types = vec![1; 256];
+    types.extend([3, 4, 4, 3]);
+    spec.token_types = Some(types);
+    let tok = Tokenizer::from_spec(spec).expect("vocab");
+    let calls = id_of(&tok, "[TOOL_CALLS]");
+    let end = id_of(&tok, "<|im_end|>");
+    assert_eq!(ToolCallFormat::Mistral.preserved_tokens(&tok), vec![calls]);
+    assert_eq!(
+        ToolCallFormat::Hermes.preserved_tokens(&tok),
+        Vec::<u32>::new()
+    );
+    assert_eq!(
+        ToolCallFormat::Generic.preserved_tokens(&tok),
+        Vec::<u32>::new()
+    );
+    let x = id_of(&tok, "x");
+    let mut plain = StreamDecoder::new(&tok);
+    let mut kept = StreamDecoder::new(&tok).preserve(&[calls]);
+    let (mut a, mut b) = (String::new(), String::new());
+    for id in [x, calls, id_of(&tok, "<tool_call>"), end] {
+        a += &plain.push(id).unwrap();
+        b += &kept.push(id).unwrap();
+    }
+    assert_eq!(a, "x<tool_call>");
+    assert_eq!(b, "x[TOOL_CALLS]<tool_call>");
+}
+
 #[test]
 fn stream_decoder_holds_back_partial_utf8() {
     let tok = Tokenizer::from_spec(bpe_spec(&[], &[], "gpt-2")).expect("vocab");

@@ -356,6 +356,7 @@ impl Prepared {
                 None => None,
             },
             logprobs: None,
+            preserve: Vec::new(),
         };
         Ok(Prepared {
             loaded,

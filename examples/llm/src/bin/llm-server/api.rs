@@ -621,6 +621,10 @@ async fn generate(
             Some(grammar)
         }
     };
+    // A tool format's markers that are control tokens are kept in the text, for its reader.
+    let preserve = tools
+        .as_ref()
+        .map_or_else(Vec::new, |t| t.format.preserved_tokens(&loaded.tokenizer));
     // `n` choices: a request each, seeds `seed`, `seed + 1`, ... (greedy choices are equal),
     // decoded in the same passes; one evaluates the prompt, the others copy its cache.
     let mut choices = Vec::with_capacity(options.n);
@@ -637,6 +641,7 @@ async fn generate(
             deadline: Some(deadline),
             constraint: constraint.clone(),
             logprobs,
+            preserve: preserve.clone(),
         };
         batcher
             .submit(request, Box::new(ChannelSink(tx)))
