@@ -630,20 +630,10 @@ fn bad_requests_get_their_errors() {
     let model = server::tiny_llama();
     let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
+    let s = f32_server(
         &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "256",
-            "--parallel",
-            "2",
-            "--body-limit",
-            "8192",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
+        Some(&template),
+        "-c 256 --parallel 2 --body-limit 8192",
     );
     let good = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
     let expected = s.generate(CHAT, &good);
@@ -803,19 +793,7 @@ fn tools_in_the_generic_form() {
     };
     let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "2048",
-            "--parallel",
-            "1",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
-    );
+    let s = f32_server(&model, Some(&template), "-c 2048 --parallel 1");
     let tools = json!([{"type": "function", "function": {"name": "w",
         "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}}]);
     let lib_tools = Tools::from_json(&tools.to_string()).unwrap();
@@ -915,10 +893,7 @@ fn a_streamed_call_arrives_in_pieces() {
         return;
     };
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &["--backend", "f32", "-c", "2048", "--parallel", "2"],
-    );
+    let s = f32_server(&model, None, "-c 2048 --parallel 2");
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
         "required": ["city"], "additionalProperties": false}}}]);
@@ -1031,19 +1006,7 @@ fn phi4_minis_template_takes_tools_in_its_system_message() {
     let path = std::env::temp_dir().join(format!("llm-server-phi4-{}.jinja", std::process::id()));
     std::fs::write(&path, source).unwrap();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "2048",
-            "--parallel",
-            "1",
-            "--chat-template-file",
-            path.to_str().unwrap(),
-        ],
-    );
+    let s = f32_server(&model, Some(&path), "-c 2048 --parallel 1");
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "The weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -1143,19 +1106,7 @@ fn tools_reach_a_template_that_renders_them() {
         <tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endfor %}<assistant>";
     let path = std::env::temp_dir().join(format!("llm-server-tools-{}.jinja", std::process::id()));
     std::fs::write(&path, source).unwrap();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "512",
-            "--parallel",
-            "1",
-            "--chat-template-file",
-            path.to_str().unwrap(),
-        ],
-    );
+    let s = f32_server(&model, Some(&path), "-c 512 --parallel 1");
     let tools =
         json!([{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]);
     let body = json!({
@@ -1207,10 +1158,7 @@ fn tools_reach_a_template_that_renders_them() {
 fn an_api_key_guards_the_api() {
     let model = server::tiny_llama();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &["--backend", "f32", "-c", "512", "--api-key", "sekrit-42"],
-    );
+    let s = f32_server(&model, None, "-c 512 --api-key sekrit-42");
     let body = json!({"prompt": "hello world", "max_tokens": 4, "temperature": 0}).to_string();
     let post = |headers: &[(&str, &str)]| s.request("POST", COMPLETIONS, headers, body.as_bytes());
     assert_error(&post(&[]), 401, "no key");
@@ -1298,19 +1246,7 @@ fn answers_have_openai_shapes() {
     let model = server::tiny_llama();
     let template = server::plain_template();
     let _serial = server::serial();
-    let s = Server::start(
-        &model,
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            "512",
-            "-a",
-            "tiny-test",
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
-    );
+    let s = f32_server(&model, Some(&template), "-c 512 -a tiny-test");
     let models = s.get("/v1/models");
     assert_eq!(models.status, 200);
     let models = models.json();
@@ -2232,18 +2168,20 @@ fn every_field_of_the_table_is_honoured_or_refused_by_name() {
 /// The tiny model on the f32 path with the plain chat template, `-c ctx`, `--parallel slots`.
 fn tiny_plain_server(ctx: usize, slots: usize) -> Server {
     let template = server::plain_template();
-    let (ctx, slots) = (ctx.to_string(), slots.to_string());
-    Server::start(
+    f32_server(
         &server::tiny_llama(),
-        &[
-            "--backend",
-            "f32",
-            "-c",
-            &ctx,
-            "--parallel",
-            &slots,
-            "--chat-template-file",
-            template.to_str().unwrap(),
-        ],
+        Some(&template),
+        &format!("-c {ctx} --parallel {slots}"),
     )
+}
+
+/// `model` on the f32 path with the chat template file `template` (if given) and `flags`
+/// (whitespace-separated).
+fn f32_server(model: &std::path::Path, template: Option<&std::path::Path>, flags: &str) -> Server {
+    let mut args = vec!["--backend", "f32"];
+    if let Some(t) = template {
+        args.extend(["--chat-template-file", t.to_str().unwrap()]);
+    }
+    args.extend(server::args(flags));
+    Server::start(model, &args)
 }
