@@ -79,7 +79,11 @@ pub fn plan(
             constraint: None,
         });
     }
-    let native = template.renders_tools();
+    // A template that renders `tools` but whose call format we cannot tell (no known marker:
+    // Granite's `<|tool_call|>` list, LFM2's) takes the generic form, so that the reply's
+    // constraint and the instructions the model reads are the same.
+    let native = template.renders_tools()
+        && ToolCallFormat::detect(template.source()) != ToolCallFormat::Generic;
     // Phi-4-mini's template renders no `tools`, but a system message's.
     let phi4 = !native
         && ToolCallFormat::detect(template.source()) == ToolCallFormat::Phi4Mini
@@ -269,6 +273,18 @@ mod tests {
             })
         );
         assert_eq!(p.constraint, None, "auto on the model's own format");
+        // Tools rendered, but in a form we cannot read (Granite's `<|tool_call|>` list): the
+        // generic form, whose instructions match its constraint.
+        let unknown = ChatTemplate::new(
+            "unknown",
+            "{% if tools %}{% for t in tools %}{{ t.function.name }};{% endfor %}Answer with <|tool_call|> and a list.{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}",
+        )
+        .unwrap();
+        assert!(unknown.renders_tools());
+        let p = plan(&unknown, msgs.clone(), Some(req(ToolChoice::Auto))).unwrap();
+        assert!(p.options.tools.is_none());
+        assert_eq!(p.messages[0].role, "system");
+        assert_eq!(p.output.unwrap().format, ToolCallFormat::Generic);
         let p = plan(&plain, msgs.clone(), Some(req(ToolChoice::Auto))).unwrap();
         assert_eq!(p.messages.len(), 2);
         assert_eq!(p.messages[0].role, "system");
