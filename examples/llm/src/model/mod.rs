@@ -28,12 +28,13 @@ mod host_pool;
 pub mod kernels;
 mod kv_cache;
 mod load;
+mod moe;
 mod npu;
 mod ops;
 pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
-pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
+pub use config::{Activation, Config, Family, MAX_EXPERTS, Moe, QkNorm, RopeStyle, SlidingWindow};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;
