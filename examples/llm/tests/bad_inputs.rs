@@ -400,6 +400,25 @@ fn gguf_cases() -> Vec<Case> {
     ]
 }
 
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// tiny-qwen3moe.gguf with the u32 or u64 value of the key ending in `key` set to `v`.
+fn patched_moe(key: &[u8], v: u64) -> Result<GgufFile, String> {
+    let mut bytes = std::fs::read(common::fixtures().join("llm/tiny-qwen3moe.gguf"))
+        .map_err(|e| e.to_string())?;
+    let at = find(&bytes, key).ok_or("key not in the fixture")? + key.len();
+    let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    match ty {
+        4 => bytes[at + 4..at + 8].copy_from_slice(&(v as u32).to_le_bytes()),
+        10 => bytes[at + 4..at + 12].copy_from_slice(&v.to_le_bytes()),
+        other => return Err(format!("type {other}")),
+    }
+    GgufFile::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
 fn model_cases() -> Vec<Case> {
     let tiny = || {
         GgufFile::open(common::fixtures().join("llm/tiny-llama.gguf"))
@@ -422,7 +441,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe"
                 )
             }),
         ),
@@ -435,6 +454,92 @@ fn model_cases() -> Vec<Case> {
                     .data(64);
                 let f = b.parse().map_err(|e| e.to_string())?;
                 expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_q_norm.weight")
+            }),
+        ),
+        (
+            "a qwen3moe file of 0 experts",
+            Box::new(|| {
+                let mut b = config_of("qwen3moe", 0, 3, 8, 1, 2, Some(8));
+                b.kv_u64("qwen3moe.vocab_size", 4)
+                    .kv_u64("qwen3moe.expert_count", 0)
+                    .kv_u64("qwen3moe.expert_used_count", 1);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "qwen3moe.expert_count")
+            }),
+        ),
+        (
+            "a qwen3moe file of 2^40 experts",
+            Box::new(|| {
+                let mut b = config_of("qwen3moe", 0, 3, 8, 1, 2, Some(8));
+                b.kv_u64("qwen3moe.vocab_size", 4)
+                    .kv_u64("qwen3moe.expert_count", 1 << 40)
+                    .kv_u64("qwen3moe.expert_used_count", 1);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "qwen3moe.expert_count")
+            }),
+        ),
+        (
+            "an olmoe file using more experts than it has",
+            Box::new(|| {
+                let mut b = config_of("olmoe", 0, 3, 8, 1, 2, Some(8));
+                b.kv_u64("olmoe.vocab_size", 4)
+                    .kv_u64("olmoe.expert_count", 4)
+                    .kv_u64("olmoe.expert_used_count", 5);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "olmoe.expert_used_count")
+            }),
+        ),
+        (
+            "an olmoe file using 0 experts",
+            Box::new(|| {
+                let mut b = config_of("olmoe", 0, 3, 8, 1, 2, Some(8));
+                b.kv_u64("olmoe.vocab_size", 4)
+                    .kv_u64("olmoe.expert_count", 4)
+                    .kv_u64("olmoe.expert_used_count", 0);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "olmoe.expert_used_count")
+            }),
+        ),
+        (
+            "a qwen3moe file without its expert count",
+            Box::new(|| {
+                let mut b = config_of("qwen3moe", 0, 1, 8, 1, 2, Some(8));
+                b.kv_u64("qwen3moe.vocab_size", 4);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "qwen3moe.expert_count")
+            }),
+        ),
+        (
+            "a qwen3moe file whose experts are not expert_feed_forward_length wide",
+            Box::new(|| {
+                let f = patched_moe(b"expert_feed_forward_length", 16)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.0.ffn_gate_exps.weight" && expected == &[64, 16, 8] && found == &[64, 32, 8]
+                )
+            }),
+        ),
+        (
+            "a qwen3moe file of 4 experts whose stacks hold 8",
+            Box::new(|| {
+                let f = patched_moe(b"qwen3moe.expert_count", 4)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, .. } if name == "blk.0.ffn_gate_inp.weight"
+                )
+            }),
+        ),
+        (
+            "a qwen3moe file without its router",
+            Box::new(|| {
+                let mut bytes = std::fs::read(common::fixtures().join("llm/tiny-qwen3moe.gguf"))
+                    .map_err(|e| e.to_string())?;
+                let name = b"blk.1.ffn_gate_inp.weight";
+                let at = find(&bytes, name).ok_or("no router in the fixture")?;
+                bytes[at + name.len() - 8] = b'X';
+                let f = GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.1.ffn_gate_inp.weight")
             }),
         ),
         (

@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 8] = [
+const FAMILIES: [&str; 10] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -35,6 +35,8 @@ const FAMILIES: [&str; 8] = [
     "tiny-smollm3",
     "tiny-granite",
     "tiny-gemma2",
+    "tiny-qwen3moe",
+    "tiny-olmoe",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

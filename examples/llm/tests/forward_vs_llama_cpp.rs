@@ -217,6 +217,22 @@ fn tiny_gemma3_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_qwen3moe_matches_llama_cpp() {
+    check(
+        "tiny-qwen3moe",
+        &common::fixtures().join("llm/tiny-qwen3moe.gguf"),
+    );
+}
+
+#[test]
+fn tiny_olmoe_matches_llama_cpp() {
+    check(
+        "tiny-olmoe",
+        &common::fixtures().join("llm/tiny-olmoe.gguf"),
+    );
+}
+
+#[test]
 fn tiny_phi3_matches_llama_cpp() {
     check("tiny-phi3", &common::fixtures().join("llm/tiny-phi3.gguf"));
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 8] = [
+const TINY: [&str; 10] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -19,6 +19,8 @@ const TINY: [&str; 8] = [
     "tiny-smollm3.gguf",
     "tiny-granite.gguf",
     "tiny-gemma2.gguf",
+    "tiny-qwen3moe.gguf",
+    "tiny-olmoe.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {

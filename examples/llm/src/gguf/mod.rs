@@ -87,6 +87,30 @@ impl TensorInfo {
         // Cannot overflow: the full product was checked when the directory was read.
         self.dims.iter().skip(1).product()
     }
+
+    /// The entry of matrix `i` of a 3-D tensor (a stack of `dims()[2]` matrices of
+    /// `dims()[0] × dims()[1]`, such as a mixture-of-experts layer's experts): named
+    /// `{name}[{i}]`, of dimensions `[dims()[0], dims()[1]]`, its bytes the `i`-th slab of the
+    /// tensor's. `None` when the tensor is not 3-D or `i` is past its last matrix. Read it with
+    /// [`GgufFile::view_entry`].
+    pub fn matrix(&self, i: usize) -> Option<TensorInfo> {
+        let [k, n, count] = self.dims[..] else {
+            return None;
+        };
+        if i as u64 >= count {
+            return None;
+        }
+        // Within the tensor's checked sizes: count matrices of n_bytes / count each.
+        let bytes = self.n_bytes / count;
+        Some(TensorInfo {
+            name: format!("{}[{i}]", self.name),
+            dims: vec![k, n],
+            ty: self.ty,
+            offset: self.offset + bytes * i as u64,
+            n_elements: k * n,
+            n_bytes: bytes,
+        })
+    }
 }
 
 /// A tensor's directory entry and its bytes, borrowed from the file without copying.
@@ -453,6 +477,14 @@ impl GgufFile {
     /// converted ([`TensorView::release_rows`] of all its rows).
     pub fn release(&self, view: &TensorView<'_>) {
         view.release_rows(0, view.info.n_rows() as usize);
+    }
+
+    /// A view of `info`, an entry made from one of this file's tensors
+    /// ([`TensorInfo::matrix`]); `None` when its bytes are not within the file's data.
+    pub fn view_entry<'a>(&'a self, info: &'a TensorInfo) -> Option<TensorView<'a>> {
+        let start = self.data_offset.checked_add(info.offset)?;
+        let end = start.checked_add(info.n_bytes)?;
+        (end <= self.backing.bytes().len() as u64).then(|| self.view(info))
     }
 
     fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {

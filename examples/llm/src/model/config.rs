@@ -88,6 +88,74 @@ pub struct Config {
     /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
     /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
     pub pooling_type: Option<u64>,
+    /// The mixture of experts that replaces the dense feed-forward, if the family has one
+    /// (its `n_ff_exp` replaces [`Config::n_ff`] as the experts' hidden width).
+    pub moe: Option<Moe>,
+}
+
+/// Most experts a layer may have: llama.cpp's `LLAMA_MAX_EXPERTS`.
+pub const MAX_EXPERTS: usize = 1024;
+
+/// A mixture-of-experts feed-forward's hyper-parameters (qwen3moe, olmoe).
+///
+/// Each row's router logits (`ffn_gate_inp`, on the host in f32) go through a softmax; the
+/// `n_expert_used` most probable experts run (ties to the lower index) and their outputs are
+/// summed, weighted by their probabilities (divided by the chosen ones' sum when
+/// `renormalise`), in rank order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub n_expert: usize,
+    /// Experts each row runs (`{arch}.expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff_exp: usize,
+    /// Whether the chosen experts' weights are divided by their sum (llama.cpp's `norm_w`).
+    pub renormalise: bool,
+}
+
+/// Reads `{arch}.expert_count` and `{arch}.expert_used_count` (both required, checked against
+/// each other and [`MAX_EXPERTS`]) into `c.moe`, with the experts' hidden width `n_ff_exp`.
+pub(super) fn moe(
+    file: &GgufFile,
+    c: &mut Config,
+    n_ff_exp: usize,
+    renormalise: bool,
+) -> Result<(), ModelError> {
+    let p = c.family.name;
+    let req = |k: &str| -> Result<(String, usize), ModelError> {
+        let key = format!("{p}.{k}");
+        let v =
+            key_usize(file, &key)?.ok_or_else(|| ModelError::MissingKey { key: key.clone() })?;
+        Ok((key, v))
+    };
+    let (count_key, n_expert) = req("expert_count")?;
+    let (used_key, n_expert_used) = req("expert_used_count")?;
+    if n_expert == 0 || n_expert > MAX_EXPERTS {
+        return Err(ModelError::BadKey {
+            key: count_key,
+            reason: format!("{n_expert} experts: 1 to {MAX_EXPERTS} are supported"),
+        });
+    }
+    if n_expert_used == 0 || n_expert_used > n_expert {
+        return Err(ModelError::BadKey {
+            key: used_key,
+            reason: format!("{n_expert_used} experts used of {n_expert}"),
+        });
+    }
+    if n_ff_exp == 0 {
+        return Err(ModelError::BadKey {
+            key: format!("{p}.expert_feed_forward_length"),
+            reason: "experts of hidden width 0".into(),
+        });
+    }
+    c.moe = Some(Moe {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        renormalise,
+    });
+    Ok(())
 }
 
 pub(super) fn key_usize(file: &GgufFile, key: &str) -> Result<Option<usize>, ModelError> {
@@ -162,6 +230,18 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// Where the queries and keys are RMS-normalised before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Not at all.
+    None,
+    /// Each head on its own, with weights of `head_dim` (qwen3, gemma3, qwen3moe).
+    PerHead,
+    /// The whole projection of a row, all heads at once, with weights of `q_dim` and `kv_dim`
+    /// (olmoe).
+    Whole,
+}
+
 /// One architecture's rules (see the module documentation).
 #[derive(Debug)]
 pub struct Family {
@@ -171,8 +251,8 @@ pub struct Family {
     pub rope_style: RopeStyle,
     /// Q, K and V biases: required (qwen2) or refused.
     pub qkv_bias: bool,
-    /// Per-head RMSNorm of the queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`).
-    pub qk_norm: bool,
+    /// RMSNorm of the queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`), if any.
+    pub qk_norm: QkNorm,
     /// RMSNorm of the attention's and the feed-forward's outputs before their residual adds
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub post_norms: bool,

@@ -24,7 +24,7 @@ use super::backend::LinearOp;
 use super::config::Activation;
 use super::error::ModelError;
 use super::kv_cache::{CacheType, KvCache};
-use super::load::Model;
+use super::load::{Ffn, Model};
 use super::ops::{
     ATTENTION_PARALLEL_WORK, RopeTable, add_bias, add_into, attention, geglu, rms_norm,
     rms_norm_in_place, scale, softcap, split_columns, swiglu,
@@ -339,19 +339,28 @@ impl Model {
 
             // Feed-forward block.
             rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
-            let t = Instant::now();
-            let p = &layer.w_gate_up;
-            p.op.forward(&h, m, &mut gate_up).map_err(|e| p.failed(e))?;
-            t_matmul += t.elapsed();
-            let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
-            match fam.activation {
-                Activation::Silu => swiglu(c.n_ff, gate, up),
-                Activation::GeluTanh => geglu(c.n_ff, gate, up),
+            match &layer.ffn {
+                Ffn::Moe(experts) => {
+                    let mut y = vec![0.0f32; m * e];
+                    super::moe::forward(c, experts, &h, m, &mut y, &mut t_matmul)?;
+                    h = y;
+                }
+                Ffn::Dense(ffn) => {
+                    let t = Instant::now();
+                    let p = &ffn.gate_up;
+                    p.op.forward(&h, m, &mut gate_up).map_err(|e| p.failed(e))?;
+                    t_matmul += t.elapsed();
+                    let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
+                    match fam.activation {
+                        Activation::Silu => swiglu(c.n_ff, gate, up),
+                        Activation::GeluTanh => geglu(c.n_ff, gate, up),
+                    }
+                    let t = Instant::now();
+                    let p = &ffn.down;
+                    p.op.forward(gate, m, &mut h).map_err(|e| p.failed(e))?;
+                    t_matmul += t.elapsed();
+                }
             }
-            let t = Instant::now();
-            let p = &layer.w_down;
-            p.op.forward(gate, m, &mut h).map_err(|e| p.failed(e))?;
-            t_matmul += t.elapsed();
             if let Some(w) = &layer.ffn_post_norm {
                 rms_norm_in_place(&mut h, w, c.rms_eps);
             }

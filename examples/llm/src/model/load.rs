@@ -5,7 +5,7 @@ use rknn_chip::LinearRole;
 use rknn_matmul::engine::Engine;
 
 use super::backend::{BackendError, LinearFactory, LinearOp};
-use super::config::Config;
+use super::config::{Config, Moe, QkNorm};
 use super::error::ModelError;
 use super::host_pool::HostPool;
 use super::kv_cache::{CacheType, REWIND};
@@ -46,9 +46,31 @@ pub(super) struct Layer {
     pub(super) bv: Option<Vec<f32>>,
     pub(super) wo: Projection,
     pub(super) ffn_norm: Vec<f32>,
-    /// gate and up fused, for the same reason.
-    pub(super) w_gate_up: Projection,
-    pub(super) w_down: Projection,
+    pub(super) ffn: Ffn,
+}
+
+/// A layer's feed-forward network.
+pub(super) enum Ffn {
+    /// One gated feed-forward for every row.
+    Dense(Expert),
+    /// A mixture of experts: each row runs the few its router chooses.
+    Moe(Experts),
+}
+
+/// A gated feed-forward's two linears (a dense layer's, or one expert's).
+pub(super) struct Expert {
+    /// gate and up fused, for the same reason as q, k and v.
+    pub(super) gate_up: Projection,
+    pub(super) down: Projection,
+}
+
+/// A mixture-of-experts layer's weights: the router on the host, each expert's linears through
+/// the factory like any other (an expert is whole resident linears).
+pub(super) struct Experts {
+    pub(super) moe: Moe,
+    /// `ffn_gate_inp`, `n_expert` rows of `n_embd`, f32.
+    pub(super) router: Vec<f32>,
+    pub(super) experts: Vec<Expert>,
 }
 
 /// A loaded model: its configuration and weights, and the host pool its passes run on.
@@ -162,19 +184,14 @@ impl Model {
             *done += t.data().len() as u64;
             Ok(t.to_f32()?)
         };
-        // A linear of the tensors `parts` (name, out_features) stacked along the outputs.
+        // A linear of the weights `views` (each `[k, n_i]`), stacked along the outputs.
         let mut linear = |role: LinearRole,
-                          parts: &[(&str, u64)],
-                          k: u64,
+                          views: &[TensorView<'_>],
                           done: &mut u64|
          -> Result<Projection, ModelError> {
-            let views = parts
-                .iter()
-                .map(|&(name, n)| tensor(name, &[k, n]))
-                .collect::<Result<Vec<_>, _>>()?;
-            let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join("+");
+            let name = views.iter().map(|t| t.name()).collect::<Vec<_>>().join("+");
             let op = factory
-                .build(role, &views)
+                .build(role, views)
                 .map_err(|source| ModelError::Backend {
                     tensor: name.clone(),
                     source,
@@ -182,10 +199,17 @@ impl Model {
             *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
             // Converted: the file's pages of these weights are not needed again (the
             // embedding's rows are read again a row per token, from the file).
-            for t in &views {
-                file.release(t);
+            for t in views {
+                t.release_rows(0, t.info().n_rows() as usize);
             }
             Ok(Projection { name, op })
+        };
+        // The tensors `parts` (name, out_features), each `[k, out_features]`.
+        let views = |parts: &[(&str, u64)], k: u64| -> Result<Vec<TensorView<'_>>, ModelError> {
+            parts
+                .iter()
+                .map(|&(name, n)| tensor(name, &[k, n]))
+                .collect()
         };
 
         let embd = tensor("token_embd.weight", &[e, c.n_vocab as u64])?;
@@ -211,9 +235,9 @@ impl Model {
                         Ok(None)
                     }
                 };
-            let optional = |on: bool, s: &str, len: u64, done: &mut u64| match on {
-                true => vector(&n(s), len, done).map(Some),
-                false => Ok(None),
+            let optional = |len: Option<u64>, s: &str, done: &mut u64| match len {
+                Some(len) => vector(&n(s), len, done).map(Some),
+                None => Ok(None),
             };
             // Q, K and V in one tensor where the file fuses them (phi3), else three.
             let fused_qkv = n("attn_qkv.weight");
@@ -229,35 +253,86 @@ impl Model {
             } else {
                 vec![(&wg, ff), (&wu, ff)]
             };
+            let qk_norm_len = |heads: usize| match fam.qk_norm {
+                QkNorm::None => None,
+                QkNorm::PerHead => Some(hd),
+                QkNorm::Whole => Some((heads * c.head_dim) as u64),
+            };
             let layer = Layer {
                 attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
-                q_norm: optional(fam.qk_norm, "attn_q_norm.weight", hd, &mut done)?,
-                k_norm: optional(fam.qk_norm, "attn_k_norm.weight", hd, &mut done)?,
-                wqkv: linear(LinearRole::Qkv, &qkv_parts, e, &mut done)?,
+                q_norm: optional(qk_norm_len(c.n_head), "attn_q_norm.weight", &mut done)?,
+                k_norm: optional(qk_norm_len(c.n_head_kv), "attn_k_norm.weight", &mut done)?,
+                wqkv: linear(LinearRole::Qkv, &views(&qkv_parts, e)?, &mut done)?,
                 bq: bias("attn_q.bias", q, &mut done)?,
                 bk: bias("attn_k.bias", kv, &mut done)?,
                 bv: bias("attn_v.bias", kv, &mut done)?,
                 wo: linear(
                     LinearRole::AttnOutput,
-                    &[(&n("attn_output.weight"), e)],
-                    q,
+                    &views(&[(&n("attn_output.weight"), e)], q)?,
                     &mut done,
                 )?,
                 attn_post_norm: optional(
-                    fam.post_norms,
+                    fam.post_norms.then_some(e),
                     "post_attention_norm.weight",
-                    e,
                     &mut done,
                 )?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                w_gate_up: linear(LinearRole::GateUp, &gate_up_parts, e, &mut done)?,
-                w_down: linear(
-                    LinearRole::Down,
-                    &[(&n("ffn_down.weight"), e)],
-                    ff,
+                ffn: match c.moe {
+                    None => Ffn::Dense(Expert {
+                        gate_up: linear(LinearRole::GateUp, &views(&gate_up_parts, e)?, &mut done)?,
+                        down: linear(
+                            LinearRole::Down,
+                            &views(&[(&n("ffn_down.weight"), e)], ff)?,
+                            &mut done,
+                        )?,
+                    }),
+                    Some(moe) => {
+                        let (ne, fx) = (moe.n_expert as u64, moe.n_ff_exp as u64);
+                        // Every shape checked against the keys before anything is converted.
+                        let router = tensor(&n("ffn_gate_inp.weight"), &[e, ne])?;
+                        let stacks = [
+                            tensor(&n("ffn_gate_exps.weight"), &[e, fx, ne])?,
+                            tensor(&n("ffn_up_exps.weight"), &[e, fx, ne])?,
+                            tensor(&n("ffn_down_exps.weight"), &[fx, e, ne])?,
+                        ];
+                        done += router.data().len() as u64;
+                        let router = router.to_f32()?;
+                        let mut experts = Vec::with_capacity(moe.n_expert);
+                        for x in 0..moe.n_expert {
+                            // Expert x of each stack, as a 2-D tensor of its own (in range: the
+                            // stacks' shapes were checked).
+                            let [g, u, d] = stacks.map(|t| {
+                                t.info().matrix(x).ok_or_else(|| ModelError::MissingTensor {
+                                    name: format!("{}[{x}]", t.name()),
+                                })
+                            });
+                            let (g, u, d) = (&g?, &u?, &d?);
+                            let view = |i| {
+                                file.view_entry(i).ok_or_else(|| ModelError::MissingTensor {
+                                    name: i.name().into(),
+                                })
+                            };
+                            experts.push(Expert {
+                                gate_up: linear(
+                                    LinearRole::GateUp,
+                                    &[view(g)?, view(u)?],
+                                    &mut done,
+                                )?,
+                                down: linear(LinearRole::Down, &[view(d)?], &mut done)?,
+                            });
+                        }
+                        Ffn::Moe(Experts {
+                            moe,
+                            router,
+                            experts,
+                        })
+                    }
+                },
+                ffn_post_norm: optional(
+                    fam.post_norms.then_some(e),
+                    "post_ffw_norm.weight",
                     &mut done,
                 )?,
-                ffn_post_norm: optional(fam.post_norms, "post_ffw_norm.weight", e, &mut done)?,
             };
             layers.push(layer);
             progress(done, total);
@@ -270,8 +345,7 @@ impl Model {
         };
         let output = linear(
             LinearRole::Output,
-            &[(output_name, c.n_vocab as u64)],
-            e,
+            &views(&[(output_name, c.n_vocab as u64)], e)?,
             &mut done,
         )?;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
@@ -367,8 +441,19 @@ impl Model {
                 l.bv.as_ref(),
                 Some(&l.ffn_norm),
             ]);
-            for p in [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down] {
+            for p in [&l.wqkv, &l.wo] {
                 linear(p);
+            }
+            let experts = match &l.ffn {
+                Ffn::Dense(x) => std::slice::from_ref(x),
+                Ffn::Moe(m) => {
+                    host += m.router.len() as u64 * 4;
+                    &m.experts[..]
+                }
+            };
+            for x in experts {
+                linear(&x.gate_up);
+                linear(&x.down);
             }
         }
         // On the NPU the weights are what the engine booked (B, A and C); on the host, f32.

@@ -1,6 +1,6 @@
 //! The model: the decoder-only transformer's forward pass over weights loaded from a GGUF
 //! file, for the families of [`FAMILIES`] (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`,
-//! `smollm3`, `granite`, `gemma2`), every weight matmul through one seam.
+//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`), every weight matmul through one seam.
 //!
 //! * `family/`: one [`Family`] per architecture, as data plus one small file each;
 //! * `config.rs`: [`Config`], the hyper-parameters read from the metadata;
@@ -28,12 +28,13 @@ mod host_pool;
 pub mod kernels;
 mod kv_cache;
 mod load;
+mod moe;
 mod npu;
 mod ops;
 pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
-pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
+pub use config::{Activation, Config, Family, MAX_EXPERTS, Moe, QkNorm, RopeStyle, SlidingWindow};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;

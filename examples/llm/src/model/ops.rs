@@ -343,6 +343,7 @@ mod tests {
             logit_scale: None,
             no_rope_step: None,
             pooling_type: None,
+            moe: None,
         }
     }
 

@@ -14,7 +14,7 @@ use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
 use crate::model::config::{
-    Activation, Config, Family, RopeStyle, key_f32, key_usize, sliding_window,
+    Activation, Config, Family, QkNorm, RopeStyle, key_f32, key_usize, sliding_window,
 };
 use crate::model::error::ModelError;
 
@@ -22,7 +22,7 @@ pub(super) const FAMILY: Family = Family {
     name: "gemma2",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
     post_norms: true,
     activation: Activation::GeluTanh,
     fused_gate_up: false,

@@ -9,14 +9,16 @@
 use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
-use crate::model::config::{Activation, Config, Family, RopeStyle, key_f32, sliding_window};
+use crate::model::config::{
+    Activation, Config, Family, QkNorm, RopeStyle, key_f32, sliding_window,
+};
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
     name: "gemma3",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: QkNorm::PerHead,
     post_norms: true,
     activation: Activation::GeluTanh,
     fused_gate_up: false,

@@ -12,9 +12,11 @@ mod gemma2;
 mod gemma3;
 mod granite;
 mod llama;
+mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 mod smollm3;
 
 use super::config::{Config, Family, key_f32, key_usize};
@@ -31,6 +33,8 @@ pub const FAMILIES: &[&Family] = &[
     &smollm3::FAMILY,
     &granite::FAMILY,
     &gemma2::FAMILY,
+    &qwen3moe::FAMILY,
+    &olmoe::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -182,6 +186,7 @@ impl Config {
             logit_scale: None,
             no_rope_step: None,
             pooling_type: None,
+            moe: None,
         };
         c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);
         (fam.hparams)(file, &mut c)?;
@@ -201,7 +206,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe"
         );
     }
 }

@@ -9,14 +9,14 @@
 use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
-use crate::model::config::{Activation, Config, Family, RopeStyle};
+use crate::model::config::{Activation, Config, Family, QkNorm, RopeStyle};
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
     name: "phi3",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,
     fused_gate_up: true,

@@ -2,13 +2,13 @@
 
 use rknn_chip::Residual;
 
-use crate::model::config::{Activation, Family, RopeStyle, no_hparams};
+use crate::model::config::{Activation, Family, QkNorm, RopeStyle, no_hparams};
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen2",
     rope_style: RopeStyle::Halves,
     qkv_bias: true,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,
     fused_gate_up: false,

@@ -5,14 +5,14 @@
 use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
-use crate::model::config::{Activation, Config, Family, RopeStyle, rope_whole_head};
+use crate::model::config::{Activation, Config, Family, QkNorm, RopeStyle, rope_whole_head};
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen3",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: QkNorm::PerHead,
     post_norms: false,
     activation: Activation::Silu,
     fused_gate_up: false,

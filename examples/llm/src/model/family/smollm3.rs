@@ -6,14 +6,14 @@
 use rknn_chip::Residual;
 
 use crate::gguf::GgufFile;
-use crate::model::config::{Activation, Config, Family, RopeStyle, rope_whole_head};
+use crate::model::config::{Activation, Config, Family, QkNorm, RopeStyle, rope_whole_head};
 use crate::model::error::ModelError;
 
 pub(super) const FAMILY: Family = Family {
     name: "smollm3",
     rope_style: RopeStyle::Adjacent,
     qkv_bias: false,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,
     fused_gate_up: false,
