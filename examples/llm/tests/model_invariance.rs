@@ -10,12 +10,13 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 8] = [
+const TINY: [&str; 9] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
     "tiny-gemma3.gguf",
     "tiny-phi3.gguf",
+    "tiny-phi3-longrope.gguf",
     "tiny-smollm3.gguf",
     "tiny-granite.gguf",
     "tiny-gemma2.gguf",
