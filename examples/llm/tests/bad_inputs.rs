@@ -543,7 +543,7 @@ fn model_cases() -> Vec<Case> {
             }),
         ),
         (
-            "a phi3 file with long-context RoPE factors",
+            "a phi3 file with LongRoPE factors and no original context length",
             Box::new(|| {
                 let mut b = config_of("phi3", 1, 1, 8, 1, 2, None);
                 b.kv_u64("phi3.vocab_size", 4)
@@ -552,8 +552,58 @@ fn model_cases() -> Vec<Case> {
                 let f = b.parse().map_err(|e| e.to_string())?;
                 expect_err!(
                     load(&f),
-                    ModelError::Unsupported { ref what } if what.contains("longrope") && what.contains("rope_factors_long.weight")
+                    ModelError::MissingKey { ref key } if key == "phi3.rope.scaling.original_context_length"
                 )
+            }),
+        ),
+        (
+            "a phi3 file whose LongRoPE factors are not n_rot / 2 long",
+            Box::new(|| {
+                // Heads of 4: 2 factors expected.
+                let mut b = config_of("phi3", 2, 2, 8, 1, 2, None);
+                b.kv_u64("phi3.vocab_size", 4)
+                    .kv_u64("phi3.rope.scaling.original_context_length", 8)
+                    .tensor("rope_factors_long.weight", &[2], 0, 0)
+                    .tensor("rope_factors_short.weight", &[3], 0, 0)
+                    .data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, .. } if name == "rope_factors_short.weight" && expected == &[2]
+                )
+            }),
+        ),
+        (
+            "a phi3 file with a NaN LongRoPE factor",
+            Box::new(|| {
+                let mut b = config_of("phi3", 1, 2, 8, 1, 2, None);
+                b.kv_u64("phi3.vocab_size", 4)
+                    .kv_u64("phi3.rope.scaling.original_context_length", 8)
+                    .tensor("rope_factors_long.weight", &[2], 0, 0)
+                    .data(0)
+                    .u32(0x3f80_0000)
+                    .u32(0x7fc0_0000);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensorData { ref name, ref reason } if name == "rope_factors_long.weight" && reason.contains("factor 1 is NaN")
+                )
+            }),
+        ),
+        (
+            "a phi3 file rotating an odd number of dimensions, or more than the head",
+            Box::new(|| {
+                for n_rot in [3, 6] {
+                    let mut b = config_of("phi3", 0, 2, 8, 1, 2, None);
+                    b.kv_u64("phi3.vocab_size", 4)
+                        .kv_u64("phi3.rope.dimension_count", n_rot);
+                    let f = b.parse().map_err(|e| e.to_string())?;
+                    expect_err!(
+                        load(&f),
+                        ModelError::BadKey { ref key, .. } if key == "phi3.rope.dimension_count"
+                    )?;
+                }
+                Ok(())
             }),
         ),
         (

@@ -26,12 +26,13 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 10] = [
+const FAMILIES: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-gemma3",
     "tiny-phi3",
+    "tiny-phi3-longrope",
     "tiny-smollm3",
     "tiny-granite",
     "tiny-gemma2",

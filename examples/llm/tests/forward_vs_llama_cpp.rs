@@ -36,6 +36,9 @@ struct Row {
 
 struct Prompt {
     n_prompt: usize,
+    /// The context llama.cpp ran at, where the fixture records it (LongRoPE picks its
+    /// factors by it); the model's trained context otherwise.
+    n_ctx: Option<usize>,
     ids: Vec<u32>,
     rows: Vec<Row>,
 }
@@ -75,6 +78,7 @@ fn load_fixture(name: &str) -> (Vec<usize>, Vec<Prompt>) {
             .collect();
         prompts.push(Prompt {
             n_prompt: p["n_prompt"].as_u64().unwrap() as usize,
+            n_ctx: p.get("n_ctx").map(|v| v.as_u64().unwrap() as usize),
             ids,
             rows,
         });
@@ -108,6 +112,10 @@ fn check_within(name: &str, model_path: &Path, tolerance: f32) {
     let n_vocab = model.config().n_vocab;
     let mut worst = 0.0f32;
     for (pi, p) in prompts.iter().enumerate() {
+        if let Some(n_ctx) = p.n_ctx {
+            model.set_cache_type(rknn_llm::model::CacheType::F32);
+            model.seq.limit_context(n_ctx);
+        }
         // Teacher-forced over the reference's whole sequence, in chunks.
         let mut logits = Vec::with_capacity(p.ids.len() * n_vocab);
         for (c, chunk) in p.ids.chunks(CHUNK).enumerate() {
@@ -235,6 +243,20 @@ fn tiny_olmoe_matches_llama_cpp() {
 #[test]
 fn tiny_phi3_matches_llama_cpp() {
     check("tiny-phi3", &common::fixtures().join("llm/tiny-phi3.gguf"));
+}
+
+/// LongRoPE with partial rotary (12 of 16 dimensions): the short factors on the prompts run at
+/// contexts up to the original 256 (llama.cpp's context padded to 256), the long factors on
+/// the long prompt (547 positions, padded to 768).
+#[test]
+fn tiny_phi3_longrope_matches_llama_cpp() {
+    let (_, prompts) = load_fixture("tiny-phi3-longrope");
+    let ctx: Vec<usize> = prompts.iter().map(|p| p.n_ctx.unwrap()).collect();
+    assert!(ctx.iter().any(|&n| n <= 256) && ctx.iter().any(|&n| n > 256));
+    check(
+        "tiny-phi3-longrope",
+        &common::fixtures().join("llm/tiny-phi3-longrope.gguf"),
+    );
 }
 
 #[test]

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 10] = [
+const TINY: [&str; 11] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
     "tiny-gemma3.gguf",
     "tiny-phi3.gguf",
+    "tiny-phi3-longrope.gguf",
     "tiny-smollm3.gguf",
     "tiny-granite.gguf",
     "tiny-gemma2.gguf",
@@ -249,6 +250,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe)"
     );
 }

@@ -30,6 +30,47 @@ pub struct SlidingWindow {
     pub rope_freq_scale: f32,
 }
 
+/// LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): per-pair divisors of the RoPE frequencies,
+/// one set for contexts up to the original training context and one for longer contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// `{arch}.rope.scaling.original_context_length`: the context up to which the short
+    /// factors apply.
+    pub original_ctx: usize,
+    /// `rope_factors_long.weight`, `n_rot / 2` values.
+    pub long: Vec<f32>,
+    /// `rope_factors_short.weight`, `n_rot / 2` values.
+    pub short: Vec<f32>,
+}
+
+/// The granularity llama.cpp rounds a sequence's context up to (`GGML_PAD(n_ctx, 256)`)
+/// before comparing it with the original context.
+pub const LONG_ROPE_CTX_PAD: usize = 256;
+
+impl LongRope {
+    /// Whether a sequence of context size `n_ctx` uses the long factors: as llama.cpp's
+    /// `get_rope_factors`, when its context rounded up to a multiple of
+    /// [`LONG_ROPE_CTX_PAD`] (llama.cpp's `n_ctx_seq`) exceeds [`LongRope::original_ctx`].
+    /// The choice is per context size, not per position.
+    pub fn uses_long(&self, n_ctx: usize) -> bool {
+        long_rope_at(self.original_ctx, n_ctx)
+    }
+
+    /// The factors a sequence of context size `n_ctx` uses ([`LongRope::uses_long`]).
+    pub fn factors(&self, n_ctx: usize) -> &[f32] {
+        if self.uses_long(n_ctx) {
+            &self.long
+        } else {
+            &self.short
+        }
+    }
+}
+
+/// [`LongRope::uses_long`] for the original context `original_ctx`.
+pub(super) fn long_rope_at(original_ctx: usize, n_ctx: usize) -> bool {
+    n_ctx.div_ceil(LONG_ROPE_CTX_PAD) * LONG_ROPE_CTX_PAD > original_ctx
+}
+
 /// Model hyper-parameters, read from the GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -57,8 +98,14 @@ pub struct Config {
     pub rope_base: f32,
     /// RoPE position scale (1 / linear scaling factor).
     pub rope_freq_scale: f32,
-    /// Leading dimensions of each head that RoPE rotates.
+    /// Leading dimensions of each head that RoPE rotates (`{arch}.rope.dimension_count`; the
+    /// whole head when absent). The others pass through unrotated (Phi-4-mini rotates 3/4).
     pub n_rot: usize,
+    /// The factor RoPE multiplies its cos and sin by (`{arch}.rope.scaling.attn_factor`, 1
+    /// when absent), as ggml's `rope_ext` applies its `attn_factor` to queries and keys.
+    pub rope_attn_factor: f32,
+    /// Phi-3's long-context RoPE frequency factors, if the file has them.
+    pub long_rope: Option<LongRope>,
     /// The RoPE pairing.
     pub rope_style: RopeStyle,
     /// The attention scale (`1/√head_dim` unless the family sets another), applied to the

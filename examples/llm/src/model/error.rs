@@ -56,6 +56,14 @@ pub enum ModelError {
         /// Its type.
         ty: GgmlType,
     },
+    /// A tensor of the right shape whose values the model cannot use.
+    #[error("tensor {name:?}: {reason}")]
+    BadTensorData {
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The backend refused or failed a weight.
     #[error("backend, tensor {tensor:?}: {source}")]
     Backend {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::backend::LinearOp;
-use super::config::Activation;
+use super::config::{Activation, long_rope_at};
 use super::error::ModelError;
 use super::kv_cache::{CacheType, KvCache};
 use super::load::{Ffn, Model};
@@ -63,6 +63,8 @@ pub struct Sequence {
     cache: KvCache,
     /// Positions it may hold.
     n_ctx: usize,
+    /// The model's [`LongRope::original_ctx`](super::LongRope::original_ctx), if it has one.
+    long_rope_original_ctx: Option<usize>,
     logits: Vec<f32>,
     stats: Stats,
 }
@@ -100,11 +102,31 @@ impl Sequence {
 
     /// Holds at most `n_ctx` positions from now on (never more than the model's context
     /// size, [`Model::n_ctx`]); cached positions past it are dropped.
+    ///
+    /// On a LongRoPE model ([`Config::long_rope`]) the context size picks the RoPE factors
+    /// ([`LongRope::uses_long`]); a limit that switches them forgets every cached position
+    /// (their keys were rotated with the other factors).
+    ///
+    /// [`Config::long_rope`]: super::Config::long_rope
+    /// [`LongRope::uses_long`]: super::LongRope::uses_long
     pub fn limit_context(&mut self, n_ctx: usize) {
+        let old = self.n_ctx;
         self.n_ctx = self.n_ctx.min(n_ctx);
+        if self
+            .long_rope_original_ctx
+            .is_some_and(|o| long_rope_at(o, old) != long_rope_at(o, self.n_ctx))
+        {
+            self.cache.truncate(0);
+        }
         if self.cache.len() > self.n_ctx {
             self.cache.truncate(self.n_ctx);
         }
+    }
+
+    /// Whether it rotates with a LongRoPE model's long factors (false without LongRoPE).
+    fn uses_long_rope(&self) -> bool {
+        self.long_rope_original_ctx
+            .is_some_and(|o| long_rope_at(o, self.n_ctx))
     }
 
     /// Forgets every cached position.
@@ -115,10 +137,13 @@ impl Sequence {
     /// Becomes a copy of `from`'s first `len` cached positions (a sequence of the same model
     /// and cache type): the keys and values evaluating those tokens here would write, bit for
     /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
-    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees)
+    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees;
+    /// keys rotated with the other LongRoPE factors)
     /// or stores another type, or `len` is past this sequence's context.
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
-        len <= self.n_ctx && self.cache.copy_prefix(&from.cache, len)
+        len <= self.n_ctx
+            && self.uses_long_rope() == from.uses_long_rope()
+            && self.cache.copy_prefix(&from.cache, len)
     }
 
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
@@ -154,6 +179,7 @@ impl Model {
         Sequence {
             cache: KvCache::new(windows, c.n_head_kv, c.head_dim, ty),
             n_ctx: self.n_ctx,
+            long_rope_original_ctx: c.long_rope.as_ref().map(|l| l.original_ctx),
             logits: Vec::new(),
             stats: Stats::default(),
         }
@@ -252,11 +278,14 @@ impl Model {
             }
         }
         let fam = c.family;
-        let freqs = self.rope_freqs.as_deref();
         let ropes: Vec<_> = items
             .iter()
             .map(|it| {
                 let n = it.tokens.len();
+                let freqs = match &c.long_rope {
+                    Some(lr) => Some(lr.factors(it.seq.n_ctx)),
+                    None => self.rope_freqs.as_deref(),
+                };
                 let global = RopeTable::new(c, (c.rope_base, c.rope_freq_scale), freqs, it.pos, n);
                 let local = c
                     .sliding_window

@@ -34,7 +34,10 @@ mod ops;
 pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
-pub use config::{Activation, Config, Family, MAX_EXPERTS, Moe, QkNorm, RopeStyle, SlidingWindow};
+pub use config::{
+    Activation, Config, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, Moe, QkNorm, RopeStyle,
+    SlidingWindow,
+};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;

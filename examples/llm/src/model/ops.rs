@@ -182,7 +182,9 @@ pub(super) struct RopeTable {
 impl RopeTable {
     /// The angles as ggml computes them: `theta_scale = base^(-2/n_rot)` in f32, the angle of
     /// pair `i` at position `p` the f32 running product `p * theta_scale^i` (times the linear
-    /// scale `freq_scale`, divided by the file's per-pair frequency factor if any).
+    /// scale `freq_scale`, divided by the file's per-pair frequency factor if any); cos and
+    /// sin times [`Config::rope_attn_factor`], as ggml's `rope_yarn` multiplies them by its
+    /// `mscale`.
     pub(super) fn new(
         c: &Config,
         (base, freq_scale): (f32, f32),
@@ -198,7 +200,7 @@ impl RopeTable {
             for i in 0..half {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
                 let t = freq_scale * (theta / ff);
-                cs.push((t.cos(), t.sin()));
+                cs.push((t.cos() * c.rope_attn_factor, t.sin() * c.rope_attn_factor));
                 theta *= theta_scale;
             }
         }
@@ -333,6 +335,8 @@ mod tests {
             rope_base: 10_000.0,
             rope_freq_scale: 1.0,
             n_rot: hd,
+            rope_attn_factor: 1.0,
+            long_rope: None,
             rope_style: RopeStyle::Adjacent,
             attn_scale: 1.0 / (hd as f32).sqrt(),
             embd_scale: None,

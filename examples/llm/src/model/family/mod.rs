@@ -151,6 +151,14 @@ impl Config {
                 }
             }
         }
+        let rope_attn_factor =
+            key_f32(file, &format!("{p}.rope.scaling.attn_factor"))?.unwrap_or(1.0);
+        if !rope_attn_factor.is_finite() {
+            return Err(bad(
+                "rope.scaling.attn_factor",
+                format!("{rope_attn_factor} is not finite"),
+            ));
+        }
         let n_vocab = match key_usize(file, &format!("{p}.vocab_size"))? {
             Some(v) => v,
             None => {
@@ -176,6 +184,8 @@ impl Config {
             rope_base,
             rope_freq_scale,
             n_rot,
+            rope_attn_factor,
+            long_rope: None,
             rope_style: fam.rope_style,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embd_scale: None,
