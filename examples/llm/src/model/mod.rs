@@ -33,7 +33,7 @@ mod ops;
 pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
-pub use config::{Activation, Config, Family, RopeStyle, SlidingWindow};
+pub use config::{Activation, Config, Family, MAX_L_CACHE, RopeStyle, ShortConv, SlidingWindow};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;

@@ -343,6 +343,8 @@ mod tests {
             logit_scale: None,
             no_rope_step: None,
             pooling_type: None,
+            short_conv: None,
+            output_norm: "output_norm.weight",
         }
     }
 
