@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 8] = [
+const FAMILIES: [&str; 9] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -35,6 +35,7 @@ const FAMILIES: [&str; 8] = [
     "tiny-smollm3",
     "tiny-granite",
     "tiny-gemma2",
+    "tiny-lfm2",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
@@ -172,7 +173,7 @@ fn one_pass_over_several_sequences_gives_each_its_solo_logits() {
 
 #[test]
 fn one_npu_pass_over_several_sequences_gives_each_its_solo_logits() {
-    for name in ["tiny-llama", "tiny-gemma3"] {
+    for name in ["tiny-llama", "tiny-gemma3", "tiny-lfm2"] {
         batched_equals_solo(&npu_model(name));
     }
 }
@@ -404,6 +405,8 @@ fn requests_sharing_a_prompt_evaluate_it_once() {
         ("tiny-llama", CacheType::F32),
         ("tiny-gemma3", CacheType::F32),
         ("tiny-gemma3", CacheType::F16),
+        ("tiny-lfm2", CacheType::F32),
+        ("tiny-lfm2", CacheType::F16),
     ] {
         let (model, tok) = f32_model(name);
         let batcher = Batcher::start(

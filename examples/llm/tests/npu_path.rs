@@ -73,11 +73,11 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, qwen3's
-    // head size, smollm3's NoPE layer, granite's scales, gemma2's soft-caps; llama is the demo
-    // model's family).
+    // head size, smollm3's NoPE layer, granite's scales, gemma2's soft-caps, lfm2's
+    // short-convolution layers; llama is the demo model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
-        "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "gemma2",
+        "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "gemma2", "lfm2",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))

@@ -49,6 +49,18 @@ fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
             reason: format!("{l_cache} taps: a kernel has 2 to {MAX_L_CACHE}"),
         });
     }
+    // One flag per layer: a layer has tensors, so a block count beyond the file's tensors is
+    // refused before it is allocated.
+    if c.n_layer > file.tensor_infos().len() {
+        return Err(ModelError::BadKey {
+            key: "lfm2.block_count".into(),
+            reason: format!(
+                "{} layers in a file of {} tensors",
+                c.n_layer,
+                file.tensor_infos().len()
+            ),
+        });
+    }
     let kv = key_per_layer(file, "lfm2.attention.head_count_kv", c.n_layer)?;
     let layers = match kv {
         Some(v) => v.iter().map(|&h| h == 0).collect(),
