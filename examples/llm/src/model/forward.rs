@@ -9,6 +9,10 @@
 //! GELU) → RMSNorm (post-norm) → × residual scale → residual } → final RMSNorm → output
 //! projection (tied to the embedding when the file has no `output.weight`) → ÷ granite's logit
 //! scale → soft-cap if set.
+//! On a short-convolution layer (LFM2) the attention's place is taken by: in_proj → B, C, x →
+//! append `B ⊙ x` to the sequence's cache → per channel, the causal convolution of the last
+//! `l_cache` rows of `B ⊙ x` → `C ⊙` that → out_proj (the matmuls through the seam, the rest
+//! on the host).
 //! Which of these a model has is its [`Family`](super::family::Family)'s data. Every weight
 //! matmul goes through the seam ([`LinearOp`]).
 //!
@@ -152,14 +156,15 @@ impl Sequence {
     /// Becomes a copy of `from`'s first `len` cached positions (a sequence of the same model
     /// and cache type): the keys and values evaluating those tokens here would write, bit for
     /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
-    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees)
+    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees,
+    /// or a short-convolution layer the rows it reads)
     /// or stores another type, or `len` is past this sequence's context.
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
         len <= self.n_ctx && self.cache.copy_prefix(&from.cache, len)
     }
 
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
-    /// sliding-window layers, a cut further back than they keep (more than
+    /// sliding-window or short-convolution layers, a cut further back than they keep (more than
     /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read
     /// [`Sequence::len`] after it.
     pub fn truncate(&mut self, len: usize) {

@@ -18,6 +18,11 @@
 //! [`REWIND`] positions' windows, so a caller may still step back that far (a rejected draft,
 //! a regenerated reply). Such a layer holds at most about `2 × (window + REWIND)` positions
 //! plus the last pass's tokens, whatever the context.
+//!
+//! A short-convolution layer (LFM2) keeps its `B ⊙ x` rows here the same way: one buffer of
+//! `n_embd` f32 values per position (whatever the cache type) and no values, local with a
+//! window of its kernel's length, so truncating, rewinding and copying a prefix treat it as
+//! they treat a sliding-window layer.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
