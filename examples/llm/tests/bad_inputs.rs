@@ -90,6 +90,13 @@ impl B {
         self.0.extend(v.to_le_bytes());
         self
     }
+    fn kv_u32s(&mut self, k: &str, v: &[u32]) -> &mut Self {
+        self.str(k).u32(9).u32(4).u64(v.len() as u64);
+        for &x in v {
+            self.u32(x);
+        }
+        self
+    }
     fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, offset: u64) -> &mut Self {
         self.str(name).u32(dims.len() as u32);
         for &d in dims {
@@ -111,6 +118,16 @@ impl B {
 /// A llama configuration (no tensors yet) with these sizes.
 fn llama(n_tensors: u64, embd: u64, layers: u64, heads: u64, head_dim: Option<u64>) -> B {
     config_of("llama", n_tensors, 0, embd, layers, heads, head_dim)
+}
+
+/// An lfm2 configuration (width 8, 2 heads, vocabulary 4, no tensors yet) of `layers` layers
+/// with a kernel of `l_cache` taps and these per-layer KV-head counts.
+fn lfm2(l_cache: u64, kv_heads: &[u32], layers: u64) -> B {
+    let mut b = config_of("lfm2", 0, 3, 8, layers, 2, None);
+    b.kv_u64("lfm2.vocab_size", 4)
+        .kv_u64("lfm2.shortconv.l_cache", l_cache)
+        .kv_u32s("lfm2.attention.head_count_kv", kv_heads);
+    b
 }
 
 /// A configuration of architecture `arch` with these sizes, and room for `extra_kv` more keys.
@@ -441,7 +458,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2"
                 )
             }),
         ),
@@ -825,6 +842,65 @@ fn model_cases() -> Vec<Case> {
                 b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
                 let f = b.parse().map_err(|e| e.to_string())?;
                 expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")
+            }),
+        ),
+        (
+            "an lfm2 kernel of 0 taps",
+            Box::new(|| {
+                let f = lfm2(0, &[0], 1).parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "lfm2.shortconv.l_cache")
+            }),
+        ),
+        (
+            "an lfm2 kernel of 17 taps",
+            Box::new(|| {
+                let f = lfm2(17, &[0], 1).parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "lfm2.shortconv.l_cache")
+            }),
+        ),
+        (
+            "an lfm2 KV-head array of 3 entries for 2 layers",
+            Box::new(|| {
+                let f = lfm2(3, &[0, 2, 0], 2).parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, ref reason } if key == "lfm2.attention.head_count_kv" && reason.contains("3 entries for 2 layers"))
+            }),
+        ),
+        (
+            "an lfm2 file of 2^40 layers in 300 bytes",
+            Box::new(|| {
+                let mut b = config_of("lfm2", 1, 1, 8, 1 << 40, 2, None);
+                b.kv_u64("lfm2.shortconv.l_cache", 3);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "lfm2.block_count")
+            }),
+        ),
+        (
+            "an lfm2 conv kernel stored [n_embd, l_cache] (GGUF dims) instead of [l_cache, n_embd]",
+            Box::new(|| {
+                let mut b = lfm2(3, &[0], 1);
+                b.0[8..16].copy_from_slice(&4u64.to_le_bytes());
+                b.tensor("token_embd.weight", &[8, 4], 0, 0)
+                    .tensor("blk.0.attn_norm.weight", &[8], 0, 128)
+                    .tensor("blk.0.shortconv.in_proj.weight", &[8, 24], 0, 160)
+                    .tensor("blk.0.shortconv.conv.weight", &[8, 3], 0, 928)
+                    .data(1024);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.0.shortconv.conv.weight" && expected == &[3, 8] && found == &[8, 3]
+                )
+            }),
+        ),
+        (
+            "a KV-head count of 0 on a llama layer",
+            Box::new(|| {
+                let mut b = config_of("llama", 1, 1, 8, 1, 2, None);
+                b.kv_u32s("llama.attention.head_count_kv", &[0]);
+                b.tensor("token_embd.weight", &[8, 1], 0, 0).data(32);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, ref reason } if key == "llama.attention.head_count_kv" && reason.contains("layer 0"))
             }),
         ),
         (

@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 11] = [
+const FAMILIES: [&str; 12] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -38,6 +38,7 @@ const FAMILIES: [&str; 11] = [
     "tiny-gemma2",
     "tiny-qwen3moe",
     "tiny-olmoe",
+    "tiny-lfm2",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
@@ -175,7 +176,7 @@ fn one_pass_over_several_sequences_gives_each_its_solo_logits() {
 
 #[test]
 fn one_npu_pass_over_several_sequences_gives_each_its_solo_logits() {
-    for name in ["tiny-llama", "tiny-gemma3"] {
+    for name in ["tiny-llama", "tiny-gemma3", "tiny-lfm2"] {
         batched_equals_solo(&npu_model(name));
     }
 }
@@ -407,6 +408,8 @@ fn requests_sharing_a_prompt_evaluate_it_once() {
         ("tiny-llama", CacheType::F32),
         ("tiny-gemma3", CacheType::F32),
         ("tiny-gemma3", CacheType::F16),
+        ("tiny-lfm2", CacheType::F32),
+        ("tiny-lfm2", CacheType::F16),
     ] {
         let (model, tok) = f32_model(name);
         let batcher = Batcher::start(

@@ -180,6 +180,11 @@ fn tiny_gemma2_matches_llama_cpp() {
     check_f32("tiny-gemma2");
 }
 
+#[test]
+fn tiny_lfm2_matches_llama_cpp() {
+    check_f32("tiny-lfm2");
+}
+
 /// The demo model's case cut to 20 of its 27 inputs, to bound the test's time: the 19
 /// shortest (1 to 66 tokens) and the longest (324). (All 27 agree as well: the least cosines
 /// are in docs/llm.md.)

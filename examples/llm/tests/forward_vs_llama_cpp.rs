@@ -285,6 +285,11 @@ fn tiny_gemma2_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_lfm2_matches_llama_cpp() {
+    check("tiny-lfm2", &common::fixtures().join("llm/tiny-lfm2.gguf"));
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 11] = [
+const TINY: [&str; 12] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -22,6 +22,7 @@ const TINY: [&str; 11] = [
     "tiny-gemma2.gguf",
     "tiny-qwen3moe.gguf",
     "tiny-olmoe.gguf",
+    "tiny-lfm2.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -90,10 +91,17 @@ fn an_f16_cache_keeps_batch_invariance_and_stays_close_to_the_f32_cache() {
                 "{name} chunk {chunk}"
             );
         }
-        // Half the bytes of the f32 cache for the same positions.
+        // Half the bytes of the f32 cache for the same positions (a short-convolution layer's
+        // rows stay f32, as llama.cpp keeps that state: n_embd f32 per position each).
         let f32_logits = logits_in_chunks(&mut exact, &tokens, 41);
         assert_eq!(half.cache().len(), exact.cache().len());
-        assert_eq!(2 * half.cache().bytes(), exact.cache().bytes());
+        let c = half.config();
+        let conv = (0..c.n_layer).filter(|&l| c.conv(l).is_some()).count();
+        let conv_bytes = conv * half.cache().len() * c.n_embd * 4;
+        assert_eq!(
+            2 * (half.cache().bytes() - conv_bytes),
+            exact.cache().bytes() - conv_bytes
+        );
         // Keys and values rounded to 11 bits move the logits a little, not a lot.
         let (mut worst, mut scale) = (0f32, 0f32);
         for (a, b) in reference.iter().zip(&f32_logits) {
@@ -116,6 +124,79 @@ fn rewinding_the_cache_recomputes_the_same_logits() {
     let b = m.forward(&[4], 3, Logits::Last).unwrap().to_vec();
     assert_eq!(a, b);
     assert_eq!(m.cache().len(), 4);
+}
+
+/// LFM2's short-convolution state (each conv layer's `B ⊙ x` rows, kept in the cache like a
+/// local layer's keys, with a window of the kernel's 3 taps and the rewind margin): a cut
+/// back within the margin and a copy of another sequence's prefix continue with the bits a
+/// fresh evaluation of the same tokens gives, for an f32 and an f16 cache; a cut further back
+/// than the conv layers keep is refused by `forward` and keeps nothing in `truncate`.
+#[test]
+fn short_conv_state_rewinds_and_copies_like_keys() {
+    let f = GgufFile::open(common::fixtures().join("llm/tiny-lfm2.gguf")).unwrap();
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap(),
+    );
+    let factory = &mut HostF32Factory::new(pool.clone());
+    let model = Model::load(&f, factory, pool, &mut |_, _| {}).unwrap();
+    let c = model.config();
+    let conv = (0..c.n_layer).filter(|&l| c.conv(l).is_some()).count();
+    assert!(conv > 0 && conv < c.n_layer, "conv and attention layers");
+    let mut rng = fastrand::Rng::with_seed(21);
+    let n_vocab = c.n_vocab as u32;
+    let a: Vec<u32> = (0..200).map(|_| rng.u32(..n_vocab)).collect();
+    let b: Vec<u32> = (0..20).map(|_| rng.u32(..n_vocab)).collect();
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for ty in [CacheType::F32, CacheType::F16] {
+        // Every row of `b` after `prefix`, evaluated from scratch.
+        let fresh = |prefix: &[u32]| {
+            let mut s = model.sequence(ty);
+            model.forward(&mut s, prefix, 0, Logits::None).unwrap();
+            bits(
+                model
+                    .forward(&mut s, &b, prefix.len(), Logits::All)
+                    .unwrap(),
+            )
+        };
+        let mut seq = model.sequence(ty);
+        for (i, chunk) in a.chunks(7).enumerate() {
+            model.forward(&mut seq, chunk, i * 7, Logits::None).unwrap();
+        }
+        // The conv layers dropped their oldest rows (a query at 60 needs 58 and 59).
+        assert!(seq.cache().can_rewind_to(200 - 4 - REWIND));
+        assert!(
+            !seq.cache().can_rewind_to(60),
+            "{ty:?}: nothing was dropped"
+        );
+        let mut copy = model.sequence(ty);
+        for keep in [199, 170, 140] {
+            // Another sequence takes the prefix over.
+            assert!(copy.copy_prefix(&seq, keep), "{ty:?} {keep}");
+            let got = bits(model.forward(&mut copy, &b, keep, Logits::All).unwrap());
+            assert_eq!(got, fresh(&a[..keep]), "{ty:?}: copy of {keep}");
+        }
+        // A rewind past what the conv layers keep: refused, nothing changed; no copy either.
+        let err = model.forward(&mut seq, &b, 60, Logits::All).unwrap_err();
+        assert!(
+            matches!(err, ModelError::RewindPastWindow { pos: 60, .. }),
+            "{err}"
+        );
+        assert_eq!(seq.len(), 200);
+        assert!(!copy.copy_prefix(&seq, 60));
+        for keep in [199, 170, 140] {
+            // Cut back, then a different continuation.
+            seq.truncate(keep);
+            assert_eq!(seq.len(), keep);
+            let got = bits(model.forward(&mut seq, &b, keep, Logits::All).unwrap());
+            assert_eq!(got, fresh(&a[..keep]), "{ty:?}: rewind to {keep}");
+        }
+        // A cut further back keeps nothing: the caller evaluates again from the start.
+        seq.truncate(60);
+        assert_eq!(seq.len(), 0);
+    }
 }
 
 #[test]
@@ -250,6 +331,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2)"
     );
 }

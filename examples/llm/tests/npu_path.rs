@@ -74,7 +74,8 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, phi3-longrope's
     // LongRoPE and partial rotary, qwen3's head size, smollm3's NoPE layer, granite's scales,
-    // gemma2's soft-caps, qwen3moe's and olmoe's experts; llama is the demo model's family).
+    // gemma2's soft-caps, qwen3moe's and olmoe's experts, lfm2's short-convolution layers; llama is
+    // the demo model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
         "qwen2",
@@ -87,6 +88,7 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         "gemma2",
         "qwen3moe",
         "olmoe",
+        "lfm2",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))

@@ -71,6 +71,21 @@ pub(super) fn long_rope_at(original_ctx: usize, n_ctx: usize) -> bool {
     n_ctx.div_ceil(LONG_ROPE_CTX_PAD) * LONG_ROPE_CTX_PAD > original_ctx
 }
 
+/// The short-convolution layers of a hybrid model (LFM2): instead of attention, such a layer
+/// projects its input to `B`, `C` and `x` (`n_embd` each), convolves `B ⊙ x` causally over
+/// time, per channel, with a kernel of `l_cache` taps, and projects `C ⊙ conv` back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortConv {
+    /// Taps of the kernel (`{arch}.shortconv.l_cache`): the output at a position sums
+    /// `B ⊙ x` of that position and the `l_cache - 1` before it.
+    pub l_cache: usize,
+    /// Per layer: whether it is a short-convolution layer (the others are attention layers).
+    pub layers: Vec<bool>,
+}
+
+/// The longest short-convolution kernel accepted (LFM2's is 3).
+pub const MAX_L_CACHE: usize = 16;
+
 /// Model hyper-parameters, read from the GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -135,6 +150,11 @@ pub struct Config {
     /// numbering (0 none, 1 mean, 2 cls, 3 last, 4 rank; see
     /// [`Pooling::from_gguf_type`](super::Pooling::from_gguf_type)).
     pub pooling_type: Option<u64>,
+    /// The short-convolution layers, if the model has any (LFM2).
+    pub short_conv: Option<ShortConv>,
+    /// The name of the final norm's tensor (`output_norm.weight`; LFM2's is
+    /// `token_embd_norm.weight`).
+    pub output_norm: &'static str,
     /// The mixture of experts that replaces the dense feed-forward, if the family has one
     /// (its `n_ff_exp` replaces [`Config::n_ff`] as the experts' hidden width).
     pub moe: Option<Moe>,
@@ -233,6 +253,48 @@ pub(super) fn key_f32(file: &GgufFile, key: &str) -> Result<Option<f32>, ModelEr
     }
 }
 
+/// `key` as one non-negative integer per layer: an array of `n_layer` of them, or one integer
+/// for every layer (`None` when absent), as llama.cpp's `get_key_or_arr` reads it.
+pub(super) fn key_per_layer(
+    file: &GgufFile,
+    key: &str,
+    n_layer: usize,
+) -> Result<Option<Vec<usize>>, ModelError> {
+    let Some(Value::Array(a)) = file.metadata().get(key) else {
+        // One flag per layer: a layer has tensors, so a block count beyond the file's
+        // tensors is refused before it is allocated.
+        return match key_usize(file, key)? {
+            None => Ok(None),
+            Some(_) if n_layer > file.tensor_infos().len() => Err(ModelError::BadKey {
+                key: key.into(),
+                reason: format!(
+                    "{n_layer} layers in a file of {} tensors",
+                    file.tensor_infos().len()
+                ),
+            }),
+            Some(v) => Ok(Some(vec![v; n_layer])),
+        };
+    };
+    let bad = |reason: String| ModelError::BadKey {
+        key: key.into(),
+        reason,
+    };
+    if a.len() != n_layer {
+        return Err(bad(format!("{} entries for {n_layer} layers", a.len())));
+    }
+    let values: Option<Vec<usize>> = match (a.as_u32s(), a.as_i32s()) {
+        (Some(v), _) => Some(v.iter().map(|&x| x as usize).collect()),
+        (_, Some(v)) => v.iter().map(|&x| usize::try_from(x).ok()).collect(),
+        _ => None,
+    };
+    values.map(Some).ok_or_else(|| {
+        bad(format!(
+            "expected non-negative integers, found {}",
+            a.element_type().name()
+        ))
+    })
+}
+
 fn describe(v: &Value) -> String {
     match v {
         Value::Array(a) => format!("an array of {} {}", a.len(), a.element_type().name()),
@@ -254,6 +316,14 @@ impl Config {
             .as_ref()
             .filter(|s| s.layers.get(l).copied().unwrap_or(false))
             .map(|s| s.window)
+    }
+
+    /// The kernel length of layer `l` if it is a short-convolution layer (not attention).
+    pub fn conv(&self, l: usize) -> Option<usize> {
+        self.short_conv
+            .as_ref()
+            .filter(|s| s.layers.get(l).copied().unwrap_or(false))
+            .map(|s| s.l_cache)
     }
 
     /// Width of the queries of all heads (`n_head × head_dim`).

@@ -9,6 +9,10 @@
 //! GELU) → RMSNorm (post-norm) → × residual scale → residual } → final RMSNorm → output
 //! projection (tied to the embedding when the file has no `output.weight`) → ÷ granite's logit
 //! scale → soft-cap if set.
+//! On a short-convolution layer (LFM2) the attention's place is taken by: in_proj → B, C, x →
+//! append `B ⊙ x` to the sequence's cache → per channel, the causal convolution of the last
+//! `l_cache` rows of `B ⊙ x` → `C ⊙` that → out_proj (the matmuls through the seam, the rest
+//! on the host).
 //! Which of these a model has is its [`Family`](super::family::Family)'s data. Every weight
 //! matmul goes through the seam ([`LinearOp`]).
 //!
@@ -29,6 +33,43 @@ use super::ops::{
     ATTENTION_PARALLEL_WORK, RopeTable, add_bias, add_into, attention, geglu, rms_norm,
     rms_norm_in_place, scale, softcap, split_columns, swiglu,
 };
+
+/// A short-convolution layer's output for the rows of positions `pos..`: `C ⊙ conv`, where
+/// `conv` convolves the held `B ⊙ x` rows (`held`, `width` values per position from position
+/// `start` on; positions before 0 count as 0) per channel with `kernel` (`taps` per channel,
+/// the last on the current position), summed tap by tap from the oldest position (as ggml's
+/// `ssm_conv`). `bcx` holds the rows' `[B | C | x]`, `y` receives them.
+fn short_conv(
+    kernel: &[f32],
+    held: &[f32],
+    start: usize,
+    pos: usize,
+    width: usize,
+    bcx: &[f32],
+    y: &mut [f32],
+) {
+    let taps = kernel.len() / width;
+    for (i, (row, out)) in bcx
+        .chunks_exact(3 * width)
+        .zip(y.chunks_exact_mut(width))
+        .enumerate()
+    {
+        let gate = &row[width..2 * width];
+        for (ch, (o, &g)) in out.iter_mut().zip(gate).enumerate() {
+            let w = &kernel[ch * taps..(ch + 1) * taps];
+            let mut sum = 0.0f32;
+            for (k, &w) in w.iter().enumerate() {
+                // Tap k reads position pos + i + 1 + k - taps.
+                let v = match (pos + i + 1 + k).checked_sub(taps) {
+                    Some(p) => held[(p - start) * width + ch],
+                    None => 0.0,
+                };
+                sum += v * w;
+            }
+            *o = g * sum;
+        }
+    }
+}
 
 /// Which rows of logits [`Model::forward`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,8 +178,9 @@ impl Sequence {
     /// Becomes a copy of `from`'s first `len` cached positions (a sequence of the same model
     /// and cache type): the keys and values evaluating those tokens here would write, bit for
     /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
-    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees;
-    /// keys rotated with the other LongRoPE factors)
+    /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees,
+    /// or a short-convolution layer the rows it reads; keys rotated with the other LongRoPE
+    /// factors)
     /// or stores another type, or `len` is past this sequence's context.
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
         len <= self.n_ctx
@@ -147,7 +189,7 @@ impl Sequence {
     }
 
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
-    /// sliding-window layers, a cut further back than they keep (more than
+    /// sliding-window or short-convolution layers, a cut further back than they keep (more than
     /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read
     /// [`Sequence::len`] after it.
     pub fn truncate(&mut self, len: usize) {
@@ -175,9 +217,14 @@ impl Model {
     /// size ([`Model::n_ctx`]).
     pub fn sequence(&self, ty: CacheType) -> Sequence {
         let c = &self.config;
-        let windows = (0..c.n_layer).map(|l| c.window(l)).collect();
+        // A short-convolution layer keeps its `B ⊙ x` rows like a local layer its keys, with
+        // a window of its kernel's length.
+        let windows = (0..c.n_layer).map(|l| c.window(l).or(c.conv(l))).collect();
+        let conv: Vec<_> = (0..c.n_layer)
+            .map(|l| c.conv(l).map(|_| c.n_embd))
+            .collect();
         Sequence {
-            cache: KvCache::new(windows, c.n_head_kv, c.head_dim, ty),
+            cache: KvCache::with_conv(windows, &conv, c.n_head_kv, c.head_dim, ty),
             n_ctx: self.n_ctx,
             long_rope_original_ctx: c.long_rope.as_ref().map(|l| l.original_ctx),
             logits: Vec::new(),
@@ -302,61 +349,90 @@ impl Model {
         let mut k = vec![0.0f32; m * kvd];
         let mut v = vec![0.0f32; m * kvd];
         let mut att = vec![0.0f32; m * qd];
+        // A short-convolution layer's in_proj output (B, C, x), B ⊙ x and C ⊙ conv.
+        let conv_rows = if c.short_conv.is_some() { m } else { 0 };
+        let mut bcx = vec![0.0f32; conv_rows * 3 * e];
+        let mut bx = vec![0.0f32; conv_rows * e];
+        let mut y = vec![0.0f32; conv_rows * e];
         let mut gate_up = vec![0.0f32; m * 2 * c.n_ff];
         let mut gate = vec![0.0f32; m * c.n_ff];
         let mut up = vec![0.0f32; m * c.n_ff];
 
         for (l, layer) in self.layers.iter().enumerate() {
-            // Attention block.
+            // Attention block (or short-convolution block).
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
-            let t = Instant::now();
-            let p = &layer.wqkv;
-            p.op.forward(&h, m, &mut qkv).map_err(|e| p.failed(e))?;
-            t_matmul += t.elapsed();
-            // One row (decode) holds q, k and v side by side: use them in place.
-            let [q, k, v] = split_columns(&mut qkv, m, [&mut q, &mut k, &mut v]);
-            add_bias(q, layer.bq.as_deref());
-            add_bias(k, layer.bk.as_deref());
-            add_bias(v, layer.bv.as_deref());
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                rms_norm_in_place(q, qn, c.rms_eps);
-                rms_norm_in_place(k, kn, c.rms_eps);
-            }
-            let window = c.window(l);
-            let t = Instant::now();
-            for ((it, r), (global, local)) in items.iter_mut().zip(&rows).zip(&ropes) {
-                let (q, k, v) = (
-                    &mut q[r.start * qd..r.end * qd],
-                    &mut k[r.start * kvd..r.end * kvd],
-                    &v[r.start * kvd..r.end * kvd],
-                );
-                let rope = match (window, local) {
-                    (Some(_), Some(local)) => local,
-                    _ => global,
-                };
-                if c.rotates(l) {
-                    rope.apply(q, c.n_head);
-                    rope.apply(k, c.n_head_kv);
+            let mixed: &[f32] = if let Some(kernel) = &layer.conv {
+                let t = Instant::now();
+                let p = &layer.wqkv;
+                p.op.forward(&h, m, &mut bcx).map_err(|e| p.failed(e))?;
+                t_matmul += t.elapsed();
+                for (it, r) in items.iter_mut().zip(&rows) {
+                    let (bcx, bx) = (
+                        &bcx[r.start * 3 * e..r.end * 3 * e],
+                        &mut bx[r.start * e..r.end * e],
+                    );
+                    for (row, out) in bcx.chunks_exact(3 * e).zip(bx.chunks_exact_mut(e)) {
+                        let (b, x) = (&row[..e], &row[2 * e..]);
+                        for ((o, &b), &x) in out.iter_mut().zip(b).zip(x) {
+                            *o = b * x;
+                        }
+                    }
+                    it.seq.cache.append(l, bx, &[]);
+                    let (held, start) = it.seq.cache.conv_rows(l);
+                    let y = &mut y[r.start * e..r.end * e];
+                    short_conv(kernel, held, start, it.pos, e, bcx, y);
                 }
-                if fam.scale_queries {
-                    scale(q, c.attn_scale);
+                &y
+            } else {
+                let t = Instant::now();
+                let p = &layer.wqkv;
+                p.op.forward(&h, m, &mut qkv).map_err(|e| p.failed(e))?;
+                t_matmul += t.elapsed();
+                // One row (decode) holds q, k and v side by side: use them in place.
+                let [q, k, v] = split_columns(&mut qkv, m, [&mut q, &mut k, &mut v]);
+                add_bias(q, layer.bq.as_deref());
+                add_bias(k, layer.bk.as_deref());
+                add_bias(v, layer.bv.as_deref());
+                if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                    rms_norm_in_place(q, qn, c.rms_eps);
+                    rms_norm_in_place(k, kn, c.rms_eps);
                 }
-                it.seq.cache.append(l, k, v);
-                let (pos, n) = (it.pos, it.tokens.len());
-                let seen = window.map_or(pos + n, |w| w.min(pos + n));
-                let work = n * c.n_head * seen * c.head_dim;
-                let kv = it.seq.cache.layer(l);
-                let parallel =
-                    work >= ATTENTION_PARALLEL_WORK && self.pool.current_num_threads() > 1;
-                let pool = parallel.then_some(&*self.pool);
-                let out = &mut att[r.start * qd..r.end * qd];
-                attention(c, pool, q, &kv, window, score_scale, pos, out);
-            }
-            t_attn += t.elapsed();
-
+                let window = c.window(l);
+                let t = Instant::now();
+                for ((it, r), (global, local)) in items.iter_mut().zip(&rows).zip(&ropes) {
+                    let (q, k, v) = (
+                        &mut q[r.start * qd..r.end * qd],
+                        &mut k[r.start * kvd..r.end * kvd],
+                        &v[r.start * kvd..r.end * kvd],
+                    );
+                    let rope = match (window, local) {
+                        (Some(_), Some(local)) => local,
+                        _ => global,
+                    };
+                    if c.rotates(l) {
+                        rope.apply(q, c.n_head);
+                        rope.apply(k, c.n_head_kv);
+                    }
+                    if fam.scale_queries {
+                        scale(q, c.attn_scale);
+                    }
+                    it.seq.cache.append(l, k, v);
+                    let (pos, n) = (it.pos, it.tokens.len());
+                    let seen = window.map_or(pos + n, |w| w.min(pos + n));
+                    let work = n * c.n_head * seen * c.head_dim;
+                    let kv = it.seq.cache.layer(l);
+                    let parallel =
+                        work >= ATTENTION_PARALLEL_WORK && self.pool.current_num_threads() > 1;
+                    let pool = parallel.then_some(&*self.pool);
+                    let out = &mut att[r.start * qd..r.end * qd];
+                    attention(c, pool, q, &kv, window, score_scale, pos, out);
+                }
+                t_attn += t.elapsed();
+                &att
+            };
             let t = Instant::now();
             let p = &layer.wo;
-            p.op.forward(&att, m, &mut h).map_err(|e| p.failed(e))?;
+            p.op.forward(mixed, m, &mut h).map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
             if let Some(w) = &layer.attn_post_norm {
                 rms_norm_in_place(&mut h, w, c.rms_eps);

@@ -18,6 +18,11 @@
 //! [`REWIND`] positions' windows, so a caller may still step back that far (a rejected draft,
 //! a regenerated reply). Such a layer holds at most about `2 × (window + REWIND)` positions
 //! plus the last pass's tokens, whatever the context.
+//!
+//! A short-convolution layer (LFM2) keeps its `B ⊙ x` rows here the same way: one buffer of
+//! `n_embd` f32 values per position (whatever the cache type) and no values, local with a
+//! window of its kernel's length, so truncating, rewinding and copying a prefix treat it as
+//! they treat a sliding-window layer.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -114,16 +119,28 @@ pub(crate) struct LayerKv<'a> {
     pub(crate) start: usize,
 }
 
+/// Where one layer's buffers are and what they hold.
+#[derive(Debug, Clone, PartialEq)]
+struct Shape {
+    /// Its first buffer in `k` (and `v`).
+    first: usize,
+    /// Its buffers (KV heads; 1 for a short-convolution layer).
+    heads: usize,
+    /// Values per position of one buffer (a head's dimensions; `n_embd` for a
+    /// short-convolution layer).
+    width: usize,
+    /// Whether its `v` buffers hold values (not on a short-convolution layer).
+    values: bool,
+}
+
 /// Keys and values of every past position (see the module documentation).
 #[derive(Debug, Default)]
 pub struct KvCache {
     k: Vec<KvRows>,
     v: Vec<KvRows>,
     len: usize,
-    /// Values per position of one buffer (a head's dimensions).
-    head_dim: usize,
-    /// Buffers (KV heads) per layer.
-    heads: usize,
+    /// Per layer: its buffers.
+    shapes: Vec<Shape>,
     /// Per layer: its sliding window, if local, and the first position its buffers hold.
     windows: Vec<Option<usize>>,
     starts: Vec<usize>,
@@ -133,35 +150,82 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache of one buffer per (layer, KV head), `head_dim` values per position; layer
     /// `l` is local with window `w` when `windows[l]` is `Some(w)`.
+    #[cfg(test)]
     pub(crate) fn new(
         windows: Vec<Option<usize>>,
         heads: usize,
         head_dim: usize,
         ty: CacheType,
     ) -> KvCache {
-        let buffers = windows.len() * heads;
+        let conv = vec![None; windows.len()];
+        KvCache::with_conv(windows, &conv, heads, head_dim, ty)
+    }
+
+    /// [`KvCache::new`], except that a layer `l` with `conv[l] = Some(width)` is a
+    /// short-convolution layer: one buffer of `width` f32 values per position (its `B ⊙ x`
+    /// rows, whatever `ty`: llama.cpp keeps that state in f32), no values, and its window
+    /// (`windows[l]`, its kernel length) says which positions it keeps.
+    pub(crate) fn with_conv(
+        windows: Vec<Option<usize>>,
+        conv: &[Option<usize>],
+        heads: usize,
+        head_dim: usize,
+        ty: CacheType,
+    ) -> KvCache {
+        let (mut k, mut v, mut shapes) = (Vec::new(), Vec::new(), Vec::new());
+        for l in 0..windows.len() {
+            let (n, width, values, rows) = match conv.get(l).copied().flatten() {
+                Some(width) => (1, width, false, CacheType::F32),
+                None => (heads, head_dim, true, ty),
+            };
+            shapes.push(Shape {
+                first: k.len(),
+                heads: n,
+                width,
+                values,
+            });
+            k.extend((0..n).map(|_| KvRows::new(rows)));
+            v.extend((0..n).map(|_| KvRows::new(rows)));
+        }
         KvCache {
-            k: vec![KvRows::new(ty); buffers],
-            v: vec![KvRows::new(ty); buffers],
+            k,
+            v,
             len: 0,
-            head_dim,
-            heads,
+            shapes,
             starts: vec![0; windows.len()],
             windows,
             ty,
         }
     }
 
-    /// Appends rows of keys `k` and values `v` (`[rows][heads * head_dim]`) to layer `layer`.
+    /// The range of layer `layer`'s buffers in `k` and `v`.
+    fn range(&self, layer: usize) -> std::ops::Range<usize> {
+        let s = &self.shapes[layer];
+        s.first..s.first + s.heads
+    }
+
+    /// Layer `layer`'s buffers that hold anything: its keys, and its values unless it is a
+    /// short-convolution layer.
+    fn buffers_mut(&mut self, layer: usize) -> impl Iterator<Item = &mut KvRows> {
+        let r = self.range(layer);
+        let vr = if self.shapes[layer].values {
+            r.clone()
+        } else {
+            r.start..r.start
+        };
+        self.k[r].iter_mut().chain(&mut self.v[vr])
+    }
+
+    /// Appends rows of keys `k` and values `v` (`[rows][heads * head_dim]`) to layer `layer`
+    /// (on a short-convolution layer, rows of its `width` in `k`, and `v` empty).
     pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let heads = layer * self.heads..(layer + 1) * self.heads;
-        let width = self.heads * self.head_dim;
+        let heads = self.range(layer);
+        let (hd, values) = (self.shapes[layer].width, self.shapes[layer].values);
+        let width = heads.len() * hd;
+        debug_assert!(values || v.is_empty());
         for (cache, new) in [(&mut self.k, k), (&mut self.v, v)] {
             for row in new.chunks_exact(width) {
-                for (buf, head) in cache[heads.clone()]
-                    .iter_mut()
-                    .zip(row.chunks_exact(self.head_dim))
-                {
+                for (buf, head) in cache[heads.clone()].iter_mut().zip(row.chunks_exact(hd)) {
                     buf.extend(head);
                 }
             }
@@ -170,7 +234,7 @@ impl KvCache {
 
     /// Layer `layer`'s buffers.
     pub(crate) fn layer(&self, layer: usize) -> LayerKv<'_> {
-        let heads = layer * self.heads..(layer + 1) * self.heads;
+        let heads = self.range(layer);
         LayerKv {
             keys: &self.k[heads.clone()],
             values: &self.v[heads],
@@ -178,23 +242,29 @@ impl KvCache {
         }
     }
 
+    /// A short-convolution layer's rows, `width` values per position, from the position
+    /// returned on.
+    pub(crate) fn conv_rows(&self, layer: usize) -> (&[f32], usize) {
+        match &self.k[self.shapes[layer].first] {
+            KvRows::F32(rows) => (rows, self.starts[layer]),
+            KvRows::F16(_) => unreachable!("a short-convolution layer holds f32 rows"),
+        }
+    }
+
     /// Records that `len` positions are held after a pass that appended positions `pos..len`,
     /// and drops what the local layers no longer need (see the module documentation).
     pub(crate) fn set_len(&mut self, pos: usize, len: usize) {
         self.len = len;
-        let hd = self.head_dim;
-        for (l, window) in self.windows.iter().enumerate() {
-            let Some(w) = *window else { continue };
+        for l in 0..self.windows.len() {
+            let Some(w) = self.windows[l] else { continue };
             // The first key a query at `pos - REWIND` or later can see.
             let keep_from = pos.saturating_sub(REWIND).saturating_sub(w - 1);
             let drop = keep_from.saturating_sub(self.starts[l]);
             if drop < w + REWIND {
                 continue;
             }
-            for buf in self.k[l * self.heads..(l + 1) * self.heads]
-                .iter_mut()
-                .chain(&mut self.v[l * self.heads..(l + 1) * self.heads])
-            {
+            let hd = self.shapes[l].width;
+            for buf in self.buffers_mut(l) {
                 buf.drain_front(drop * hd);
             }
             self.starts[l] += drop;
@@ -202,7 +272,8 @@ impl KvCache {
     }
 
     /// Whether the cache can be cut back to `pos` positions and go on from there: every local
-    /// layer still holds the keys a query at `pos` sees (always, back to 0).
+    /// layer (and short-convolution layer) still holds the positions a query at `pos` reads
+    /// (always, back to 0).
     pub fn can_rewind_to(&self, pos: usize) -> bool {
         pos == 0
             || self.windows.iter().zip(&self.starts).all(|(w, &start)| {
@@ -220,26 +291,22 @@ impl KvCache {
         self.len == 0
     }
 
-    /// How keys and values are stored.
+    /// How keys and values are stored (a short-convolution layer's rows are f32 whatever it
+    /// says).
     pub fn cache_type(&self) -> CacheType {
         self.ty
     }
 
-    /// Bytes held for keys and values.
+    /// Bytes held for keys and values (and short-convolution rows).
     pub fn bytes(&self) -> usize {
-        let elem = match self.ty {
-            CacheType::F32 => 4,
-            CacheType::F16 => 2,
-        };
         self.k
             .iter()
             .chain(&self.v)
             .map(|r| match r {
-                KvRows::F32(v) => v.len(),
-                KvRows::F16(v) => v.len(),
+                KvRows::F32(v) => v.len() * 4,
+                KvRows::F16(v) => v.len() * 2,
             })
-            .sum::<usize>()
-            * elem
+            .sum()
     }
 
     /// Becomes a copy of the first `len` positions of `from`, a cache of the same model and
@@ -248,19 +315,25 @@ impl KvCache {
     /// that dropped keys a query at `len` sees: [`KvCache::can_rewind_to`]) or is of another
     /// shape or type.
     pub(crate) fn copy_prefix(&mut self, from: &KvCache, len: usize) -> bool {
-        let same = self.ty == from.ty
-            && self.head_dim == from.head_dim
-            && self.heads == from.heads
-            && self.windows == from.windows;
+        let same = self.ty == from.ty && self.shapes == from.shapes && self.windows == from.windows;
         if !same || len > from.len || !from.can_rewind_to(len) {
             return false;
         }
         for (l, &start) in from.starts.iter().enumerate() {
             let start = if len == 0 { 0 } else { start };
-            let values = (len - start) * self.head_dim;
-            let buffers = l * self.heads..(l + 1) * self.heads;
-            for (to, from) in [(&mut self.k, &from.k), (&mut self.v, &from.v)] {
-                for (t, f) in to[buffers.clone()].iter_mut().zip(&from[buffers.clone()]) {
+            let shape = &self.shapes[l];
+            let values = (len - start) * shape.width;
+            let buffers = self.range(l);
+            let vbuffers = if shape.values {
+                buffers.clone()
+            } else {
+                buffers.start..buffers.start
+            };
+            for (to, from, r) in [
+                (&mut self.k, &from.k, buffers),
+                (&mut self.v, &from.v, vbuffers),
+            ] {
+                for (t, f) in to[r.clone()].iter_mut().zip(&from[r]) {
                     t.copy_prefix(f, values);
                 }
             }
@@ -274,16 +347,10 @@ impl KvCache {
     /// `pos` sees ([`KvCache::can_rewind_to`]), keeps none.
     pub(crate) fn truncate(&mut self, pos: usize) {
         let pos = if self.can_rewind_to(pos) { pos } else { 0 };
-        for (l, &start) in self.starts.iter().enumerate() {
-            for buf in self.k[l * self.heads..(l + 1) * self.heads]
-                .iter_mut()
-                .chain(&mut self.v[l * self.heads..(l + 1) * self.heads])
-            {
-                if pos == 0 {
-                    buf.truncate(0);
-                } else {
-                    buf.truncate(pos.saturating_sub(start) * self.head_dim);
-                }
+        for l in 0..self.starts.len() {
+            let keep = pos.saturating_sub(self.starts[l]) * self.shapes[l].width;
+            for buf in self.buffers_mut(l) {
+                buf.truncate(if pos == 0 { 0 } else { keep });
             }
         }
         if pos == 0 {

@@ -39,12 +39,17 @@ pub(super) struct Layer {
     pub(super) attn_post_norm: Option<Vec<f32>>,
     pub(super) ffn_post_norm: Option<Vec<f32>>,
     /// q, k and v fused: they read the same input, so a backend that transforms its input
-    /// (quantises, rotates) does it once, and runs one matmul instead of three.
+    /// (quantises, rotates) does it once, and runs one matmul instead of three. On a
+    /// short-convolution layer, its `in_proj` (B, C and x).
     pub(super) wqkv: Projection,
     pub(super) bq: Option<Vec<f32>>,
     pub(super) bk: Option<Vec<f32>>,
     pub(super) bv: Option<Vec<f32>>,
+    /// The attention's output projection; on a short-convolution layer, its `out_proj`.
     pub(super) wo: Projection,
+    /// A short-convolution layer's kernel (`l_cache` taps per channel, channel after
+    /// channel, as the file stores it); `None` on an attention layer.
+    pub(super) conv: Option<Vec<f32>>,
     pub(super) ffn_norm: Vec<f32>,
     pub(super) ffn: Ffn,
 }
@@ -253,24 +258,63 @@ impl Model {
             } else {
                 vec![(&wg, ff), (&wu, ff)]
             };
-            let qk_norm_len = |heads: usize| match fam.qk_norm {
-                QkNorm::None => None,
-                QkNorm::PerHead => Some(hd),
-                QkNorm::Whole => Some((heads * c.head_dim) as u64),
+            let attn_norm = vector(&n("attn_norm.weight"), e, &mut done)?;
+            let (q_norm, k_norm, wqkv, bq, bk, bv, wo, conv) = match c.conv(i) {
+                Some(taps) => {
+                    let in_proj = n("shortconv.in_proj.weight");
+                    let wqkv =
+                        linear(LinearRole::Qkv, &views(&[(&in_proj, 3 * e)], e)?, &mut done)?;
+                    let kernel = tensor(&n("shortconv.conv.weight"), &[taps as u64, e])?;
+                    done += kernel.data().len() as u64;
+                    let out_proj = n("shortconv.out_proj.weight");
+                    let wo = linear(
+                        LinearRole::AttnOutput,
+                        &views(&[(&out_proj, e)], e)?,
+                        &mut done,
+                    )?;
+                    (
+                        None,
+                        None,
+                        wqkv,
+                        None,
+                        None,
+                        None,
+                        wo,
+                        Some(kernel.to_f32()?),
+                    )
+                }
+                None => {
+                    let qk_norm_len = |heads: usize| match fam.qk_norm {
+                        QkNorm::None => None,
+                        QkNorm::PerHead => Some(hd),
+                        QkNorm::Whole => Some((heads * c.head_dim) as u64),
+                    };
+                    (
+                        optional(qk_norm_len(c.n_head), "attn_q_norm.weight", &mut done)?,
+                        optional(qk_norm_len(c.n_head_kv), "attn_k_norm.weight", &mut done)?,
+                        linear(LinearRole::Qkv, &views(&qkv_parts, e)?, &mut done)?,
+                        bias("attn_q.bias", q, &mut done)?,
+                        bias("attn_k.bias", kv, &mut done)?,
+                        bias("attn_v.bias", kv, &mut done)?,
+                        linear(
+                            LinearRole::AttnOutput,
+                            &views(&[(&n("attn_output.weight"), e)], q)?,
+                            &mut done,
+                        )?,
+                        None,
+                    )
+                }
             };
             let layer = Layer {
-                attn_norm: vector(&n("attn_norm.weight"), e, &mut done)?,
-                q_norm: optional(qk_norm_len(c.n_head), "attn_q_norm.weight", &mut done)?,
-                k_norm: optional(qk_norm_len(c.n_head_kv), "attn_k_norm.weight", &mut done)?,
-                wqkv: linear(LinearRole::Qkv, &views(&qkv_parts, e)?, &mut done)?,
-                bq: bias("attn_q.bias", q, &mut done)?,
-                bk: bias("attn_k.bias", kv, &mut done)?,
-                bv: bias("attn_v.bias", kv, &mut done)?,
-                wo: linear(
-                    LinearRole::AttnOutput,
-                    &views(&[(&n("attn_output.weight"), e)], q)?,
-                    &mut done,
-                )?,
+                attn_norm,
+                q_norm,
+                k_norm,
+                wqkv,
+                bq,
+                bk,
+                bv,
+                wo,
+                conv,
                 attn_post_norm: optional(
                     fam.post_norms.then_some(e),
                     "post_attention_norm.weight",
@@ -337,7 +381,7 @@ impl Model {
             layers.push(layer);
             progress(done, total);
         }
-        let output_norm = vector("output_norm.weight", e, &mut done)?;
+        let output_norm = vector(c.output_norm, e, &mut done)?;
         let output_name = if file.tensor("output.weight").is_some() {
             "output.weight"
         } else {
@@ -432,6 +476,7 @@ impl Model {
         for l in &self.layers {
             host += vecs(&[
                 Some(&l.attn_norm),
+                l.conv.as_ref(),
                 l.q_norm.as_ref(),
                 l.k_norm.as_ref(),
                 l.attn_post_norm.as_ref(),
@@ -464,17 +509,18 @@ impl Model {
             CacheType::F32 => 4,
             CacheType::F16 => 2,
         };
-        let positions: u64 = (0..c.n_layer)
-            .map(|l| match c.window(l) {
-                Some(w) => self.n_ctx.min(2 * (w + REWIND)) as u64,
-                None => self.n_ctx as u64,
+        // Per layer: positions held times bytes per position (a short-convolution layer's
+        // n_embd f32 values; a local layer's keys and values).
+        let kv: u64 = (0..c.n_layer)
+            .map(|l| match (c.conv(l), c.window(l)) {
+                (Some(taps), _) => self.n_ctx.min(2 * (taps + REWIND)) as u64 * c.n_embd as u64 * 4,
+                (None, Some(w)) => {
+                    self.n_ctx.min(2 * (w + REWIND)) as u64 * c.kv_dim() as u64 * 2 * elem
+                }
+                (None, None) => self.n_ctx as u64 * c.kv_dim() as u64 * 2 * elem,
             })
             .sum();
-        Footprint {
-            weights,
-            host,
-            kv: positions * c.kv_dim() as u64 * 2 * elem,
-        }
+        Footprint { weights, host, kv }
     }
 
     /// The host pool its passes run on.

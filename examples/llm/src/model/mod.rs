@@ -35,8 +35,8 @@ pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{
-    Activation, Config, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, Moe, QkNorm, RopeStyle,
-    SlidingWindow,
+    Activation, Config, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE, Moe, QkNorm,
+    RopeStyle, ShortConv, SlidingWindow,
 };
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;

@@ -348,6 +348,8 @@ mod tests {
             no_rope_step: None,
             pooling_type: None,
             moe: None,
+            short_conv: None,
+            output_norm: "output_norm.weight",
         }
     }
 

@@ -11,6 +11,7 @@
 mod gemma2;
 mod gemma3;
 mod granite;
+mod lfm2;
 mod llama;
 mod olmoe;
 mod phi3;
@@ -19,9 +20,9 @@ mod qwen3;
 mod qwen3moe;
 mod smollm3;
 
-use super::config::{Config, Family, key_f32, key_usize};
+use super::config::{Config, Family, key_f32, key_per_layer, key_usize};
 use super::error::ModelError;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, Value};
 
 /// Every family this crate runs, by `general.architecture`.
 pub const FAMILIES: &[&Family] = &[
@@ -35,6 +36,7 @@ pub const FAMILIES: &[&Family] = &[
     &gemma2::FAMILY,
     &qwen3moe::FAMILY,
     &olmoe::FAMILY,
+    &lfm2::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -74,7 +76,6 @@ impl Config {
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;
         let n_ctx = req("context_length")?;
-        let n_head_kv = key_usize(file, &format!("{p}.attention.head_count_kv"))?.unwrap_or(n_head);
         let bad = |k: &str, reason: String| ModelError::BadKey {
             key: format!("{p}.{k}"),
             reason,
@@ -87,6 +88,26 @@ impl Config {
                 ),
             ));
         }
+        // One count for every layer, or one per layer (LFM2: 0 on its short-convolution
+        // layers, the same count on every attention layer).
+        let kv_key = format!("{p}.attention.head_count_kv");
+        let kv_per_layer = match file.metadata().get(&kv_key) {
+            Some(Value::Array(_)) => key_per_layer(file, &kv_key, n_layer)?,
+            _ => None,
+        };
+        let n_head_kv = match &kv_per_layer {
+            Some(v) => {
+                let mut attn = v.iter().copied().filter(|&h| h != 0);
+                let first = attn.next().unwrap_or(n_head);
+                if let Some(other) = attn.find(|&h| h != first) {
+                    return Err(ModelError::Unsupported {
+                        what: format!("attention layers of {first} and of {other} KV heads"),
+                    });
+                }
+                first
+            }
+            None => key_usize(file, &kv_key)?.unwrap_or(n_head),
+        };
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             return Err(bad(
                 "attention.head_count_kv",
@@ -197,9 +218,27 @@ impl Config {
             no_rope_step: None,
             pooling_type: None,
             moe: None,
+            short_conv: None,
+            output_norm: "output_norm.weight",
         };
         c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);
         (fam.hparams)(file, &mut c)?;
+        // A layer without KV heads is a short-convolution layer, and only that.
+        if let Some(v) = &kv_per_layer {
+            if let Some(l) = (0..n_layer).find(|&l| (v[l] == 0) != c.conv(l).is_some()) {
+                return Err(bad(
+                    "attention.head_count_kv",
+                    format!(
+                        "{} KV heads on layer {l}, {}",
+                        v[l],
+                        match c.conv(l) {
+                            Some(_) => "a short-convolution layer",
+                            None => "an attention layer",
+                        }
+                    ),
+                ));
+            }
+        }
         Ok(c)
     }
 }
@@ -216,7 +255,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2"
         );
     }
 }
