@@ -11,6 +11,7 @@
 mod gemma2;
 mod gemma3;
 mod granite;
+mod granitemoe;
 mod llama;
 mod olmoe;
 mod phi3;
@@ -35,6 +36,7 @@ pub const FAMILIES: &[&Family] = &[
     &gemma2::FAMILY,
     &qwen3moe::FAMILY,
     &olmoe::FAMILY,
+    &granitemoe::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -206,7 +208,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, granitemoe"
         );
     }
 }
