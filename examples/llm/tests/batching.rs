@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 10] = [
+const FAMILIES: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -37,6 +37,7 @@ const FAMILIES: [&str; 10] = [
     "tiny-gemma2",
     "tiny-qwen3moe",
     "tiny-olmoe",
+    "tiny-granitemoe",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

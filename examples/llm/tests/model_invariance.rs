@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 10] = [
+const TINY: [&str; 11] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -21,6 +21,7 @@ const TINY: [&str; 10] = [
     "tiny-gemma2.gguf",
     "tiny-qwen3moe.gguf",
     "tiny-olmoe.gguf",
+    "tiny-granitemoe.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -249,6 +250,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, granitemoe)"
     );
 }

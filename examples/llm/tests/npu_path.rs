@@ -73,12 +73,21 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, qwen3's
-    // head size, smollm3's NoPE layer, granite's scales, gemma2's soft-caps, qwen3moe's and olmoe's
-    // experts; llama is the demo
+    // head size, smollm3's NoPE layer, granite's scales, gemma2's soft-caps, qwen3moe's, olmoe's and
+    // granitemoe's experts (with its shared expert); llama is the demo
     // model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
-        "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "gemma2", "qwen3moe", "olmoe",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "phi3",
+        "smollm3",
+        "granite",
+        "gemma2",
+        "qwen3moe",
+        "olmoe",
+        "granitemoe",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
@@ -219,7 +228,13 @@ fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
 
 #[test]
 fn npu_logits_are_bit_identical_for_any_batch_split() {
-    for name in ["tiny-qwen2", "tiny-gemma3", "tiny-qwen3moe", "tiny-olmoe"] {
+    for name in [
+        "tiny-qwen2",
+        "tiny-gemma3",
+        "tiny-qwen3moe",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+    ] {
         npu_batch_invariance(name);
     }
 }
