@@ -417,6 +417,16 @@ fn gguf_cases() -> Vec<Case> {
     ]
 }
 
+/// The fixture `tiny` with the last byte of the first occurrence of `name` (a key or a tensor
+/// name) turned into `X`, so that the name is no longer there.
+fn renamed(tiny: &str, name: &[u8]) -> Result<GgufFile, String> {
+    let mut bytes = std::fs::read(common::fixtures().join(format!("llm/{tiny}.gguf")))
+        .map_err(|e| e.to_string())?;
+    let at = find(&bytes, name).ok_or("name not in the fixture")?;
+    bytes[at + name.len() - 1] = b'X';
+    GgufFile::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
 /// Where `needle` first occurs in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
@@ -424,7 +434,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// tiny-qwen3moe.gguf with the u32 or u64 value of the key ending in `key` set to `v`.
 fn patched_moe(key: &[u8], v: u64) -> Result<GgufFile, String> {
-    let mut bytes = std::fs::read(common::fixtures().join("llm/tiny-qwen3moe.gguf"))
+    patched("tiny-qwen3moe", key, v)
+}
+
+/// The fixture `tiny` with the u32 or u64 value of the key ending in `key` set to `v`.
+fn patched(tiny: &str, key: &[u8], v: u64) -> Result<GgufFile, String> {
+    let mut bytes = std::fs::read(common::fixtures().join(format!("llm/{tiny}.gguf")))
         .map_err(|e| e.to_string())?;
     let at = find(&bytes, key).ok_or("key not in the fixture")? + key.len();
     let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
@@ -458,7 +473,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe"
                 )
             }),
         ),
@@ -557,6 +572,50 @@ fn model_cases() -> Vec<Case> {
                 bytes[at + name.len() - 8] = b'X';
                 let f = GgufFile::from_bytes(bytes).map_err(|e| e.to_string())?;
                 expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.1.ffn_gate_inp.weight")
+            }),
+        ),
+        (
+            "a granitemoe file whose shared expert is not expert_shared_feed_forward_length wide",
+            Box::new(|| {
+                let f = patched("tiny-granitemoe", b"expert_shared_feed_forward_length", 40)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.0.ffn_gate_shexp.weight" && expected == &[64, 40] && found == &[64, 48]
+                )
+            }),
+        ),
+        (
+            "a granitemoe file with shared-expert tensors and a shared width of 0",
+            Box::new(|| {
+                let f = patched("tiny-granitemoe", b"expert_shared_feed_forward_length", 0)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what }
+                        if what.contains("blk.0.ffn_gate_shexp.weight")
+                            && what.contains("granitemoe.expert_shared_feed_forward_length")
+                )
+            }),
+        ),
+        (
+            "a granitemoe file without a shared expert's down matrix",
+            Box::new(|| {
+                let f = renamed("tiny-granitemoe", b"blk.1.ffn_down_shexp.weight")?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.1.ffn_down_shexp.weight")
+            }),
+        ),
+        (
+            "a granitemoe file without its logit scale",
+            Box::new(|| {
+                let f = renamed("tiny-granitemoe", b"granitemoe.logit_scale")?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "granitemoe.logit_scale")
+            }),
+        ),
+        (
+            "a granitemoe file without its expert count",
+            Box::new(|| {
+                let f = renamed("tiny-granitemoe", b"granitemoe.expert_count")?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "granitemoe.expert_count")
             }),
         ),
         (

@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -39,6 +39,7 @@ const FAMILIES: [&str; 12] = [
     "tiny-qwen3moe",
     "tiny-olmoe",
     "tiny-lfm2",
+    "tiny-granitemoe",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

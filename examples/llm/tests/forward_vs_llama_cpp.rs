@@ -241,6 +241,14 @@ fn tiny_olmoe_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_granitemoe_matches_llama_cpp() {
+    check(
+        "tiny-granitemoe",
+        &common::fixtures().join("llm/tiny-granitemoe.gguf"),
+    );
+}
+
+#[test]
 fn tiny_phi3_matches_llama_cpp() {
     check("tiny-phi3", &common::fixtures().join("llm/tiny-phi3.gguf"));
 }

@@ -74,8 +74,8 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, phi3-longrope's
     // LongRoPE and partial rotary, qwen3's head size, smollm3's NoPE layer, granite's scales,
-    // gemma2's soft-caps, qwen3moe's and olmoe's experts, lfm2's short-convolution layers; llama is
-    // the demo model's family).
+    // gemma2's soft-caps, qwen3moe's, olmoe's and granitemoe's experts (with its shared expert),
+    // lfm2's short-convolution layers; llama is the demo model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
         "qwen2",
@@ -89,6 +89,7 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         "qwen3moe",
         "olmoe",
         "lfm2",
+        "granitemoe",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
@@ -229,7 +230,13 @@ fn a_pessimistic_board_gives_the_tokens_of_the_default_one() {
 
 #[test]
 fn npu_logits_are_bit_identical_for_any_batch_split() {
-    for name in ["tiny-qwen2", "tiny-gemma3", "tiny-qwen3moe", "tiny-olmoe"] {
+    for name in [
+        "tiny-qwen2",
+        "tiny-gemma3",
+        "tiny-qwen3moe",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+    ] {
         npu_batch_invariance(name);
     }
 }

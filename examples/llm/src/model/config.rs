@@ -163,12 +163,13 @@ pub struct Config {
 /// Most experts a layer may have: llama.cpp's `LLAMA_MAX_EXPERTS`.
 pub const MAX_EXPERTS: usize = 1024;
 
-/// A mixture-of-experts feed-forward's hyper-parameters (qwen3moe, olmoe).
+/// A mixture-of-experts feed-forward's hyper-parameters (qwen3moe, olmoe, granitemoe).
 ///
 /// Each row's router logits (`ffn_gate_inp`, on the host in f32) go through a softmax; the
 /// `n_expert_used` most probable experts run (ties to the lower index) and their outputs are
 /// summed, weighted by their probabilities (divided by the chosen ones' sum when
-/// `renormalise`), in rank order.
+/// `renormalise`), in rank order; a shared expert's output, when there is one, is added to
+/// that sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moe {
     /// Experts per layer (`{arch}.expert_count`).
@@ -179,6 +180,10 @@ pub struct Moe {
     pub n_ff_exp: usize,
     /// Whether the chosen experts' weights are divided by their sum (llama.cpp's `norm_w`).
     pub renormalise: bool,
+    /// Hidden width of the shared expert every row runs besides its chosen ones
+    /// (`ffn_{gate,up,down}_shexp`, unweighted), if the layers have one (granitemoe's
+    /// `expert_shared_feed_forward_length`).
+    pub n_ff_shared: Option<usize>,
 }
 
 /// Reads `{arch}.expert_count` and `{arch}.expert_used_count` (both required, checked against
@@ -221,6 +226,7 @@ pub(super) fn moe(
         n_expert_used,
         n_ff_exp,
         renormalise,
+        n_ff_shared: None,
     });
     Ok(())
 }

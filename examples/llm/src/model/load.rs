@@ -76,6 +76,8 @@ pub(super) struct Experts {
     /// `ffn_gate_inp`, `n_expert` rows of `n_embd`, f32.
     pub(super) router: Vec<f32>,
     pub(super) experts: Vec<Expert>,
+    /// The shared expert every row runs, unweighted (`ffn_{gate,up,down}_shexp`), if any.
+    pub(super) shared: Option<Expert>,
 }
 
 /// A loaded model: its configuration and weights, and the host pool its passes run on.
@@ -339,6 +341,22 @@ impl Model {
                             tensor(&n("ffn_up_exps.weight"), &[e, fx, ne])?,
                             tensor(&n("ffn_down_exps.weight"), &[fx, e, ne])?,
                         ];
+                        let shared = match moe.n_ff_shared {
+                            None => None,
+                            Some(fs) => {
+                                let fs = fs as u64;
+                                Some((
+                                    views(
+                                        &[
+                                            (&n("ffn_gate_shexp.weight"), fs),
+                                            (&n("ffn_up_shexp.weight"), fs),
+                                        ],
+                                        e,
+                                    )?,
+                                    views(&[(&n("ffn_down_shexp.weight"), e)], fs)?,
+                                ))
+                            }
+                        };
                         done += router.data().len() as u64;
                         let router = router.to_f32()?;
                         let mut experts = Vec::with_capacity(moe.n_expert);
@@ -365,10 +383,18 @@ impl Model {
                                 down: linear(LinearRole::Down, &[view(d)?], &mut done)?,
                             });
                         }
+                        let shared = match shared {
+                            None => None,
+                            Some((gate_up, down)) => Some(Expert {
+                                gate_up: linear(LinearRole::GateUp, &gate_up, &mut done)?,
+                                down: linear(LinearRole::Down, &down, &mut done)?,
+                            }),
+                        };
                         Ffn::Moe(Experts {
                             moe,
                             router,
                             experts,
+                            shared,
                         })
                     }
                 },
@@ -493,6 +519,10 @@ impl Model {
                 Ffn::Dense(x) => std::slice::from_ref(x),
                 Ffn::Moe(m) => {
                     host += m.router.len() as u64 * 4;
+                    if let Some(x) = &m.shared {
+                        linear(&x.gate_up);
+                        linear(&x.down);
+                    }
                     &m.experts[..]
                 }
             };

@@ -1,5 +1,6 @@
-//! The mixture-of-experts feed-forward (qwen3moe, olmoe): route each row, run each chosen
-//! expert once over all the rows that chose it, and sum each row's weighted expert outputs.
+//! The mixture-of-experts feed-forward (qwen3moe, olmoe, granitemoe): route each row, run each
+//! chosen expert once over all the rows that chose it, and sum each row's weighted expert
+//! outputs; add the shared expert's output, when the layer has one.
 //!
 //! Routing runs on the host in f32: the router is tiny (`n_expert × n_embd`), and its choice is
 //! discrete, so the exact logits keep the NPU path's expert choices those of the f32 reference
@@ -15,13 +16,16 @@
 //! summed in rank order (as llama.cpp adds its expert views), never in the order experts were
 //! visited: with linears that are row-invariant (the seam's contract), a row's result is
 //! bit-identical whatever rows share its pass. Decode (one row) runs only its `k` experts.
+//!
+//! The shared expert (granitemoe's `ffn_{gate,up,down}_shexp`) runs on all the rows at once
+//! and its output is added, unweighted, to each row's sum (llama.cpp's `moe_out + ffn_shexp`).
 
 use std::time::{Duration, Instant};
 
 use super::config::{Activation, Config, Moe};
 use super::error::ModelError;
 use super::kernels;
-use super::load::Experts;
+use super::load::{Expert, Experts};
 use super::ops::{geglu, split_columns, swiglu};
 
 /// The experts each row runs, `k` per row in rank order, with their weights.
@@ -84,23 +88,8 @@ pub(super) fn forward(
             let r = s / k;
             xin.extend_from_slice(&h[r * e..(r + 1) * e]);
         }
-        let mut gate_up = vec![0.0f32; n * 2 * ff];
-        let (mut gate, mut up) = (vec![0.0f32; n * ff], vec![0.0f32; n * ff]);
         let mut y = vec![0.0f32; n * e];
-        let t = Instant::now();
-        let p = &expert.gate_up;
-        p.op.forward(&xin, n, &mut gate_up)
-            .map_err(|err| p.failed(err))?;
-        *t_matmul += t.elapsed();
-        let [gate, up] = split_columns(&mut gate_up, n, [&mut gate, &mut up]);
-        match c.family.activation {
-            Activation::Silu => swiglu(ff, gate, up),
-            Activation::GeluTanh => geglu(ff, gate, up),
-        }
-        let t = Instant::now();
-        let p = &expert.down;
-        p.op.forward(gate, n, &mut y).map_err(|err| p.failed(err))?;
-        *t_matmul += t.elapsed();
+        run_expert(c, expert, ff, &xin, n, &mut y, t_matmul)?;
         for (&s, yr) in rows.iter().zip(y.chunks_exact(e)) {
             let w = chosen[s].1;
             for (o, &v) in ys[s * e..(s + 1) * e].iter_mut().zip(yr) {
@@ -117,5 +106,42 @@ pub(super) fn forward(
             }
         }
     }
+    if let (Some(expert), Some(fs)) = (&layer.shared, moe.n_ff_shared) {
+        let mut y = vec![0.0f32; m * e];
+        run_expert(c, expert, fs, h, m, &mut y, t_matmul)?;
+        for (a, &b) in out.iter_mut().zip(&y) {
+            *a += b;
+        }
+    }
+    Ok(())
+}
+
+/// One gated feed-forward of hidden width `ff` (an expert's) on the `n` rows of `x` into `y`;
+/// the time in its linears is added to `t_matmul`.
+fn run_expert(
+    c: &Config,
+    expert: &Expert,
+    ff: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    t_matmul: &mut Duration,
+) -> Result<(), ModelError> {
+    let mut gate_up = vec![0.0f32; n * 2 * ff];
+    let (mut gate, mut up) = (vec![0.0f32; n * ff], vec![0.0f32; n * ff]);
+    let t = Instant::now();
+    let p = &expert.gate_up;
+    p.op.forward(x, n, &mut gate_up)
+        .map_err(|err| p.failed(err))?;
+    *t_matmul += t.elapsed();
+    let [gate, up] = split_columns(&mut gate_up, n, [&mut gate, &mut up]);
+    match c.family.activation {
+        Activation::Silu => swiglu(ff, gate, up),
+        Activation::GeluTanh => geglu(ff, gate, up),
+    }
+    let t = Instant::now();
+    let p = &expert.down;
+    p.op.forward(gate, n, y).map_err(|err| p.failed(err))?;
+    *t_matmul += t.elapsed();
     Ok(())
 }

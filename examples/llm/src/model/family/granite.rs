@@ -35,20 +35,7 @@ pub(super) const FAMILY: Family = Family {
 
 fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
     rope_whole_head(c)?;
-    let key = "granite.logit_scale";
-    let logit_scale = key_f32(file, key)?.ok_or(ModelError::MissingKey { key: key.into() })?;
-    if logit_scale == 0.0 || !logit_scale.is_finite() {
-        return Err(ModelError::BadKey {
-            key: key.into(),
-            reason: format!("{logit_scale}: the logits are divided by it"),
-        });
-    }
-    c.logit_scale = Some(logit_scale);
-    c.embd_scale = multiplier(file, "granite.embedding_scale")?;
-    c.residual_scale = multiplier(file, "granite.residual_scale")?;
-    if let Some(s) = multiplier(file, "granite.attention.scale")? {
-        c.attn_scale = s;
-    }
+    scalars(file, c)?;
     let key = "granite.rope.scaling.finetuned";
     if let Some(v) = file.metadata().get(key) {
         match v.as_bool() {
@@ -69,6 +56,28 @@ fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
                 what: format!("tensor {name:?} in a granite model"),
             });
         }
+    }
+    Ok(())
+}
+
+/// Reads the four scalars of the module documentation, under the family's prefix
+/// (`granite.*`, `granitemoe.*`), into `c`.
+pub(super) fn scalars(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
+    let p = c.family.name;
+    let key = format!("{p}.logit_scale");
+    let logit_scale =
+        key_f32(file, &key)?.ok_or_else(|| ModelError::MissingKey { key: key.clone() })?;
+    if logit_scale == 0.0 || !logit_scale.is_finite() {
+        return Err(ModelError::BadKey {
+            key,
+            reason: format!("{logit_scale}: the logits are divided by it"),
+        });
+    }
+    c.logit_scale = Some(logit_scale);
+    c.embd_scale = multiplier(file, &format!("{p}.embedding_scale"))?;
+    c.residual_scale = multiplier(file, &format!("{p}.residual_scale"))?;
+    if let Some(s) = multiplier(file, &format!("{p}.attention.scale"))? {
+        c.attn_scale = s;
     }
     Ok(())
 }

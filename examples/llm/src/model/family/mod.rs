@@ -11,6 +11,7 @@
 mod gemma2;
 mod gemma3;
 mod granite;
+mod granitemoe;
 mod lfm2;
 mod llama;
 mod olmoe;
@@ -37,6 +38,7 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3moe::FAMILY,
     &olmoe::FAMILY,
     &lfm2::FAMILY,
+    &granitemoe::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -255,7 +257,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe"
         );
     }
 }
