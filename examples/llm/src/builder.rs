@@ -41,6 +41,7 @@ use crate::model::{
 use crate::sample::SamplerConfig;
 use crate::serve::{Batcher, ServeConfig, ServeError};
 use crate::session::{GenerateError, Session};
+use crate::spec::{DraftError, DraftModel, check_vocabulary};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// The context size a builder gives a model unless told otherwise, or the trained context if
@@ -120,6 +121,9 @@ pub enum LoadError {
     /// The batcher of [`ModelBuilder::serve`] could not start.
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// The model cannot draft for the target ([`ModelBuilder::load_draft`]).
+    #[error("as a draft: {0}")]
+    Draft(#[from] DraftError),
     /// A setting is out of its range.
     #[error("{setting} {value}: {rule}")]
     Setting {
@@ -398,6 +402,30 @@ impl ModelBuilder {
         Some(WeightCache::new(dir, self.cache_cap))
     }
 
+    /// Loads the model as a draft for `target` (speculative decoding, [`DraftModel`]):
+    /// checks the vocabularies first (before any weight loads), gives it the target's context
+    /// (or its own trained context if shorter: past it the draft proposes nothing) and, unless
+    /// [`ModelBuilder::pool`] gave one, the target's host pool (one thread drives both, one
+    /// pass at a time); then [`LoadedModel::draft_for`].
+    pub fn load_draft(
+        mut self,
+        target: &LoadedModel,
+        max: usize,
+        p_min: f32,
+    ) -> Result<(LoadedModel, DraftModel), LoadError> {
+        let file = GgufFile::open(&self.path)?;
+        check_vocabulary(&Tokenizer::from_gguf(&file)?, &target.tokenizer)?;
+        let trained = Config::from_gguf(&file)?.n_ctx;
+        drop(file);
+        self.context = Some(target.model.n_ctx().min(trained));
+        if self.pool.is_none() {
+            self.pool = Some(target.model.pool().clone());
+        }
+        let loaded = self.load()?;
+        let draft = loaded.draft_for(target, max, p_min)?;
+        Ok((loaded, draft))
+    }
+
     /// Loads the model, its tokenizer and its chat template.
     pub fn load(self) -> Result<LoadedModel, LoadError> {
         let t0 = Instant::now();
@@ -616,5 +644,23 @@ impl LoadedModel {
         let mut s = Session::new(self.model.clone(), self.tokenizer.clone(), sampling)?;
         s.set_cache_type(self.kv_cache);
         Ok(s)
+    }
+
+    /// This model as a draft for `target` ([`DraftModel::new`]: the same vocabulary, token
+    /// for token), proposing at most `max` tokens a pass and stopping where its probability
+    /// falls below `p_min`; give it to a session with [`Session::set_draft`].
+    pub fn draft_for(
+        &self,
+        target: &LoadedModel,
+        max: usize,
+        p_min: f32,
+    ) -> Result<DraftModel, DraftError> {
+        DraftModel::new(
+            self.model.clone(),
+            &self.tokenizer,
+            &target.tokenizer,
+            max,
+            p_min,
+        )
     }
 }

@@ -188,3 +188,38 @@ impl LoadArgs {
             .weight_cache())
     }
 }
+
+/// llama.cpp spells some flags as two or more letters after one dash (`-np`, `-md`), which
+/// clap cannot declare (a short flag is one character: `-md` would parse as `-m d`). Every
+/// argument before a `--` that is exactly such a spelling, or the spelling and `=VALUE`,
+/// becomes its long flag (with `=VALUE`), before clap parses. `spellings` pairs each dash
+/// spelling with its long flag, e.g. `("-md", "--model-draft")`.
+pub fn rewrite_spellings(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    spellings: &[(&str, &str)],
+) -> Vec<std::ffi::OsString> {
+    use std::ffi::OsString;
+    let mut out = Vec::new();
+    let mut rest = false;
+    for a in args {
+        if !rest {
+            if a == "--" {
+                rest = true;
+            } else if let Some(long) = spellings.iter().find(|(s, _)| a == *s).map(|p| p.1) {
+                out.push(OsString::from(long));
+                continue;
+            } else if let Some(arg) = a.to_str() {
+                let found = spellings.iter().find_map(|(s, long)| {
+                    let v = arg.strip_prefix(s)?.strip_prefix('=')?;
+                    Some(format!("{long}={v}"))
+                });
+                if let Some(f) = found {
+                    out.push(OsString::from(f));
+                    continue;
+                }
+            }
+        }
+        out.push(a);
+    }
+    out
+}

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use crate::chat::{ChatError, ChatOptions, ChatTemplate, Message, encode_prompt};
 use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
 use crate::sample::{Sampler, SamplerConfig, TokenLogprobs, Verdict, token_logprobs};
-use crate::spec::{DraftPolicy, PromptLookup, SpecStats};
+use crate::spec::{DraftModel, DraftPolicy, Drafter, PromptLookup, SpecStats};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 /// Why generation stopped.
@@ -230,6 +230,8 @@ pub struct Session {
     tap: Option<Box<dyn Write + Send>>,
     /// The chat's conversation ([`Session::chat`]): its messages, the replies as generated.
     messages: Vec<Message>,
+    /// The draft model speculative decoding proposes with, and its cache of this context.
+    draft: Option<Drafter>,
 }
 
 impl std::fmt::Debug for Session {
@@ -265,7 +267,25 @@ impl Session {
             history: Vec::new(),
             tap: None,
             messages: Vec::new(),
+            draft: None,
         })
+    }
+
+    /// Drafts with `draft` from now on (`None`: no more): each decode pass, when prompt lookup
+    /// ([`GenerateParams::lookup`]) proposes nothing, the draft model proposes up to its
+    /// [`DraftModel::max`] tokens and the pass verifies them ([`crate::spec`]). The draft keeps
+    /// its own cache of the conversation, of this session's cache type and context.
+    pub fn set_draft(&mut self, draft: Option<DraftModel>) {
+        self.draft = draft.map(|d| {
+            let mut drafter = Drafter::new(d, self.seq.cache().cache_type());
+            drafter.limit_context(self.seq.n_ctx());
+            drafter
+        });
+    }
+
+    /// The draft model, if the session drafts with one ([`Session::set_draft`]).
+    pub fn draft(&self) -> Option<&DraftModel> {
+        self.draft.as_ref().map(Drafter::draft)
     }
 
     /// The model.
@@ -366,6 +386,9 @@ impl Session {
     /// written in one type are not converted to the other).
     pub fn set_cache_type(&mut self, ty: CacheType) {
         self.seq = self.model.sequence(ty);
+        if let Some(d) = self.draft.take() {
+            self.set_draft(Some(d.draft().clone()));
+        }
         self.truncate_history(0);
         self.messages.clear();
     }
@@ -375,6 +398,9 @@ impl Session {
     /// dropped.
     pub fn set_context(&mut self, n_ctx: usize) {
         self.seq.limit_context(n_ctx);
+        if let Some(d) = &mut self.draft {
+            d.limit_context(self.seq.n_ctx());
+        }
         if self.history.len() > self.seq.len() + 1 {
             self.truncate_history(self.seq.len());
         }
@@ -383,6 +409,9 @@ impl Session {
     /// Forgets the conversation.
     pub fn reset(&mut self) {
         self.seq.reset();
+        if let Some(d) = &mut self.draft {
+            d.reset();
+        }
         self.history.clear();
         self.messages.clear();
         self.sampler = Sampler::new(self.sampler.config().clone());
@@ -674,6 +703,8 @@ pub(crate) struct GenerationState {
     params: GenerateParams,
     decoder: StreamDecoder<Arc<Tokenizer>>,
     policy: DraftPolicy,
+    /// Drafts of the pass being verified that the draft model proposed (0: lookup's or none).
+    model_drafts: usize,
     out: GenerationSummary,
     modelled_from: Option<rknn_matmul::ModelledTime>,
     /// The token decided for the next position, not emitted yet.
@@ -756,6 +787,7 @@ impl GenerationState {
         GenerationState {
             decoder: StreamDecoder::new(tokenizer.clone()).preserve(&params.preserve),
             policy: DraftPolicy::new(params.lookup.map_or(0, |l| l.draft_max)),
+            model_drafts: 0,
             params: params.clone(),
             out: p.out,
             modelled_from: p.modelled_from,
@@ -1032,13 +1064,28 @@ impl GenerationState {
             self.end(s, Stop::Context);
             return self.step(s);
         }
-        let room = (self.limit() - self.out.generated.len())
-            .min(n_ctx - pos - 1)
-            .min(self.policy.next_len());
-        let drafts: Vec<u32> = match &self.params.lookup {
-            Some(l) => l.draft(&s.history, room).to_vec(),
+        let room = (self.limit() - self.out.generated.len()).min(n_ctx - pos - 1);
+        let lookup_room = room.min(self.policy.next_len());
+        let mut drafts: Vec<u32> = match &self.params.lookup {
+            Some(l) => l.draft(&s.history, lookup_room).to_vec(),
             None => Vec::new(),
         };
+        if drafts.is_empty() && room > 0 {
+            if let Some(d) = &mut s.draft {
+                let tokenizer = &s.tokenizer;
+                match d.propose(&s.history, room, self.params.batch, |t| tokenizer.is_eog(t)) {
+                    Ok(p) => {
+                        let spec = &mut self.out.spec;
+                        spec.draft_forwards += p.forwards;
+                        spec.draft_time += p.time;
+                        spec.model_drafted += p.tokens.len();
+                        self.model_drafts = p.tokens.len();
+                        drafts = p.tokens;
+                    }
+                    Err(e) => return Step::Item(Some(Err(e.into()))),
+                }
+            }
+        }
         let mut fed = Vec::with_capacity(1 + drafts.len());
         fed.extend_from_slice(&s.history[pos..]);
         let n_drafts = drafts.len();
@@ -1066,10 +1113,15 @@ impl GenerationState {
         }
         let before = self.out.spec.accepted;
         let drafts = &feed.fed[feed.fed.len() - feed.drafts..];
-        self.verify(s, drafts, feed.pos)?;
-        self.policy
-            .record(feed.drafts, self.out.spec.accepted - before);
-        Ok(())
+        let verified = self.verify(s, drafts, feed.pos);
+        let kept = self.out.spec.accepted - before;
+        if std::mem::take(&mut self.model_drafts) > 0 {
+            self.out.spec.model_accepted += kept;
+        } else {
+            // Lookup's policy learns from lookup's drafts only.
+            self.policy.record(feed.drafts, kept);
+        }
+        verified
     }
 }
 

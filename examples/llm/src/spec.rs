@@ -10,6 +10,19 @@
 //! its own), so the output is token-identical to plain greedy decoding. With sampling, the
 //! standard speculative-sampling rule ([`crate::sample::Sampler::verify`]) keeps the output
 //! distribution unchanged.
+//!
+//! A draft model ([`DraftModel`], `llm-decode --model-draft`) proposes instead, or where lookup
+//! finds nothing: a smaller model of the same vocabulary runs ahead of the target a few tokens,
+//! one cheap pass per token, always taking its own argmax, and the target verifies them all in
+//! one pass. Its proposals are deterministic given the context (a point mass, as lookup's are),
+//! so the same rule keeps greedy output token-identical to the target alone and sampled output
+//! distributed as the target's.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::{CacheType, Logits, Model, ModelError, Sequence};
+use crate::tokenizer::Tokenizer;
 
 /// n-gram prompt lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,10 +138,18 @@ impl DraftPolicy {
 pub struct SpecStats {
     /// Verify passes that carried at least one drafted token.
     pub passes: usize,
-    /// Tokens proposed.
+    /// Tokens proposed (by prompt lookup and the draft model).
     pub drafted: usize,
     /// Proposed tokens the model agreed with.
     pub accepted: usize,
+    /// Of [`SpecStats::drafted`], the tokens the draft model proposed.
+    pub model_drafted: usize,
+    /// Of [`SpecStats::accepted`], the draft model's.
+    pub model_accepted: usize,
+    /// The draft model's forward passes (catching up with the context, then one per token).
+    pub draft_forwards: usize,
+    /// Time spent in the draft model.
+    pub draft_time: Duration,
 }
 
 impl SpecStats {
@@ -140,6 +161,276 @@ impl SpecStats {
             self.accepted as f64 / self.drafted as f64
         }
     }
+}
+
+/// The most tokens [`DraftModel::new`] accepts as `max` (as `--draft-max`, a `u16`).
+pub const MAX_DRAFT: usize = 256;
+
+/// A draft model for speculative decoding: a smaller model of the target's vocabulary, loaded
+/// like any other ([`crate::ModelBuilder`]), resident beside the target. Shared by `Arc`: each
+/// session that drafts with it keeps its own cache of the draft's context
+/// ([`crate::session::Session::set_draft`]).
+#[derive(Clone, Debug)]
+pub struct DraftModel {
+    model: Arc<Model>,
+    max: usize,
+    p_min: f32,
+}
+
+/// The same model (the same `Arc`), `max` and `p_min`.
+impl PartialEq for DraftModel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.model, &other.model) && self.max == other.max && self.p_min == other.p_min
+    }
+}
+
+/// Why a model cannot draft for another.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DraftError {
+    /// The two vocabularies differ in size.
+    #[error(
+        "the draft model's vocabulary has {draft} tokens, the target's {target}: a draft must share the target's vocabulary"
+    )]
+    VocabularySize {
+        /// The target's tokens.
+        target: usize,
+        /// The draft's tokens.
+        draft: usize,
+    },
+    /// A token differs between the two vocabularies.
+    #[error(
+        "token {id} is {target:?} in the target's vocabulary but {draft:?} in the draft's: a draft must share the target's vocabulary"
+    )]
+    Token {
+        /// The first id that differs.
+        id: u32,
+        /// Its text in the target's vocabulary.
+        target: String,
+        /// Its text in the draft's.
+        draft: String,
+    },
+    /// A special token (BOS, EOS) differs.
+    #[error("the draft's {which} token is {draft:?}, the target's {target:?}")]
+    Special {
+        /// `"BOS"` or `"EOS"`.
+        which: &'static str,
+        /// The target's.
+        target: Option<u32>,
+        /// The draft's.
+        draft: Option<u32>,
+    },
+    /// The draft model's logits do not match its own tokenizer.
+    #[error("the draft model has {model} logits per row but its vocabulary {tokenizer} tokens")]
+    Logits {
+        /// The model's logits per row.
+        model: usize,
+        /// Its tokenizer's tokens.
+        tokenizer: usize,
+    },
+    /// `max` or `p_min` out of range.
+    #[error("{0}")]
+    Setting(String),
+}
+
+impl DraftModel {
+    /// `model` (with its `tokenizer`) drafting at most `max` tokens a pass (1 to [`MAX_DRAFT`])
+    /// for a target whose vocabulary is `target`, stopping early where its own probability of
+    /// its argmax falls below `p_min` (0 to 1; llama.cpp's `--draft-p-min`, default 0). The
+    /// vocabularies must be the same token for token (size, every token's text, BOS and EOS),
+    /// as each proposed id is verified as the target's token of that id.
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: &Tokenizer,
+        target: &Tokenizer,
+        max: usize,
+        p_min: f32,
+    ) -> Result<DraftModel, DraftError> {
+        if !(1..=MAX_DRAFT).contains(&max) {
+            return Err(DraftError::Setting(format!(
+                "a draft of {max} tokens: between 1 and {MAX_DRAFT}"
+            )));
+        }
+        if !(0.0..=1.0).contains(&p_min) {
+            return Err(DraftError::Setting(format!(
+                "a minimum draft probability of {p_min}: between 0 and 1"
+            )));
+        }
+        let n_logits = model.config().n_vocab;
+        if n_logits != tokenizer.n_vocab() {
+            return Err(DraftError::Logits {
+                model: n_logits,
+                tokenizer: tokenizer.n_vocab(),
+            });
+        }
+        check_vocabulary(tokenizer, target)?;
+        Ok(DraftModel { model, max, p_min })
+    }
+
+    /// The draft model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Tokens drafted at most per pass.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The probability below which drafting stops.
+    pub fn p_min(&self) -> f32 {
+        self.p_min
+    }
+}
+
+/// Whether a model of vocabulary `tokenizer` can draft for one of vocabulary `target`: the same
+/// size, every token's text, BOS and EOS ([`DraftModel::new`] checks it; a program can check
+/// the vocabularies before it loads the draft's weights).
+pub fn check_vocabulary(tokenizer: &Tokenizer, target: &Tokenizer) -> Result<(), DraftError> {
+    if tokenizer.n_vocab() != target.n_vocab() {
+        return Err(DraftError::VocabularySize {
+            target: target.n_vocab(),
+            draft: tokenizer.n_vocab(),
+        });
+    }
+    for (which, t, d) in [
+        ("BOS", target.bos(), tokenizer.bos()),
+        ("EOS", target.eos(), tokenizer.eos()),
+    ] {
+        if t != d {
+            return Err(DraftError::Special {
+                which,
+                target: t,
+                draft: d,
+            });
+        }
+    }
+    let n = u32::try_from(target.n_vocab()).unwrap_or(u32::MAX);
+    if let Some(id) = (0..n).find(|&id| target.token_text(id) != tokenizer.token_text(id)) {
+        let text = |t: &Tokenizer| t.token_text(id).unwrap_or_default().to_string();
+        return Err(DraftError::Token {
+            id,
+            target: text(target),
+            draft: text(tokenizer),
+        });
+    }
+    Ok(())
+}
+
+/// One session's use of a [`DraftModel`]: the draft's cache and the tokens it holds.
+#[derive(Debug)]
+pub(crate) struct Drafter {
+    draft: DraftModel,
+    seq: Sequence,
+    /// The tokens in `seq`'s cache, in order.
+    held: Vec<u32>,
+}
+
+/// What one [`Drafter::propose`] did.
+pub(crate) struct Proposal {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) forwards: usize,
+    pub(crate) time: Duration,
+}
+
+impl Drafter {
+    pub(crate) fn new(draft: DraftModel, ty: CacheType) -> Drafter {
+        Drafter {
+            seq: draft.model.sequence(ty),
+            draft,
+            held: Vec::new(),
+        }
+    }
+
+    /// The draft model.
+    pub(crate) fn draft(&self) -> &DraftModel {
+        &self.draft
+    }
+
+    /// Limits the draft's context to `n_ctx` positions (as its session's).
+    pub(crate) fn limit_context(&mut self, n_ctx: usize) {
+        self.seq.limit_context(n_ctx);
+        self.held.truncate(self.seq.len());
+    }
+
+    /// Forgets the draft's context (its cache is rebuilt from the next context given).
+    pub(crate) fn reset(&mut self) {
+        self.seq.reset();
+        self.held.clear();
+    }
+
+    /// Up to `max` (and the draft's own `max`) tokens the draft model would write after
+    /// `context`, each its argmax given the ones before; fewer where its probability falls below
+    /// `p_min`, after an end-of-generation token (`is_eog`), or at the end of the draft's
+    /// context. The draft's cache keeps what it already evaluated of `context` (the longest
+    /// common prefix) and evaluates only the rest, `batch` tokens a pass.
+    pub(crate) fn propose(
+        &mut self,
+        context: &[u32],
+        max: usize,
+        batch: usize,
+        is_eog: impl Fn(u32) -> bool,
+    ) -> Result<Proposal, ModelError> {
+        let t0 = Instant::now();
+        let mut out = Proposal {
+            tokens: Vec::new(),
+            forwards: 0,
+            time: Duration::ZERO,
+        };
+        // The last token drafted is not fed: the draft's context holds `context.len() + max - 1`.
+        let room = (self.seq.n_ctx() + 1).saturating_sub(context.len());
+        let max = max.min(self.draft.max).min(room);
+        let model = self.draft.model.clone();
+        if max == 0 || context.is_empty() {
+            return Ok(out);
+        }
+        // At least the last token of the context is fed: its logits draft the first token.
+        let common = crate::session::common_prefix(&self.held, context)
+            .min(context.len() - 1)
+            .min(self.seq.len());
+        self.seq.truncate(common);
+        let kept = self.seq.len();
+        self.held.truncate(kept);
+        // The context's rest, in passes of at most the model's batch.
+        let mut pos = kept;
+        for chunk in context[kept..].chunks(batch.max(1)) {
+            let last = pos + chunk.len() == context.len();
+            let which = if last { Logits::Last } else { Logits::None };
+            model.forward(&mut self.seq, chunk, pos, which)?;
+            out.forwards += 1;
+            pos += chunk.len();
+        }
+        self.held.extend_from_slice(&context[kept..]);
+        loop {
+            let (t, p) = argmax_prob(self.seq.logits());
+            if p < self.draft.p_min {
+                break;
+            }
+            out.tokens.push(t);
+            if out.tokens.len() == max || is_eog(t) {
+                break;
+            }
+            model.forward(&mut self.seq, &[t], pos, Logits::Last)?;
+            out.forwards += 1;
+            self.held.push(t);
+            pos += 1;
+        }
+        out.time = t0.elapsed();
+        Ok(out)
+    }
+}
+
+/// The argmax of a row of logits (the lowest id among equals) and its softmax probability.
+fn argmax_prob(row: &[f32]) -> (u32, f32) {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    let m = row[best];
+    let sum: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
+    (best as u32, (1.0 / sum) as f32)
 }
 
 #[cfg(test)]
@@ -211,6 +502,7 @@ mod tests {
             passes: 2,
             drafted: 8,
             accepted: 6,
+            ..SpecStats::default()
         };
         assert_eq!(s.acceptance(), 0.75);
         assert_eq!(SpecStats::default().acceptance(), 0.0);

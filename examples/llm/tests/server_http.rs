@@ -2185,3 +2185,23 @@ fn f32_server(model: &std::path::Path, template: Option<&std::path::Path>, flags
     args.extend(server::args(flags));
     Server::start(model, &args)
 }
+
+/// `-md` (llama-server's spelling): every slot drafts with a draft model of the same
+/// vocabulary (another family's random weights, so that most drafts are rejected), and every
+/// answer, alone or among eight at once on four slots, is still `llm-decode`'s without a draft.
+#[test]
+fn a_draft_model_leaves_every_answer_unchanged() {
+    let model = common::fixtures().join("llm/tiny-qwen3.gguf");
+    let draft = common::fixtures().join("llm/tiny-qwen2.gguf");
+    let _serial = server::serial();
+    let flags = format!(
+        "-t 2 --parallel 4 -c 1024 --prefill-chunk 8 -md {} --draft-max 4",
+        draft.display()
+    );
+    let s = f32_server(&model, None, &flags);
+    let (_, after) = concurrency(&s, &model, "f32", &tiny_prompts(), 24);
+    let drafted = after.get("llm_draft_tokens_total");
+    let accepted = after.get("llm_draft_tokens_accepted_total");
+    println!("{accepted} of {drafted} drafted tokens accepted");
+    assert!(drafted > 0.0 && accepted < drafted, "{accepted} of {drafted}");
+}

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::model::CacheType;
 use crate::sample::SamplerConfig;
 use crate::session::{GenerateError, Piece, Stop};
+use crate::spec::DraftModel;
 
 /// How a [`Batcher`](super::Batcher) serves.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,6 +28,9 @@ pub struct ServeConfig {
     pub prefill_chunk: usize,
     /// How each slot's cache stores keys and values.
     pub cache_type: CacheType,
+    /// A draft model every slot drafts with ([`Session::set_draft`](crate::session::Session::set_draft)):
+    /// each decode step, a slot's draft proposes tokens and the step's pass verifies them.
+    pub draft: Option<DraftModel>,
 }
 
 impl Default for ServeConfig {
@@ -37,6 +41,7 @@ impl Default for ServeConfig {
             queue: 64,
             prefill_chunk: 64,
             cache_type: CacheType::F32,
+            draft: None,
         }
     }
 }
@@ -205,6 +210,10 @@ pub struct Metrics {
     pub pass_rows: u64,
     /// Decode rows in those passes (one per decoding request per pass).
     pub decode_rows: u64,
+    /// Tokens the draft model proposed ([`ServeConfig::draft`]), over finished requests.
+    pub draft_tokens: u64,
+    /// Of those, tokens the model accepted.
+    pub draft_accepted: u64,
     /// Rows of the last pass.
     pub last_pass_rows: usize,
     /// Passes by rows, in buckets of at most 1, 2, 4, 8, 16, 32, 64, 128 and more rows.

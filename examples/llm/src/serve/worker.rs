@@ -114,6 +114,7 @@ impl Worker {
             let mut s = Session::new(model.clone(), tokenizer.clone(), SamplerConfig::default())?;
             s.set_cache_type(config.cache_type);
             s.set_context(config.slot_ctx);
+            s.set_draft(config.draft.clone());
             slots.push(Slot {
                 session: s,
                 job: None,
@@ -664,6 +665,11 @@ impl Worker {
             }
             Phase::Prefill { .. } => None,
         };
+        if let Some(out) = summary {
+            let mut st = self.shared.lock();
+            st.metrics.draft_tokens += out.spec.model_drafted as u64;
+            st.metrics.draft_accepted += out.spec.model_accepted as u64;
+        }
         let counted = match end {
             End::Done => {
                 let out = summary.expect("done after decoding");

@@ -22,6 +22,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
         seed,
         load_peak,
         dump,
+        draft,
     } = p;
     let text = prompt.ok_or("no prompt: give -p TEXT or -f FILE (or --chat)")?;
     let (prompt_ids, echo) = prompt_ids(args, template.as_ref(), &session, &text)?;
@@ -58,7 +59,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
     let stats = session.sequence().stats().clone();
     let threads = model.pool().current_num_threads();
     let summary = Summary {
-        speculating: args.spec != SpecArg::None,
+        speculating: args.spec != SpecArg::None || draft.is_some(),
         load_time: loaded.load_time,
         out: &out,
         threads,
@@ -104,7 +105,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
                 "prefill_s": out.prefill_time.as_secs_f64(),
                 "decode_s": out.decode_time.as_secs_f64(),
                 "decode_forwards": out.decode_forwards,
-                "spec": spec_json(args, &out),
+                "spec": spec_json(args, &out, draft.as_ref()),
                 "stop": out.stop.map_or("none", |s| s.name()),
                 "threads": threads,
                 "kernel": rknn_llm::model::kernels::selected().name(),

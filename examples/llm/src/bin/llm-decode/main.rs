@@ -45,7 +45,7 @@ use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Session};
 use rknn_llm::spec::PromptLookup;
 use rknn_llm::tokenizer::Tokenizer;
-use rknn_llm::{LoadedModel, Model};
+use rknn_llm::{LoadError, LoadedModel, Model, ModelBuilder};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -113,9 +113,24 @@ struct Args {
     /// output distribution).
     #[arg(long, value_enum, default_value_t = SpecArg::None)]
     spec: SpecArg,
-    /// Drafted tokens per verify pass at most.
+    /// Drafted tokens per verify pass at most (prompt lookup's and the draft model's).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     draft_max: u16,
+    /// A draft model for speculative decoding (llama.cpp's -md, also spelled so): a smaller
+    /// model of the same vocabulary proposes up to --draft-max tokens, each its own argmax,
+    /// and the model verifies them in one pass (lossless). Loaded as the model is (backend,
+    /// weights, context); with --spec lookup, it drafts where lookup finds nothing.
+    #[arg(long = "model-draft", value_name = "FILE")]
+    model_draft: Option<PathBuf>,
+    /// The draft model stops drafting where its probability of its next token falls below P
+    /// (0 to 1).
+    #[arg(
+        long = "draft-p-min",
+        value_name = "P",
+        default_value_t = 0.0,
+        requires = "model_draft"
+    )]
+    draft_p_min: f32,
     /// The longest n-gram prompt lookup matches (then shorter ones, down to 3-grams).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     ngram: u16,
@@ -246,6 +261,16 @@ impl Mode {
         if args.chat && args.json {
             return Err("--json is not available with --chat".into());
         }
+        let generating = !(args.kernels
+            || args.weight_cache_list
+            || args.weight_cache_clear
+            || args.tokenize
+            || args.perplexity.is_some());
+        if args.model_draft.is_some() && !generating {
+            return Err(
+                "--model-draft drafts tokens while generating; this mode generates none".into(),
+            );
+        }
         Ok(if args.kernels {
             Mode::Kernels
         } else if args.weight_cache_list || args.weight_cache_clear {
@@ -264,7 +289,11 @@ impl Mode {
 
 /// Runs the mode the flags ask for; an error is one line on stderr and exit status 1.
 fn main() {
-    let args = Args::parse();
+    // llama.cpp's `-md` (`--model-draft`): two letters after one dash, which clap cannot declare.
+    let args = Args::parse_from(rknn_llm::cli::rewrite_spellings(
+        std::env::args_os(),
+        &[("-md", "--model-draft")],
+    ));
     let done = match Mode::of(&args) {
         Err(e) => Err(e),
         Ok(Mode::Kernels) => report::print_kernels(args.json),
@@ -288,6 +317,8 @@ fn main() {
 /// session over it, the chat template, the generation's parameters.
 pub(crate) struct Prepared {
     pub(crate) loaded: LoadedModel,
+    /// `--model-draft`'s model, drafting for the session.
+    pub(crate) draft: Option<LoadedModel>,
     pub(crate) session: Session,
     /// The chat template, when the prompt is a chat.
     pub(crate) template: Option<ChatTemplate>,
@@ -313,10 +344,20 @@ impl Prepared {
             None => prompt_text(args)?,
         };
         let spec = constraint_spec(args)?;
-        let loaded = load(args, &model_path)?;
+        let loaded = load_with(args, &model_path, |b| b.load().map(|l| (l, ())))?.0;
+        let draft = match &args.model_draft {
+            Some(path) => {
+                let max = usize::from(args.draft_max);
+                let (d, draft) =
+                    load_with(args, path, |b| b.load_draft(&loaded, max, args.draft_p_min))
+                        .map_err(|e| format!("--model-draft {}: {e}", path.display()))?;
+                Some((d, draft))
+            }
+            None => None,
+        };
         let load_peak = report::Memory::rss().map(|r| r.1);
         let seed = args.seed.unwrap_or_else(random_seed);
-        let session = loaded.session(SamplerConfig {
+        let mut session = loaded.session(SamplerConfig {
             temperature: args.temp,
             top_k: args.top_k,
             top_p: args.top_p,
@@ -327,6 +368,10 @@ impl Prepared {
             frequency_penalty: args.frequency_penalty,
             logit_bias: Vec::new(),
         })?;
+        let draft = draft.map(|(d, model)| {
+            session.set_draft(Some(model));
+            d
+        });
         let dump = match &args.dump_logits {
             Some(p) => Some(SharedFile::create(p)?),
             None => None,
@@ -360,6 +405,7 @@ impl Prepared {
         };
         Ok(Prepared {
             loaded,
+            draft,
             session,
             template,
             params,
@@ -404,10 +450,14 @@ fn tokenize(args: &Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// Loads the model as the flags say, with a progress bar on stderr; tells where the weights
-/// came from on a terminal, and a weight cache that could not be used or written wherever
-/// stderr goes.
-fn load(args: &Args, path: &Path) -> Result<LoadedModel, Error> {
+/// Loads the model at `path` as the flags say, by `how` (a plain load, or as a draft), with a
+/// progress bar on stderr; tells where the weights came from on a terminal, and a weight cache
+/// that could not be used or written wherever stderr goes.
+fn load_with<T>(
+    args: &Args,
+    path: &Path,
+    how: impl FnOnce(ModelBuilder) -> Result<(LoadedModel, T), LoadError>,
+) -> Result<(LoadedModel, T), Error> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(
             "loading {bar:40.cyan/blue} {bytes}/{total_bytes} ({elapsed})",
@@ -432,14 +482,14 @@ fn load(args: &Args, path: &Path) -> Result<LoadedModel, Error> {
         builder = builder.chat_template_file(f);
     }
     // This thread drives the model: as its host pool's member 0 it runs each pass itself.
-    let loaded = builder.load()?;
+    let (loaded, extra) = how(builder)?;
     bar.finish_and_clear();
     if let Some(c) = &loaded.weight_cache {
         if c.is_warning() || std::io::stderr().is_terminal() {
             eprintln!("llm-decode: {c}");
         }
     }
-    Ok(loaded)
+    Ok((loaded, extra))
 }
 
 /// Whether the prompt is a chat (rendered with the chat template).

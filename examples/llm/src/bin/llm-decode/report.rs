@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use rknn_llm::Model;
 use rknn_llm::session::GenerationSummary;
+use rknn_llm::{LoadedModel, Model};
 use rknn_matmul::engine::Engine;
 
 use super::{Args, Error, SpecArg};
@@ -59,31 +59,60 @@ impl Summary<'_> {
         if self.speculating {
             let s = o.spec;
             eprintln!(
-                "speculation (prompt lookup): {} verify passes, {} drafted, {} accepted ({:.1} %), {:.2} tokens per forward pass",
+                "speculation: {} verify passes, {} drafted, {} accepted ({:.1} %), {:.2} tokens per forward pass",
                 s.passes,
                 s.drafted,
                 s.accepted,
                 100.0 * s.acceptance(),
                 o.tokens_per_pass()
             );
+            if s.draft_forwards > 0 {
+                eprintln!(
+                    "draft model: {} drafted, {} accepted, {} forward passes in {:.2} s",
+                    s.model_drafted,
+                    s.model_accepted,
+                    s.draft_forwards,
+                    s.draft_time.as_secs_f64()
+                );
+            }
         }
     }
 }
 
-pub(crate) fn spec_json(args: &Args, o: &GenerationSummary) -> serde_json::Value {
-    match args.spec {
-        SpecArg::None => json!({"mode": "none"}),
-        SpecArg::Lookup => json!({
-            "mode": "lookup",
-            "draft_max": args.draft_max,
-            "ngram": args.ngram,
-            "passes": o.spec.passes,
-            "drafted": o.spec.drafted,
-            "accepted": o.spec.accepted,
-            "acceptance": o.spec.acceptance(),
-            "tokens_per_pass": o.tokens_per_pass(),
-        }),
-    }
+/// `--json`'s `spec`: the mode (`none`, `lookup`, `draft` or `lookup+draft`), what was drafted
+/// and accepted, and the draft model's share.
+pub(crate) fn spec_json(
+    args: &Args,
+    o: &GenerationSummary,
+    draft: Option<&LoadedModel>,
+) -> serde_json::Value {
+    let mode = match (args.spec, draft.is_some()) {
+        (SpecArg::None, false) => return json!({"mode": "none"}),
+        (SpecArg::None, true) => "draft",
+        (SpecArg::Lookup, false) => "lookup",
+        (SpecArg::Lookup, true) => "lookup+draft",
+    };
+    let s = o.spec;
+    json!({
+        "mode": mode,
+        "draft_max": args.draft_max,
+        "ngram": (args.spec == SpecArg::Lookup).then_some(args.ngram),
+        "passes": s.passes,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "acceptance": s.acceptance(),
+        "tokens_per_pass": o.tokens_per_pass(),
+        "draft_model": draft.map(|d| json!({
+            "path": d.path.display().to_string(),
+            "p_min": args.draft_p_min,
+            "drafted": s.model_drafted,
+            "accepted": s.model_accepted,
+            "forwards": s.draft_forwards,
+            "time_s": s.draft_time.as_secs_f64(),
+            "memory": Memory::measure(&d.model, d.kv_cache).json(),
+            "engine": d.model.engine().map(engine_json),
+        })),
+    })
 }
 
 /// The engine's per-phase times, one line.

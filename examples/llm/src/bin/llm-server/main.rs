@@ -107,34 +107,38 @@ struct Args {
     /// The model id /v1/models shows and responses name (default: the file's stem).
     #[arg(short = 'a', long, value_name = "NAME")]
     alias: Option<String>,
+    /// A draft model for speculative decoding (also `-md`, llama-server's spelling): a smaller
+    /// model of the same vocabulary, loaded as the model is, proposes up to --draft-max tokens
+    /// per slot and step, each its own argmax; the step's pass verifies them (lossless).
+    #[arg(long = "model-draft", value_name = "FILE")]
+    model_draft: Option<PathBuf>,
+    /// Tokens the draft model proposes per step at most (1 to 64).
+    #[arg(long, alias = "spec-draft-n-max", value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=64), requires = "model_draft")]
+    draft_max: u16,
+    /// The draft model stops drafting where its probability of its next token falls below P
+    /// (0 to 1).
+    #[arg(
+        long,
+        alias = "spec-draft-p-min",
+        value_name = "P",
+        default_value_t = 0.0,
+        requires = "model_draft"
+    )]
+    draft_p_min: f32,
     /// Where the weight matmuls run and how weights and the KV cache are stored.
     #[command(flatten)]
     load: LoadArgs,
 }
 
-/// llama-server spells `--parallel` also `-np`: two letters after one dash, which clap cannot
-/// declare (a short flag is one character, and `-np` would parse as `-n -p`). So every
-/// argument that is exactly `-np`, or `-np=N`, before a `--` becomes `--parallel` (`=N`)
-/// before clap parses.
+/// llama-server's `-np` (`--parallel`) and `-md` (`--model-draft`), rewritten before clap
+/// parses ([`rknn_llm::cli::rewrite_spellings`]).
 fn rewrite_np(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let mut out = Vec::new();
-    let mut rest = false;
-    for a in args {
-        if !rest {
-            if a == "--" {
-                rest = true;
-            } else if a == "-np" {
-                out.push(OsString::from("--parallel"));
-                continue;
-            } else if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("-np=")) {
-                out.push(OsString::from(format!("--parallel={v}")));
-                continue;
-            }
-        }
-        out.push(a);
-    }
-    out
+    rknn_llm::cli::rewrite_spellings(args, SPELLINGS)
 }
+
+/// llama-server's spellings of two letters after one dash.
+const SPELLINGS: &[(&str, &str)] = &[("-np", "--parallel"), ("-md", "--model-draft")];
 
 /// Parses the flags (after `-np`), starts a small async runtime and serves; exits with the status.
 fn main() {
@@ -328,6 +332,7 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
         builder = builder.chat_template_file(f);
     }
     let (parallel, queue, prefill_chunk) = (args.parallel, args.queue, args.prefill_chunk);
+    let draft_args = args.clone();
     // The model loads on the batcher's own thread, which then drives its host pool.
     let (loaded, batcher) = builder.serve(move |loaded| {
         // `-c` is the context of all the slots together, as llama-server's.
@@ -338,12 +343,28 @@ fn load(args: &Args, threads: usize) -> Result<(Loaded, Batcher), Error> {
                 "a context of {total} positions leaves none for each of {parallel} slots: raise -c or lower --parallel"
             )));
         }
+        let draft = match &draft_args.model_draft {
+            Some(path) => {
+                let max = usize::from(draft_args.draft_max);
+                let (d, draft) = draft_args
+                    .load
+                    .apply(Model::builder(path))
+                    .and_then(|b| b.load_draft(loaded, max, draft_args.draft_p_min))
+                    .map_err(|e| ServeError::Config(format!("--model-draft {}: {e}", path.display())))?;
+                if let Some(c) = &d.weight_cache {
+                    eprintln!("llm-server: draft: {c}");
+                }
+                Some(draft)
+            }
+            None => None,
+        };
         Ok(ServeConfig {
             slots: parallel,
             slot_ctx,
             queue,
             prefill_chunk,
             cache_type: loaded.kv_cache,
+            draft,
         })
     })?;
     if let Some(c) = &loaded.weight_cache {

@@ -79,7 +79,7 @@ pub fn render(m: &Metrics, requests: &BTreeMap<(&'static str, u16), u64>) -> Str
             "llm_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
         );
     }
-    let counters: [(&str, &str, u64); 11] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "llm_prompt_tokens_total",
             "Prompt tokens of accepted requests.",
@@ -130,6 +130,16 @@ pub fn render(m: &Metrics, requests: &BTreeMap<(&'static str, u16), u64>) -> Str
             "llm_decode_rows_total",
             "Decode rows in those passes (one per decoding request per pass).",
             m.decode_rows,
+        ),
+        (
+            "llm_draft_tokens_total",
+            "Tokens the draft model (--model-draft) proposed, over ended requests.",
+            m.draft_tokens,
+        ),
+        (
+            "llm_draft_tokens_accepted_total",
+            "Of those, tokens the model accepted.",
+            m.draft_accepted,
         ),
     ];
     for (name, help, value) in counters {
