@@ -14,12 +14,18 @@
 //! (`DecoderLayout::Engine`: fused qkv and gate-up, contexts of at most 8192 columns, residual
 //! activations on the down projections and the head), with the same per-run cost. A second
 //! table splits the engine layout's TTFT into NPU and host glue, with and without the down
-//! projections' residual rows.
+//! projections' residual rows. A third sets the mixture of experts OLMoE-1B-7B beside its
+//! dense twin (the same attention and head, one feed-forward as wide as its 8 active experts:
+//! the weights a decoded token reads are the same), at RKLLM's prompt of 128 tokens: decode,
+//! TTFT, runs per core, the largest terms, and what the engine holds (contexts, each one
+//! dma-buf handle for its B, and NPU weight memory).
 
 use rknn_emu::cost::{
     DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_8B, LlmPrediction, NpuTerms,
-    QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
+    OLMOE_1B_7B, OLMOE_1B_7B_DENSE, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
+    host,
 };
+use rknn_emu::rknn_chip::MatmulType;
 
 /// A row: the shape, RKLLM's prompt length, and RKLLM's published decode tok/s and TTFT (ms).
 struct Published {
@@ -129,6 +135,64 @@ fn main() {
             1e3 * h.ttft_s(),
             1e3 * h.prefill_npu_s,
             1e3 * h.prefill_host_s,
+        );
+    }
+    moe_section();
+}
+
+/// What the engine holds for `d` on three lanes: (contexts, one dma-buf handle each for its
+/// B; NPU bytes of the padded weights).
+fn held(d: &DecoderShape) -> (usize, f64) {
+    let t = MatmulType::I8_I8_I32;
+    let mut contexts = 0;
+    let mut bytes = 0.0;
+    for (l, count) in ENGINE_LAYOUT.held_linears(d) {
+        let plan = RK3588
+            .engine_plan(&l, 3, t, &ENGINE_LAYOUT)
+            .expect("a plan");
+        contexts += count * plan.contexts();
+        bytes += (count * plan.n_pad * plan.k_pad) as f64;
+    }
+    (contexts, bytes)
+}
+
+/// OLMoE-1B-7B beside its dense twin at RKLLM's prompt length.
+fn moe_section() {
+    const PROMPT: usize = 128;
+    let engine = DecoderLayout::Engine(ENGINE_LAYOUT);
+    println!();
+    println!(
+        "| model ({PROMPT}-token prompt) | weights G: held / read per token | decode tok/s (A76-pinned) \
+         | TTFT ms (A76-pinned) | engine layout: decode tok/s | engine layout: TTFT ms \
+         | engine layout: runs per core per token / per prompt | engine layout: decode terms \
+         | engine layout: TTFT terms | router ms: token / prompt | engine: contexts held (3 lanes) \
+         | engine: NPU weights GB |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---|---|---|---|---:|---:|");
+    for d in [&OLMOE_1B_7B, &OLMOE_1B_7B_DENSE] {
+        let p = RK3588.predict_llm_prompt(d, PROMPT);
+        let e = RK3588.predict_llm_prompt_in(d, PROMPT, &engine);
+        let (contexts, bytes) = held(d);
+        println!(
+            "| {} | {:.2} / {:.2} | {:.2} ({:.2}) | {:.0} ({:.0}) | {:.2} | {:.0} | {} / {} | {} | {} \
+             | {:.1} / {:.0} | {} | {:.2} |",
+            d.name,
+            d.parameters() as f64 / 1e9,
+            d.weights() as f64 / 1e9,
+            p.decode_tok_s,
+            p.decode_pinned_tok_s,
+            1e3 * p.ttft_s(),
+            1e3 * p.ttft_pinned_s(),
+            e.decode_tok_s,
+            1e3 * e.ttft_s(),
+            e.decode.runs_per_core,
+            e.prefill.runs_per_core,
+            dominant(&e.decode.terms, e.decode_host_s),
+            dominant(&e.prefill.terms, e.prefill_host_s),
+            1e3 * host::router_s(d, 1),
+            1e3 * host::router_s(d, PROMPT),
+            contexts,
+            bytes / 1e9,
         );
     }
 }

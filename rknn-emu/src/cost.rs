@@ -40,7 +40,8 @@
 //!
 //! [`CostModel::decoder_pass`] costs every linear of a decoder ([`DecoderShape`]: the
 //! campaign's 9B stand-in [`CAMPAIGN_9B`], and the public shapes [`QWEN2_0_5B`],
-//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`]) term by term ([`NpuTerms`]);
+//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`], the mixture of experts
+//! [`OLMOE_1B_7B`] and its dense twin [`OLMOE_1B_7B_DENSE`]) term by term ([`NpuTerms`]);
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
 //! prefill rates and the time to the first token. Both cost the campaign's llama.cpp graph,
 //! the calibrated one; [`CostModel::decoder_pass_in`] and [`CostModel::predict_llm_prompt_in`]
@@ -49,6 +50,13 @@
 //! each linear split by the engine's own planner, [`rknn_chip::plan`]), with the same per-run
 //! cost, nothing refitted. The calibration is frozen: the constants are those of the
 //! table in `docs/npu-matmul-performance.md`, and a test fails when one changes.
+//!
+//! A mixture of experts ([`MoeShape`]) is costed by the same runs: per block the attention
+//! linears, then each expert a pass touches once on its rows (decode: the `k` a token
+//! uses; a prefill of `P` rows: the `n · (1 − (1 − k/n)^P)` distinct experts uniform routing
+//! touches, [`DecoderShape::experts_touched`]), gate, up and down apart in the campaign's
+//! layout, gate-up and down in the engine's; the f32 routers on one host thread
+//! ([`host::router_s`], an uncalibrated assumption) are added to the host time.
 
 use std::time::Duration;
 
@@ -217,18 +225,26 @@ impl CostModel {
         t: MatmulType,
     ) -> PassCost {
         let mut total = PassCost::default();
-        let mut linear = |n: usize, k: usize, m: usize, count: usize| {
+        let mut linear = |n: usize, k: usize, m: usize, count: f64| {
             let one = self.linear(n, k, m, cores, t);
-            let c = count as f64;
-            total.npu_s += c * one.npu_s;
-            total.runs_per_core += count as u64 * one.runs_per_core;
-            total.weight_bytes += c * one.weight_bytes;
-            total.terms.add(&one.terms, c);
+            total.add_expected(&one, count);
         };
-        for (n, k) in d.layer_linears() {
-            linear(n, k, rows, d.layers);
+        let l = d.layer_linears();
+        for &(n, k) in &l[..4] {
+            linear(n, k, rows, d.layers as f64);
         }
-        linear(d.vocab, d.hidden, head_rows, 1);
+        // The feed-forward: once per block, or each touched expert once on its rows (gate, up
+        // and down apart, as llama.cpp's graph keeps them), and the shared expert on all rows.
+        let (touched, m) = (d.experts_touched(rows), d.expert_rows(rows));
+        for &(n, k) in &l[4..] {
+            linear(n, k, m, d.layers as f64 * touched);
+        }
+        if let Some(fs) = d.moe.map(|x| x.n_ff_shared).filter(|&fs| fs > 0) {
+            for (n, k) in [(fs, d.hidden), (fs, d.hidden), (d.hidden, fs)] {
+                linear(n, k, rows, d.layers as f64);
+            }
+        }
+        linear(d.vocab, d.hidden, head_rows, 1.0);
         total
     }
 }
@@ -286,7 +302,18 @@ impl CostModel {
             DecoderLayout::Engine(e) => e,
         };
         let mut total = PassCost::default();
-        for l in e.block_linears(d) {
+        let [qkv, o, gate_up, down] = e.block_linears(d);
+        for l in [qkv, o] {
+            total.add(&self.engine_linear(&l, rows, cores, t, e), d.layers as u64);
+        }
+        // The feed-forward: once per block, or each touched expert once on its rows (gate-up
+        // fused, then down: 2 linears an expert), and the shared expert on all rows.
+        let (touched, m) = (d.experts_touched(rows), d.expert_rows(rows));
+        for l in [gate_up, down] {
+            let one = self.engine_linear(&l, m, cores, t, e);
+            total.add_expected(&one, d.layers as f64 * touched);
+        }
+        for l in e.shared_linears(d).into_iter().flatten() {
             total.add(&self.engine_linear(&l, rows, cores, t, e), d.layers as u64);
         }
         total.add(&self.engine_linear(&e.head(d), head_rows, cores, t, e), 1);
@@ -479,6 +506,15 @@ impl PassCost {
         self.weight_bytes += c * other.weight_bytes;
         self.terms.add(&other.terms, c);
     }
+
+    /// Adds an expected `times` × `other` (the experts a prefill pass touches need not be a
+    /// whole number): times and terms scaled by it, runs by it rounded to the nearest run.
+    fn add_expected(&mut self, other: &PassCost, times: f64) {
+        self.npu_s += times * other.npu_s;
+        self.runs_per_core += (times * other.runs_per_core as f64).round() as u64;
+        self.weight_bytes += times * other.weight_bytes;
+        self.terms.add(&other.terms, times);
+    }
 }
 
 /// Modelled NPU time split by what set it, seconds. Each run's fixed cost is `call_s`; the
@@ -559,7 +595,8 @@ pub struct DecoderShape {
     pub layers: usize,
     /// Hidden size (K of q, k, v, gate, up; N of o and down).
     pub hidden: usize,
-    /// Feed-forward size (N of gate and up, K of down).
+    /// Feed-forward size (N of gate and up, K of down): of each expert, in a mixture of
+    /// experts ([`DecoderShape::moe`]).
     pub n_ff: usize,
     /// Output columns of the query projection (heads × head size).
     pub q_dim: usize,
@@ -571,10 +608,27 @@ pub struct DecoderShape {
     /// one vocab × hidden matrix instead of two. Every decoded token still reads it whole, as
     /// the output projection; only the model's size changes.
     pub tied_embeddings: bool,
+    /// The feed-forward is a mixture of experts (`None`: one dense feed-forward of
+    /// [`DecoderShape::n_ff`]).
+    pub moe: Option<MoeShape>,
+}
+
+/// A mixture-of-experts feed-forward: each block holds `experts` feed-forwards of the
+/// decoder's [`DecoderShape::n_ff`] and a router (`experts × hidden`, f32 on the host); each
+/// row runs the `used` its router picks, and the shared expert, if any, on every row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeShape {
+    /// Experts per block (`expert_count`).
+    pub experts: usize,
+    /// Experts each row runs (`expert_used_count`).
+    pub used: usize,
+    /// Hidden width of the shared expert every row runs (0: none).
+    pub n_ff_shared: usize,
 }
 
 impl DecoderShape {
-    /// (N, K) of the linears of one block: q, k, v, o, gate, up, down.
+    /// (N, K) of the linears of one block: q, k, v, o, gate, up, down (in a mixture of experts,
+    /// gate, up and down are one expert's).
     pub fn layer_linears(&self) -> [(usize, usize); 7] {
         let (h, f) = (self.hidden, self.n_ff);
         [
@@ -588,31 +642,101 @@ impl DecoderShape {
         ]
     }
 
-    /// Weights of all linears, the output projection included: what the NPU reads per decoded
-    /// token.
+    /// Weights of one block's attention linears (q, k, v, o) and of one feed-forward (gate,
+    /// up, down; one expert's in a mixture).
+    fn block_weights(&self) -> (usize, usize) {
+        let l = self.layer_linears();
+        let sum = |ls: &[(usize, usize)]| ls.iter().map(|(n, k)| n * k).sum::<usize>();
+        (sum(&l[..4]), sum(&l[4..]))
+    }
+
+    /// The shared expert's weights in one block (0 without one).
+    fn shared_weights(&self) -> usize {
+        self.moe.map_or(0, |m| 3 * m.n_ff_shared * self.hidden)
+    }
+
+    /// Weights of all linears a decoded token runs, the output projection included: what the
+    /// NPU reads per decoded token. In a mixture of experts, the `used` experts of each block
+    /// (and the shared one), not all of them: its active weights.
     pub fn weights(&self) -> u64 {
-        let block: usize = self.layer_linears().iter().map(|(n, k)| n * k).sum();
+        let (attn, ffn) = self.block_weights();
+        let used = self.moe.map_or(1, |m| m.used);
+        let block = attn + used * ffn + self.shared_weights();
         (self.layers * block + self.vocab * self.hidden) as u64
     }
 
-    /// Weights of every matrix the model holds: [`DecoderShape::weights`], and the token
-    /// embedding unless it is the output projection ([`DecoderShape::tied_embeddings`]). Norms
-    /// and biases are not counted.
+    /// Weights of every matrix the model holds: the attention and every expert's feed-forward
+    /// of every block (in a mixture, all `experts`, the shared one and the router), the output
+    /// projection, and the token embedding unless it is the output projection
+    /// ([`DecoderShape::tied_embeddings`]). Norms and biases are not counted.
     pub fn parameters(&self) -> u64 {
         let embedding = if self.tied_embeddings {
             0
         } else {
             self.vocab * self.hidden
         };
-        self.weights() + embedding as u64
+        let (attn, ffn) = self.block_weights();
+        let block = match self.moe {
+            None => attn + ffn,
+            Some(m) => attn + m.experts * (ffn + self.hidden) + self.shared_weights(),
+        };
+        (self.layers * block + self.vocab * self.hidden + embedding) as u64
+    }
+
+    /// The feed-forwards one block runs in a pass over `rows` rows: 1 for a dense block (0
+    /// for no rows); in a mixture of `n` experts of which each row uses `k`, the expected
+    /// number of distinct experts the rows choose, `n · (1 − (1 − k/n)^rows)`, assuming each
+    /// row's choice is uniform and independent of the others' (`k` for one row, all `n` as
+    /// rows grow). Each touched expert runs once on its rows ([`DecoderShape::expert_rows`]).
+    pub fn experts_touched(&self, rows: usize) -> f64 {
+        if rows == 0 {
+            return 0.0;
+        }
+        match self.moe {
+            None => 1.0,
+            Some(m) => {
+                let (n, k) = (m.experts as f64, m.used.min(m.experts) as f64);
+                n * (1.0 - (1.0 - k / n).powi(rows.min(i32::MAX as usize) as i32))
+            }
+        }
+    }
+
+    /// The rows each touched feed-forward runs on in a pass over `rows` rows: `rows` for a
+    /// dense block; in a mixture, the `rows · k` (row, expert) pairs shared by the
+    /// [`DecoderShape::experts_touched`] experts, rounded to whole rows (a run has a whole
+    /// number of rows; the uniform-routing mean), at least 1 and at most `rows`.
+    pub fn expert_rows(&self, rows: usize) -> usize {
+        match self.moe {
+            None => rows,
+            Some(_) if rows == 0 => 0,
+            Some(m) => {
+                let pairs = (rows * m.used) as f64;
+                ((pairs / self.experts_touched(rows)).round() as usize).clamp(1, rows)
+            }
+        }
+    }
+
+    /// f32 router weights one block holds (`experts × hidden`; 0 for a dense block): read and
+    /// multiplied on the host for every row ([`host::router_s`]).
+    pub fn router_weights(&self) -> usize {
+        self.moe.map_or(0, |m| m.experts * self.hidden)
     }
 
     /// Activation elements a pass over `rows` rows moves between the host and the NPU: every
     /// linear's input (rows × K, quantised and packed by the host) and output (rows × N,
     /// collected by it), the output projection's over `head_rows` rows. What the host glue of
     /// [`host::prefill_s`] scales with.
+    /// In a mixture each row goes through its `used` experts (and the shared one): the
+    /// experts' inputs and outputs are `rows · used` rows' worth.
     pub fn activations(&self, rows: usize, head_rows: usize) -> f64 {
-        let block: usize = self.layer_linears().iter().map(|(n, k)| n + k).sum();
+        let l = self.layer_linears();
+        let sum = |ls: &[(usize, usize)]| ls.iter().map(|(n, k)| n + k).sum::<usize>();
+        let (used, shared) = self.moe.map_or((1, 0), |m| {
+            let h = self.hidden;
+            let fs = m.n_ff_shared;
+            (m.used, if fs == 0 { 0 } else { 3 * (fs + h) })
+        });
+        let block = sum(&l[..4]) + used * sum(&l[4..]) + shared;
         let head = self.vocab + self.hidden;
         (rows * self.layers * block + head_rows * head) as f64
     }
@@ -633,6 +757,7 @@ pub const CAMPAIGN_9B: DecoderShape = DecoderShape {
     vocab: 151_936,
     // Not published; the bytes a token reads do not depend on it.
     tied_embeddings: false,
+    moe: None,
 };
 
 /// Qwen2-0.5B, from its `config.json`: hidden 896, 24 layers, 14 heads and 2 key/value heads
@@ -646,6 +771,7 @@ pub const QWEN2_0_5B: DecoderShape = DecoderShape {
     kv_dim: 2 * 64,
     vocab: 151_936,
     tied_embeddings: true,
+    moe: None,
 };
 
 /// TinyLlama-1.1B (`TinyLlama-1.1B-Chat-v1.0`), from its `config.json`: hidden 2048, 22
@@ -660,6 +786,7 @@ pub const TINYLLAMA_1_1B: DecoderShape = DecoderShape {
     kv_dim: 4 * 64,
     vocab: 32_000,
     tied_embeddings: false,
+    moe: None,
 };
 
 /// Qwen2.5-1.5B, from its `config.json`: hidden 1536, 28 layers, 12 heads and 2 key/value heads
@@ -674,6 +801,7 @@ pub const QWEN2_5_1_5B: DecoderShape = DecoderShape {
     kv_dim: 2 * 128,
     vocab: 151_936,
     tied_embeddings: true,
+    moe: None,
 };
 
 /// Llama-3-8B (`Meta-Llama-3-8B`), from its `config.json`: hidden 4096, 32 layers, 32 heads
@@ -688,6 +816,38 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
     kv_dim: 8 * 128,
     vocab: 128_256,
     tied_embeddings: false,
+    moe: None,
+};
+
+/// OLMoE-1B-7B (`allenai/OLMoE-1B-7B-0924`), from its `config.json`: hidden 2048, 16 layers,
+/// 16 heads and 16 key/value heads of 128, a mixture of 64 experts of intermediate 1024 per
+/// block of which each token uses 8 (no shared expert), vocabulary 50 304, separate embedding
+/// and output projection (6.92 G parameters, 1.28 G of them active per token).
+pub const OLMOE_1B_7B: DecoderShape = DecoderShape {
+    name: "OLMoE-1B-7B",
+    layers: 16,
+    hidden: 2048,
+    n_ff: 1024,
+    q_dim: 16 * 128,
+    kv_dim: 16 * 128,
+    vocab: 50_304,
+    tied_embeddings: false,
+    moe: Some(MoeShape {
+        experts: 64,
+        used: 8,
+        n_ff_shared: 0,
+    }),
+};
+
+/// The dense twin of [`OLMOE_1B_7B`]: its attention, embedding and head, and one feed-forward
+/// as wide as its 8 active experts together (8 × 1024 = 8192), so a decoded token reads the
+/// same weights (1.28 G). These are also OLMo-1B's widths (hidden 2048, 16 layers, 16 heads,
+/// MLP 8192, vocabulary 50 304), the dense model the OLMoE paper sets beside it.
+pub const OLMOE_1B_7B_DENSE: DecoderShape = DecoderShape {
+    name: "OLMoE-1B-7B's dense twin",
+    n_ff: 8 * 1024,
+    moe: None,
+    ..OLMOE_1B_7B
 };
 
 /// How a decoder's linears are laid out on the NPU ([`CostModel::decoder_pass_in`],
@@ -775,7 +935,8 @@ impl EngineLayout {
         }
     }
 
-    /// The linears of one block of `d`: qkv, o, gate-up, down.
+    /// The linears of one block of `d`: qkv, o, gate-up, down (in a mixture of experts, one
+    /// expert's gate-up and down).
     pub fn block_linears(&self, d: &DecoderShape) -> [EngineLinear; 4] {
         let (h, f) = (d.hidden, d.n_ff);
         [
@@ -784,6 +945,36 @@ impl EngineLayout {
             self.linear(LinearRole::GateUp, 2 * f, h),
             self.linear(LinearRole::Down, h, f),
         ]
+    }
+
+    /// The shared expert's gate-up and down in one block of `d`, if it has one.
+    pub fn shared_linears(&self, d: &DecoderShape) -> Option<[EngineLinear; 2]> {
+        let fs = d.moe.map_or(0, |m| m.n_ff_shared);
+        (fs > 0).then(|| {
+            [
+                self.linear(LinearRole::GateUp, 2 * fs, d.hidden),
+                self.linear(LinearRole::Down, d.hidden, fs),
+            ]
+        })
+    }
+
+    /// The linears the engine holds for `d` (each resident, with its own contexts), with how
+    /// many of each: per block qkv and o, gate-up and down once per expert (`experts` times
+    /// in a mixture) and the shared expert's; the head once.
+    pub fn held_linears(&self, d: &DecoderShape) -> Vec<(EngineLinear, usize)> {
+        let [qkv, o, gate_up, down] = self.block_linears(d);
+        let per_block = d.moe.map_or(1, |m| m.experts);
+        let mut held = vec![
+            (qkv, d.layers),
+            (o, d.layers),
+            (gate_up, d.layers * per_block),
+            (down, d.layers * per_block),
+        ];
+        for l in self.shared_linears(d).into_iter().flatten() {
+            held.push((l, d.layers));
+        }
+        held.push((self.head(d), 1));
+        held
     }
 
     /// The output head of `d`.
@@ -801,9 +992,23 @@ impl EngineLayout {
     /// this layout ([`DecoderShape::activations`] for the campaign's): every linear's input
     /// (quantised once per fused linear, twice with residual activations) and output, the
     /// head's over `head_rows` rows.
+    /// In a mixture each row goes through its `used` experts: their inputs and outputs are
+    /// `rows · used` rows' worth.
     pub fn activations(&self, d: &DecoderShape, rows: usize, head_rows: usize) -> f64 {
         let moved = |l: &EngineLinear, rows: usize| l.rows_per_input_row() * rows * (l.k + l.n);
-        let block: usize = self.block_linears(d).iter().map(|l| moved(l, rows)).sum();
+        let [qkv, o, gate_up, down] = self.block_linears(d);
+        let used = d.moe.map_or(1, |m| m.used);
+        let shared: usize = self
+            .shared_linears(d)
+            .into_iter()
+            .flatten()
+            .map(|l| moved(&l, rows))
+            .sum();
+        let block = moved(&qkv, rows)
+            + moved(&o, rows)
+            + moved(&gate_up, rows * used)
+            + moved(&down, rows * used)
+            + shared;
         (d.layers * block + moved(&self.head(d), head_rows)) as f64
     }
 }
@@ -860,6 +1065,29 @@ pub mod host {
     pub fn prefill_engine_s(d: &DecoderShape, rows: usize, e: &EngineLayout) -> f64 {
         PREFILL_512_S * (e.activations(d, rows, 1) / CAMPAIGN_9B.activations(512, 1))
     }
+
+    /// Bytes per second one host core streams the router's f32 weights from DDR at. An
+    /// assumption, not measured on a board: a Cortex-A76 reading a 512 KB matrix that the
+    /// previous token's 15 other routers pushed out of its caches.
+    pub const ROUTER_BYTES_PER_S: f64 = 8e9;
+    /// f32 operations per second of one host core in the router's dot products. An
+    /// assumption, not measured: about a quarter of a 2.4 GHz Cortex-A76's 38.4 GFLOP/s NEON
+    /// peak (two 4-wide FMA pipes), a dot product being bound by its loads.
+    pub const ROUTER_FLOPS: f64 = 10e9;
+
+    /// Host seconds of the routers of a pass over `rows` rows of `d` (0 for a dense decoder):
+    /// per block, the router's f32 weights read once ([`DecoderShape::router_weights`] × 4
+    /// bytes at [`ROUTER_BYTES_PER_S`]) and multiplied by every row (2 × weights operations
+    /// per row at [`ROUTER_FLOPS`]), on one host thread, as the engine routes
+    /// (`examples/llm/src/model/moe.rs`). The softmax and top-k over `experts` values per row
+    /// are left out (64 values against 131 072 multiply-adds for OLMoE).
+    pub fn router_s(d: &DecoderShape, rows: usize) -> f64 {
+        if rows == 0 {
+            return 0.0;
+        }
+        let w = d.router_weights() as f64;
+        d.layers as f64 * (4.0 * w / ROUTER_BYTES_PER_S + rows as f64 * 2.0 * w / ROUTER_FLOPS)
+    }
 }
 
 /// The model's prediction for a decoder on RK3588 (three cores, W8A8), for the campaign's 9B
@@ -875,7 +1103,8 @@ pub struct LlmPrediction {
     pub prefill: PassCost,
     /// NPU seconds per decoded token.
     pub decode_npu_s: f64,
-    /// Host seconds per decoded token ([`host::decode_s`]).
+    /// Host seconds per decoded token ([`host::decode_s`], and [`host::router_s`] of one row
+    /// in a mixture of experts).
     pub decode_host_s: f64,
     /// Decode tokens per second if the NPU were all there is.
     pub decode_npu_only_tok_s: f64,
@@ -886,7 +1115,8 @@ pub struct LlmPrediction {
     pub decode_pinned_tok_s: f64,
     /// NPU seconds of the prefill pass.
     pub prefill_npu_s: f64,
-    /// Host seconds of the prefill pass ([`host::prefill_s`]).
+    /// Host seconds of the prefill pass ([`host::prefill_s`], and [`host::router_s`] of the
+    /// prompt in a mixture of experts).
     pub prefill_host_s: f64,
     /// Prefill tokens per second if the NPU were all there is.
     pub prefill_npu_only_tok_s: f64,
@@ -922,7 +1152,7 @@ impl CostModel {
         let t = MatmulType::I8_I8_I32;
         let decode = self.decoder_pass(d, 1, 1, self.cores, t);
         let prefill = self.decoder_pass(d, prompt, 1, self.cores, t);
-        LlmPrediction::new(prompt, decode, prefill, host::prefill_s(d, prompt))
+        LlmPrediction::new(prompt, decode, prefill, host::prefill_s(d, prompt), d)
     }
 
     /// [`CostModel::predict_llm_prompt`] with the decoder laid out as `layout` says: the
@@ -959,17 +1189,26 @@ impl CostModel {
             decode,
             prefill,
             host::prefill_engine_s(d, prompt, e),
+            d,
         )
     }
 }
 
 impl LlmPrediction {
     /// The prediction from the NPU cost of a decoded token and of the prefill pass and the
-    /// prefill's host seconds: decode host time is [`host::decode_s`], the pinned rates the
+    /// prefill's host glue seconds: decode host time is [`host::decode_s`], the routers of `d`
+    /// ([`host::router_s`]) are added to both phases' host time, the pinned rates are the
     /// campaign's speed-ups.
-    fn new(prompt: usize, decode: PassCost, prefill: PassCost, ph: f64) -> LlmPrediction {
+    fn new(
+        prompt: usize,
+        decode: PassCost,
+        prefill: PassCost,
+        glue: f64,
+        d: &DecoderShape,
+    ) -> LlmPrediction {
         let (dn, pn) = (decode.npu_s, prefill.npu_s);
-        let dh = host::decode_s(dn);
+        let dh = host::decode_s(dn) + host::router_s(d, 1);
+        let ph = glue + host::router_s(d, prompt);
         let rows = prompt as f64;
         LlmPrediction {
             prompt,

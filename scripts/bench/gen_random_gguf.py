@@ -25,7 +25,11 @@ writes ~50-60 MB/s on one core (numpy's normals and gguf.quants' Q8_0): TinyLlam
 Qwen2.5-1.5B in ~35 s, Llama-3-8B would take ~2.5-3 minutes.
 
 Presets: tiny (llama, 256 wide, 2 layers, vocab padded 32000 -> 32064), tinyllama-1.1b,
-qwen2-0.5b, qwen2.5-1.5b, llama-3-8b (--list prints their shapes).
+qwen2-0.5b, qwen2.5-1.5b, llama-3-8b, olmoe-1b-7b (a mixture of experts: 64 per layer, top 8,
+stacked as blk.N.ffn_{gate,up,down}_exps with the router blk.N.ffn_gate_inp in F32, as
+llama.cpp's converter writes them; 7.36 GB) and olmoe-1b-7b-dense (its dense twin: the same
+attention and head, one feed-forward as wide as the 8 active experts; 1.36 GB) (--list prints
+their shapes).
 
 Usage: ~/.cache/rknpu-rs/py/bin/python scripts/bench/gen_random_gguf.py NAME [NAME ...]
          [--out DIR] [--force] [--dry-run] [--seed N] [--gain G] [--embd-std S] [--list]
@@ -86,6 +90,28 @@ PRESETS = {
         n_ff=8960, n_vocab=151936, n_ctx=32768, rope_base=1e6, rms_eps=1e-6, tied=True,
         qkv_bias=True, vocab="ggml-vocab-qwen2.gguf",
         tok_overrides={"tokenizer.ggml.add_bos_token": False}),
+    # allenai/OLMoE-1B-7B-0924's config.json: 16 layers, hidden 2048, 16 heads (16 KV) of 128,
+    # 64 experts, top 8 (no renormalisation), experts' intermediate 1024, vocab 50304, untied,
+    # rope_theta 10000, rms eps 1e-5, max positions 4096. llama.cpp's olmoe keeps the experts'
+    # width in olmoe.feed_forward_length and normalises Q and K over the whole projection
+    # (attn_q_norm / attn_k_norm of n_embd). Its tokenizer (GPT-NeoX-based, 50280 tokens) has no
+    # vocabulary file in llama.cpp; GPT-2's (50257 tokens, the same byte-level BPE family) is
+    # padded to 50304 under the pre-tokenizer name the converter gives OLMo ("olmo").
+    "olmoe-1b-7b": dict(
+        arch="olmoe", label="OLMoE 1B-7B (0924)", n_embd=2048, n_layer=16, n_head=16,
+        n_head_kv=16, n_ff=1024, n_vocab=50304, n_ctx=4096, rope_base=10000.0, rms_eps=1e-5,
+        tied=False, qkv_bias=False, n_expert=64, n_expert_used=8, qk_norm_whole=True,
+        vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "olmo"}),
+    # The dense twin of olmoe-1b-7b: the same attention, embedding and head, and one feed-forward
+    # as wide as the 8 active experts together (8 x 1024 = 8192), as llama (no Q/K norms): the
+    # weights one decoded token reads are OLMoE's active ones (1.28 B parameters). These are
+    # also OLMo-1B's widths (2048, 16 layers, 16 heads, MLP 8192, vocab 50304), the dense model
+    # the OLMoE paper sets beside OLMoE-1B-7B.
+    "olmoe-1b-7b-dense": dict(
+        arch="llama", label="dense twin of OLMoE 1B-7B's active weights", n_embd=2048,
+        n_layer=16, n_head=16, n_head_kv=16, n_ff=8192, n_vocab=50304, n_ctx=4096,
+        rope_base=10000.0, rms_eps=1e-5, tied=False, qkv_bias=False,
+        vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "olmo"}),
     "llama-3-8b": dict(
         arch="llama", label="Llama 3 8B", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
         n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, rms_eps=1e-5, tied=False,
@@ -114,13 +140,28 @@ def tensor_plan(p):
         if p["qkv_bias"]:
             plan += [(b + "attn_q.bias", (q,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
                      (b + "attn_v.bias", (kv,), "bias")]
-        plan += [
-            (b + "attn_output.weight", (e, q), "linear"),
-            (b + "ffn_norm.weight", (e,), "norm"),
-            (b + "ffn_gate.weight", (ff, e), "linear"),
-            (b + "ffn_up.weight", (ff, e), "linear"),
-            (b + "ffn_down.weight", (e, ff), "linear"),
-        ]
+        plan.append((b + "attn_output.weight", (e, q), "linear"))
+        if p.get("qk_norm_whole"):
+            plan += [(b + "attn_q_norm.weight", (q,), "norm"),
+                     (b + "attn_k_norm.weight", (kv,), "norm")]
+        plan.append((b + "ffn_norm.weight", (e,), "norm"))
+        if p.get("n_expert"):
+            # The router (F32: llama.cpp's converter never quantises ffn_gate_inp), then the
+            # experts stacked as the converter merges them (down, gate, up): numpy shape
+            # (n_expert, rows, cols) is ggml's ne [cols, rows, n_expert].
+            ne = p["n_expert"]
+            plan += [
+                (b + "ffn_gate_inp.weight", (ne, e), "router"),
+                (b + "ffn_down_exps.weight", (ne, e, ff), "linear"),
+                (b + "ffn_gate_exps.weight", (ne, ff, e), "linear"),
+                (b + "ffn_up_exps.weight", (ne, ff, e), "linear"),
+            ]
+        else:
+            plan += [
+                (b + "ffn_gate.weight", (ff, e), "linear"),
+                (b + "ffn_up.weight", (ff, e), "linear"),
+                (b + "ffn_down.weight", (e, ff), "linear"),
+            ]
     plan.append(("output_norm.weight", (e,), "norm"))
     if not p["tied"]:
         plan.append(("output.weight", (p["n_vocab"], e), "linear"))
@@ -128,13 +169,24 @@ def tensor_plan(p):
 
 
 def q8_0_bytes(shape):
-    rows, cols = shape
+    *outer, cols = shape
     assert cols % 32 == 0, f"Q8_0 needs rows of a multiple of 32 values, not {cols}"
+    rows = 1
+    for d in outer:
+        rows *= d
     return rows * (cols // 32) * 34
 
 
-def tensor_bytes(shape):
-    return q8_0_bytes(shape) if len(shape) == 2 else 4 * shape[0]
+def n_values(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def tensor_bytes(shape, kind="linear"):
+    """Q8_0 for a matrix or a stack of them, F32 for a vector and for the router."""
+    return q8_0_bytes(shape) if len(shape) >= 2 and kind != "router" else 4 * n_values(shape)
 
 
 # GGUF value types: struct format of the scalar ones (8 is a string, 9 an array).
@@ -248,11 +300,14 @@ def build_header(name, p, plan):
     fields, n_tok = read_vocab(p)
     for key, val, vt, st in fields:
         w.add_key_value(key, val, vt, sub_type=st)
-    for tname, shape, _ in plan:
-        if len(shape) == 2:
+    if p.get("n_expert"):
+        w.add_uint32(f"{arch}.expert_count", p["n_expert"])
+        w.add_uint32(f"{arch}.expert_used_count", p["n_expert_used"])
+    for tname, shape, kind in plan:
+        if len(shape) >= 2 and kind != "router":
             w.add_tensor_info(tname, shape, np.dtype(np.float32), q8_0_bytes(shape), raw_dtype=Q.Q8_0)
         else:
-            w.add_tensor_info(tname, shape, np.dtype(np.float32), 4 * shape[0])
+            w.add_tensor_info(tname, shape, np.dtype(np.float32), tensor_bytes(shape, kind))
     buf = io.BytesIO()
     w.fout = [buf]
     w.state = WriterState.EMPTY
@@ -267,7 +322,7 @@ def pad(n, align):
 
 
 def expected_size(header_len, plan, align):
-    return pad(header_len, align) + sum(pad(tensor_bytes(s), align) for _, s, _ in plan)
+    return pad(header_len, align) + sum(pad(tensor_bytes(s, k), align) for _, s, k in plan)
 
 
 def write_tensor(fout, index, shape, kind, seed, gain, embd_std=0.02):
@@ -283,13 +338,17 @@ def write_tensor(fout, index, shape, kind, seed, gain, embd_std=0.02):
     if kind == "bias":
         (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)).tofile(fout)
         return
-    rows, cols = shape
+    cols = shape[-1]
+    rows = n_values(shape) // cols  # a stack of experts: its matrices' rows one after another
     std = np.float32(embd_std if kind == "embd" else gain / np.sqrt(cols))
     step = max(1, CHUNK_VALUES // cols)
     for r0 in range(0, rows, step):
         x = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32)
         x *= std
-        quantize(x, Q.Q8_0).tofile(fout)
+        if kind == "router":
+            x.tofile(fout)
+        else:
+            quantize(x, Q.Q8_0).tofile(fout)
 
 
 def fmt_bytes(n):
@@ -301,19 +360,23 @@ def generate(name, out_dir, force, dry_run, seed, gain, embd_std=0.02):
     plan = tensor_plan(p)
     header, align, n_tok = build_header(name, p, plan)
     total = expected_size(len(header), plan, align)
-    n_params = sum(s[0] * (s[1] if len(s) == 2 else 1) for _, s, _ in plan)
-    weight_bytes = sum(tensor_bytes(s) for _, s, _ in plan)
+    n_params = sum(n_values(s) for _, s, _ in plan)
+    # A mixture's decoded token reads k of each layer's n experts (and the whole router).
+    used = p.get("n_expert_used", 1) / p.get("n_expert", 1)
+    n_active = sum(n_values(s) * (used if t.endswith("_exps.weight") else 1) for t, s, _ in plan)
+    active = f" ({n_active / 1e9:.3f} B active)" if n_active != n_params else ""
+    weight_bytes = sum(tensor_bytes(s, k) for _, s, k in plan)
     path = os.path.join(out_dir, f"{name}-q8_0.gguf")
     pad_note = f", padded from {n_tok} tokens" if n_tok < p["n_vocab"] else ""
-    summary = (f"{name}: {p['arch']}, {len(plan)} tensors, {n_params / 1e9:.3f} B parameters, "
+    summary = (f"{name}: {p['arch']}, {len(plan)} tensors, {n_params / 1e9:.3f} B parameters{active}, "
                f"vocab {p['n_vocab']}{pad_note}, metadata {fmt_bytes(len(header))}, "
                f"tensor data {fmt_bytes(weight_bytes)}, file {total} bytes ({fmt_bytes(total)})")
     if dry_run:
         print(f"# {path} (dry run: nothing written)")
         for tname, shape, kind in plan:
-            ty = "Q8_0" if len(shape) == 2 else "F32"
+            ty = "Q8_0" if len(shape) >= 2 and kind != "router" else "F32"
             ne = list(reversed(shape))
-            print(f"{tname:32} {ty:5} ne={ne!s:16} {tensor_bytes(shape):>12} bytes")
+            print(f"{tname:32} {ty:5} ne={ne!s:16} {tensor_bytes(shape, kind):>12} bytes")
         print(summary)
         return path, total
     if not force and os.path.exists(path) and os.path.getsize(path) == total:
@@ -326,7 +389,7 @@ def generate(name, out_dir, force, dry_run, seed, gain, embd_std=0.02):
         fout.write(header)
         fout.write(b"\0" * (pad(len(header), align) - len(header)))
         for i, (tname, shape, kind) in enumerate(plan):
-            n = tensor_bytes(shape)
+            n = tensor_bytes(shape, kind)
             start = fout.tell()
             write_tensor(fout, i, shape, kind, seed, gain, embd_std)
             assert fout.tell() - start == n, (tname, fout.tell() - start, n)
