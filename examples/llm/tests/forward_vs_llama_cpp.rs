@@ -248,6 +248,16 @@ fn tiny_granitemoe_matches_llama_cpp() {
     );
 }
 
+/// Sigmoid gating with a selection bias that changes some rows' experts, after a leading
+/// dense layer, on short-convolution and attention layers.
+#[test]
+fn tiny_lfm2moe_matches_llama_cpp() {
+    check(
+        "tiny-lfm2moe",
+        &common::fixtures().join("llm/tiny-lfm2moe.gguf"),
+    );
+}
+
 #[test]
 fn tiny_phi3_matches_llama_cpp() {
     check("tiny-phi3", &common::fixtures().join("llm/tiny-phi3.gguf"));

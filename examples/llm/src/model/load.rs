@@ -75,6 +75,9 @@ pub(super) struct Experts {
     pub(super) moe: Moe,
     /// `ffn_gate_inp`, `n_expert` rows of `n_embd`, f32.
     pub(super) router: Vec<f32>,
+    /// `exp_probs_b.bias`, `n_expert` values added to the probabilities to choose the
+    /// experts (not to weight them), if the family has one ([`Moe::selection_bias`]).
+    pub(super) bias: Option<Vec<f32>>,
     pub(super) experts: Vec<Expert>,
     /// The shared expert every row runs, unweighted (`ffn_{gate,up,down}_shexp`), if any.
     pub(super) shared: Option<Expert>,
@@ -323,7 +326,7 @@ impl Model {
                     &mut done,
                 )?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                ffn: match c.moe {
+                ffn: match c.moe_at(i).copied() {
                     None => Ffn::Dense(Expert {
                         gate_up: linear(LinearRole::GateUp, &views(&gate_up_parts, e)?, &mut done)?,
                         down: linear(
@@ -356,6 +359,16 @@ impl Model {
                                     views(&[(&n("ffn_down_shexp.weight"), e)], fs)?,
                                 ))
                             }
+                        };
+                        let probs_b = n("exp_probs_b.bias");
+                        let bias = if moe.selection_bias {
+                            Some(vector(&probs_b, ne, &mut done)?)
+                        } else if file.tensor(&probs_b).is_some() {
+                            return Err(ModelError::Unsupported {
+                                what: format!("tensor {probs_b:?} in a {} model", fam.name),
+                            });
+                        } else {
+                            None
                         };
                         done += router.data().len() as u64;
                         let router = router.to_f32()?;
@@ -393,6 +406,7 @@ impl Model {
                         Ffn::Moe(Experts {
                             moe,
                             router,
+                            bias,
                             experts,
                             shared,
                         })
@@ -518,7 +532,7 @@ impl Model {
             let experts = match &l.ffn {
                 Ffn::Dense(x) => std::slice::from_ref(x),
                 Ffn::Moe(m) => {
-                    host += m.router.len() as u64 * 4;
+                    host += (m.router.len() + m.bias.as_ref().map_or(0, Vec::len)) as u64 * 4;
                     if let Some(x) = &m.shared {
                         linear(&x.gate_up);
                         linear(&x.down);
