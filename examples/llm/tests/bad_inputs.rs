@@ -432,6 +432,27 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The fixture `tiny` with the first dimension of tensor `name` set to `d` (in the header; the
+/// data stays where it was).
+fn reshaped(tiny: &str, name: &[u8], d: u64) -> Result<GgufFile, String> {
+    let mut bytes = std::fs::read(common::fixtures().join(format!("llm/{tiny}.gguf")))
+        .map_err(|e| e.to_string())?;
+    // The name, then its u32 dimension count, then the u64 dimensions.
+    let at = find(&bytes, name).ok_or("tensor not in the fixture")? + name.len() + 4;
+    bytes[at..at + 8].copy_from_slice(&d.to_le_bytes());
+    GgufFile::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// A `arch` file (width 8, 2 heads, vocabulary 4) whose only tensors are the embedding and
+/// `name` (a vector of 8).
+fn with_tensor(arch: &str, name: &str) -> Result<GgufFile, String> {
+    let mut b = config_of(arch, 2, 0, 8, 1, 2, None);
+    b.tensor("token_embd.weight", &[8, 4], 0, 0)
+        .tensor(name, &[8], 0, 128)
+        .data(160);
+    b.parse().map_err(|e| e.to_string())
+}
+
 /// tiny-qwen3moe.gguf with the u32 or u64 value of the key ending in `key` set to `v`.
 fn patched_moe(key: &[u8], v: u64) -> Result<GgufFile, String> {
     patched("tiny-qwen3moe", key, v)
@@ -708,6 +729,58 @@ fn model_cases() -> Vec<Case> {
                     load(&f),
                     ModelError::BadKey { ref key, ref reason }
                         if key == "lfm2moe.expert_feed_forward_length" && reason.contains("layer 2")
+                )
+            }),
+        ),
+        (
+            "a llama attention-output bias of the wrong length",
+            Box::new(|| {
+                let f = reshaped("tiny-llama-bias", b"blk.1.attn_output.bias", 47)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.1.attn_output.bias" && expected == &[48] && found == &[47]
+                )
+            }),
+        ),
+        (
+            "a llama feed-forward up bias of the wrong length",
+            Box::new(|| {
+                let f = reshaped("tiny-llama-bias", b"blk.0.ffn_up.bias", 95)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, .. }
+                        if name == "blk.0.ffn_up.bias" && expected == &[96]
+                )
+            }),
+        ),
+        (
+            "an attention-output bias in a qwen2 file (whose graph has none)",
+            Box::new(|| {
+                let f = with_tensor("qwen2", "blk.0.attn_output.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.attn_output.bias\"")
+                )
+            }),
+        ),
+        (
+            "a feed-forward down bias in a gemma3 file",
+            Box::new(|| {
+                let f = with_tensor("gemma3", "blk.0.ffn_down.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.ffn_down.bias\"")
+                )
+            }),
+        ),
+        (
+            "a fused QKV bias in a llama file",
+            Box::new(|| {
+                let f = with_tensor("llama", "blk.0.attn_qkv.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.attn_qkv.bias\"")
                 )
             }),
         ),

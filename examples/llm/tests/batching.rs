@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -41,6 +41,7 @@ const FAMILIES: [&str; 14] = [
     "tiny-lfm2",
     "tiny-granitemoe",
     "tiny-lfm2moe",
+    "tiny-llama-bias",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {

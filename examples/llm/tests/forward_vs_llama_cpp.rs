@@ -199,6 +199,16 @@ fn tiny_llama_matches_llama_cpp() {
     );
 }
 
+/// llama with every optional bias llama.cpp's llama graph adds (Q/K/V, attention output,
+/// feed-forward gate, up and down).
+#[test]
+fn tiny_llama_bias_matches_llama_cpp() {
+    check(
+        "tiny-llama-bias",
+        &common::fixtures().join("llm/tiny-llama-bias.gguf"),
+    );
+}
+
 #[test]
 fn smollm2_matches_llama_cpp() {
     let Some(path) = common::demo_model_forward() else {

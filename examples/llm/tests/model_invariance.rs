@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 14] = [
+const TINY: [&str; 15] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -25,6 +25,7 @@ const TINY: [&str; 14] = [
     "tiny-lfm2.gguf",
     "tiny-granitemoe.gguf",
     "tiny-lfm2moe.gguf",
+    "tiny-llama-bias.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {

@@ -402,8 +402,13 @@ pub struct Family {
     pub name: &'static str,
     /// How RoPE pairs the dimensions of a head.
     pub rope_style: RopeStyle,
-    /// Q, K and V biases: required (qwen2) or refused.
+    /// Q, K and V biases: required (qwen2) or, unless [`Family::optional_biases`], refused.
     pub qkv_bias: bool,
+    /// Biases on the Q, K and V, the attention output and the feed-forward (gate, up, down)
+    /// linears are each added when the file has them (llama.cpp's llama graph: `attn_q.bias`
+    /// … `attn_output.bias`, `ffn_gate.bias`, `ffn_up.bias`, `ffn_down.bias`, all optional);
+    /// otherwise any of them is refused, naming the tensor.
+    pub optional_biases: bool,
     /// RMSNorm of the queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`), if any.
     pub qk_norm: QkNorm,
     /// RMSNorm of the attention's and the feed-forward's outputs before their residual adds
