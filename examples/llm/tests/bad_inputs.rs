@@ -432,6 +432,27 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The fixture `tiny` with the first dimension of tensor `name` set to `d` (in the header; the
+/// data stays where it was).
+fn reshaped(tiny: &str, name: &[u8], d: u64) -> Result<GgufFile, String> {
+    let mut bytes = std::fs::read(common::fixtures().join(format!("llm/{tiny}.gguf")))
+        .map_err(|e| e.to_string())?;
+    // The name, then its u32 dimension count, then the u64 dimensions.
+    let at = find(&bytes, name).ok_or("tensor not in the fixture")? + name.len() + 4;
+    bytes[at..at + 8].copy_from_slice(&d.to_le_bytes());
+    GgufFile::from_bytes(bytes).map_err(|e| e.to_string())
+}
+
+/// A `arch` file (width 8, 2 heads, vocabulary 4) whose only tensors are the embedding and
+/// `name` (a vector of 8).
+fn with_tensor(arch: &str, name: &str) -> Result<GgufFile, String> {
+    let mut b = config_of(arch, 2, 0, 8, 1, 2, None);
+    b.tensor("token_embd.weight", &[8, 4], 0, 0)
+        .tensor(name, &[8], 0, 128)
+        .data(160);
+    b.parse().map_err(|e| e.to_string())
+}
+
 /// tiny-qwen3moe.gguf with the u32 or u64 value of the key ending in `key` set to `v`.
 fn patched_moe(key: &[u8], v: u64) -> Result<GgufFile, String> {
     patched("tiny-qwen3moe", key, v)
@@ -473,7 +494,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe"
                 )
             }),
         ),
@@ -616,6 +637,151 @@ fn model_cases() -> Vec<Case> {
             Box::new(|| {
                 let f = renamed("tiny-granitemoe", b"granitemoe.expert_count")?;
                 expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "granitemoe.expert_count")
+            }),
+        ),
+        (
+            "an lfm2moe file without a layer's selection bias",
+            Box::new(|| {
+                let f = renamed("tiny-lfm2moe", b"blk.2.exp_probs_b.bias")?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.2.exp_probs_b.bias")
+            }),
+        ),
+        (
+            "an lfm2moe file without its gating function",
+            Box::new(|| {
+                let f = renamed("tiny-lfm2moe", b"lfm2moe.expert_gating_func")?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "lfm2moe.expert_gating_func")
+            }),
+        ),
+        (
+            "an lfm2moe file of gating function 0 (none)",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"expert_gating_func", 0)?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "lfm2moe.expert_gating_func")
+            }),
+        ),
+        (
+            "an lfm2moe file of gating function 4 (sqrt_softplus, not run here)",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"expert_gating_func", 4)?;
+                expect_err!(load(&f), ModelError::Unsupported { ref what } if what.contains("lfm2moe.expert_gating_func 4"))
+            }),
+        ),
+        (
+            "an lfm2moe file of more leading dense layers than layers",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"leading_dense_block_count", 5)?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "lfm2moe.leading_dense_block_count")
+            }),
+        ),
+        (
+            "an lfm2moe file whose second layer is said dense but holds experts",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"leading_dense_block_count", 2)?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.1.ffn_gate.weight")
+            }),
+        ),
+        (
+            "an lfm2moe file whose experts are not expert_feed_forward_length wide",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"expert_feed_forward_length", 16)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.1.ffn_gate_exps.weight" && expected == &[64, 16, 8] && found == &[64, 32, 8]
+                )
+            }),
+        ),
+        (
+            "an lfm2moe file of more experts than its router has rows",
+            Box::new(|| {
+                let f = patched("tiny-lfm2moe", b"lfm2moe.expert_count", 9)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, .. }
+                        if name == "blk.1.ffn_gate_inp.weight" && expected == &[64, 9]
+                )
+            }),
+        ),
+        (
+            "an lfm2moe file without its expert width",
+            Box::new(|| {
+                let f = renamed("tiny-lfm2moe", b"lfm2moe.expert_feed_forward_length")?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "lfm2moe.expert_feed_forward_length")
+            }),
+        ),
+        (
+            "an lfm2moe file whose per-layer expert widths differ on a mixture layer",
+            Box::new(|| {
+                // Three layers need three tensors (the block count is checked against them).
+                let mut b = config_of("lfm2moe", 3, 5, 8, 3, 2, None);
+                b.kv_u64("lfm2moe.vocab_size", 4)
+                    .kv_u64("lfm2moe.shortconv.l_cache", 3)
+                    .kv_u32s("lfm2moe.attention.head_count_kv", &[0, 2, 0])
+                    .kv_u64("lfm2moe.leading_dense_block_count", 1)
+                    .kv_u32s("lfm2moe.expert_feed_forward_length", &[8, 8, 4]);
+                for (i, name) in ["a", "b", "c"].iter().enumerate() {
+                    b.tensor(name, &[8], 0, 32 * i as u64);
+                }
+                b.data(96);
+                let f = b.parse().map_err(|e| e.to_string())?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadKey { ref key, ref reason }
+                        if key == "lfm2moe.expert_feed_forward_length" && reason.contains("layer 2")
+                )
+            }),
+        ),
+        (
+            "a llama attention-output bias of the wrong length",
+            Box::new(|| {
+                let f = reshaped("tiny-llama-bias", b"blk.1.attn_output.bias", 47)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.1.attn_output.bias" && expected == &[48] && found == &[47]
+                )
+            }),
+        ),
+        (
+            "a llama feed-forward up bias of the wrong length",
+            Box::new(|| {
+                let f = reshaped("tiny-llama-bias", b"blk.0.ffn_up.bias", 95)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, .. }
+                        if name == "blk.0.ffn_up.bias" && expected == &[96]
+                )
+            }),
+        ),
+        (
+            "an attention-output bias in a qwen2 file (whose graph has none)",
+            Box::new(|| {
+                let f = with_tensor("qwen2", "blk.0.attn_output.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.attn_output.bias\"")
+                )
+            }),
+        ),
+        (
+            "a feed-forward down bias in a gemma3 file",
+            Box::new(|| {
+                let f = with_tensor("gemma3", "blk.0.ffn_down.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.ffn_down.bias\"")
+                )
+            }),
+        ),
+        (
+            "a fused QKV bias in a llama file",
+            Box::new(|| {
+                let f = with_tensor("llama", "blk.0.attn_qkv.bias")?;
+                expect_err!(
+                    load(&f),
+                    ModelError::Unsupported { ref what } if what.contains("\"blk.0.attn_qkv.bias\"")
+                )
             }),
         ),
         (

@@ -26,7 +26,7 @@ use rknn_llm::tokenizer::Tokenizer;
 use rknn_matmul::engine::{Engine, EngineConfig};
 use rknn_matmul::{Platform, Runtime};
 
-const FAMILIES: [&str; 13] = [
+const FAMILIES: [&str; 15] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-qwen3",
@@ -40,6 +40,8 @@ const FAMILIES: [&str; 13] = [
     "tiny-olmoe",
     "tiny-lfm2",
     "tiny-granitemoe",
+    "tiny-lfm2moe",
+    "tiny-llama-bias",
 ];
 
 fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
@@ -177,7 +179,7 @@ fn one_pass_over_several_sequences_gives_each_its_solo_logits() {
 
 #[test]
 fn one_npu_pass_over_several_sequences_gives_each_its_solo_logits() {
-    for name in ["tiny-llama", "tiny-gemma3", "tiny-lfm2"] {
+    for name in ["tiny-llama", "tiny-gemma3", "tiny-lfm2", "tiny-lfm2moe"] {
         batched_equals_solo(&npu_model(name));
     }
 }
@@ -411,6 +413,7 @@ fn requests_sharing_a_prompt_evaluate_it_once() {
         ("tiny-gemma3", CacheType::F16),
         ("tiny-lfm2", CacheType::F32),
         ("tiny-lfm2", CacheType::F16),
+        ("tiny-lfm2moe", CacheType::F32),
     ] {
         let (model, tok) = f32_model(name);
         let batcher = Batcher::start(

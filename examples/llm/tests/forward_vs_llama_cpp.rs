@@ -199,6 +199,16 @@ fn tiny_llama_matches_llama_cpp() {
     );
 }
 
+/// llama with every optional bias llama.cpp's llama graph adds (Q/K/V, attention output,
+/// feed-forward gate, up and down).
+#[test]
+fn tiny_llama_bias_matches_llama_cpp() {
+    check(
+        "tiny-llama-bias",
+        &common::fixtures().join("llm/tiny-llama-bias.gguf"),
+    );
+}
+
 #[test]
 fn smollm2_matches_llama_cpp() {
     let Some(path) = common::demo_model_forward() else {
@@ -245,6 +255,16 @@ fn tiny_granitemoe_matches_llama_cpp() {
     check(
         "tiny-granitemoe",
         &common::fixtures().join("llm/tiny-granitemoe.gguf"),
+    );
+}
+
+/// Sigmoid gating with a selection bias that changes some rows' experts, after a leading
+/// dense layer, on short-convolution and attention layers.
+#[test]
+fn tiny_lfm2moe_matches_llama_cpp() {
+    check(
+        "tiny-lfm2moe",
+        &common::fixtures().join("llm/tiny-lfm2moe.gguf"),
     );
 }
 

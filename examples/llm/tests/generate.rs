@@ -295,7 +295,12 @@ fn reference_decode(
 /// dropped are no longer penalised.
 #[test]
 fn a_conversation_cut_back_to_a_prefix_penalises_as_a_fresh_one() {
-    for name in ["tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-lfm2.gguf"] {
+    for name in [
+        "tiny-llama.gguf",
+        "tiny-qwen2.gguf",
+        "tiny-lfm2.gguf",
+        "tiny-lfm2moe.gguf",
+    ] {
         let (model, tok) = load(name);
         let sampling = SamplerConfig {
             repeat_penalty: 1.5,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
 
-const TINY: [&str; 13] = [
+const TINY: [&str; 15] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -24,6 +24,8 @@ const TINY: [&str; 13] = [
     "tiny-olmoe.gguf",
     "tiny-lfm2.gguf",
     "tiny-granitemoe.gguf",
+    "tiny-lfm2moe.gguf",
+    "tiny-llama-bias.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -332,6 +334,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe)"
     );
 }

@@ -163,13 +163,25 @@ pub struct Config {
 /// Most experts a layer may have: llama.cpp's `LLAMA_MAX_EXPERTS`.
 pub const MAX_EXPERTS: usize = 1024;
 
-/// A mixture-of-experts feed-forward's hyper-parameters (qwen3moe, olmoe, granitemoe).
+/// How a mixture's router turns its logits into expert probabilities (llama.cpp's
+/// `expert_gating_func`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over the layer's experts (qwen3moe, olmoe, granitemoe; llama.cpp's 1).
+    Softmax,
+    /// Each logit's sigmoid on its own, `1 / (1 + e^-x)` (lfm2moe; llama.cpp's 2).
+    Sigmoid,
+}
+
+/// A mixture-of-experts feed-forward's hyper-parameters (qwen3moe, olmoe, granitemoe,
+/// lfm2moe).
 ///
-/// Each row's router logits (`ffn_gate_inp`, on the host in f32) go through a softmax; the
-/// `n_expert_used` most probable experts run (ties to the lower index) and their outputs are
-/// summed, weighted by their probabilities (divided by the chosen ones' sum when
+/// Each row's router logits (`ffn_gate_inp`, on the host in f32) go through the gating
+/// function; the `n_expert_used` experts of the highest probabilities (plus the layer's
+/// selection bias, when it has one) run, ties to the lower index, and their outputs are
+/// summed, weighted by their unbiased probabilities (divided by the chosen ones' sum when
 /// `renormalise`), in rank order; a shared expert's output, when there is one, is added to
-/// that sum.
+/// that sum. The first `n_dense_lead` layers have a dense feed-forward instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moe {
     /// Experts per layer (`{arch}.expert_count`).
@@ -184,6 +196,15 @@ pub struct Moe {
     /// (`ffn_{gate,up,down}_shexp`, unweighted), if the layers have one (granitemoe's
     /// `expert_shared_feed_forward_length`).
     pub n_ff_shared: Option<usize>,
+    /// The router's gating function.
+    pub gating: Gating,
+    /// Whether each mixture layer has a selection bias (`exp_probs_b.bias`, `n_expert`
+    /// values): added to the probabilities to choose the experts, not to weight them
+    /// (lfm2moe's, as DeepSeek V3's).
+    pub selection_bias: bool,
+    /// The leading layers whose feed-forward is dense, of [`Config::n_ff`]
+    /// (`{arch}.leading_dense_block_count`; 0 for most families).
+    pub n_dense_lead: usize,
 }
 
 /// Reads `{arch}.expert_count` and `{arch}.expert_used_count` (both required, checked against
@@ -227,6 +248,9 @@ pub(super) fn moe(
         n_ff_exp,
         renormalise,
         n_ff_shared: None,
+        gating: Gating::Softmax,
+        selection_bias: false,
+        n_dense_lead: 0,
     });
     Ok(())
 }
@@ -332,6 +356,12 @@ impl Config {
             .map(|s| s.l_cache)
     }
 
+    /// The mixture of experts of layer `l`, if its feed-forward is one (not one of the
+    /// leading dense layers, [`Moe::n_dense_lead`]).
+    pub fn moe_at(&self, l: usize) -> Option<&Moe> {
+        self.moe.as_ref().filter(|m| l >= m.n_dense_lead)
+    }
+
     /// Width of the queries of all heads (`n_head × head_dim`).
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
@@ -372,8 +402,13 @@ pub struct Family {
     pub name: &'static str,
     /// How RoPE pairs the dimensions of a head.
     pub rope_style: RopeStyle,
-    /// Q, K and V biases: required (qwen2) or refused.
+    /// Q, K and V biases: required (qwen2) or, unless [`Family::optional_biases`], refused.
     pub qkv_bias: bool,
+    /// Biases on the Q, K and V, the attention output and the feed-forward (gate, up, down)
+    /// linears are each added when the file has them (llama.cpp's llama graph: `attn_q.bias`
+    /// … `attn_output.bias`, `ffn_gate.bias`, `ffn_up.bias`, `ffn_down.bias`, all optional);
+    /// otherwise any of them is refused, naming the tensor.
+    pub optional_biases: bool,
     /// RMSNorm of the queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`), if any.
     pub qk_norm: QkNorm,
     /// RMSNorm of the attention's and the feed-forward's outputs before their residual adds

@@ -434,6 +434,7 @@ impl Model {
             let p = &layer.wo;
             p.op.forward(mixed, m, &mut h).map_err(|e| p.failed(e))?;
             t_matmul += t.elapsed();
+            add_bias(&mut h, layer.bo.as_deref());
             if let Some(w) = &layer.attn_post_norm {
                 rms_norm_in_place(&mut h, w, c.rms_eps);
             }
@@ -456,6 +457,8 @@ impl Model {
                     p.op.forward(&h, m, &mut gate_up).map_err(|e| p.failed(e))?;
                     t_matmul += t.elapsed();
                     let [gate, up] = split_columns(&mut gate_up, m, [&mut gate, &mut up]);
+                    add_bias(gate, layer.b_gate.as_deref());
+                    add_bias(up, layer.b_up.as_deref());
                     match fam.activation {
                         Activation::Silu => swiglu(c.n_ff, gate, up),
                         Activation::GeluTanh => geglu(c.n_ff, gate, up),
@@ -464,6 +467,7 @@ impl Model {
                     let p = &ffn.down;
                     p.op.forward(gate, m, &mut h).map_err(|e| p.failed(e))?;
                     t_matmul += t.elapsed();
+                    add_bias(&mut h, layer.b_down.as_deref());
                 }
             }
             if let Some(w) = &layer.ffn_post_norm {

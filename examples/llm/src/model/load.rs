@@ -47,6 +47,14 @@ pub(super) struct Layer {
     pub(super) bv: Option<Vec<f32>>,
     /// The attention's output projection; on a short-convolution layer, its `out_proj`.
     pub(super) wo: Projection,
+    /// `attn_output.bias`, if the family allows it and the file has it
+    /// ([`Family::optional_biases`](super::Family::optional_biases)).
+    pub(super) bo: Option<Vec<f32>>,
+    /// A dense feed-forward's `ffn_gate.bias`, `ffn_up.bias` (`n_ff` each) and `ffn_down.bias`
+    /// (`n_embd`), each if the family allows it and the file has it.
+    pub(super) b_gate: Option<Vec<f32>>,
+    pub(super) b_up: Option<Vec<f32>>,
+    pub(super) b_down: Option<Vec<f32>>,
     /// A short-convolution layer's kernel (`l_cache` taps per channel, channel after
     /// channel, as the file stores it); `None` on an attention layer.
     pub(super) conv: Option<Vec<f32>>,
@@ -75,6 +83,9 @@ pub(super) struct Experts {
     pub(super) moe: Moe,
     /// `ffn_gate_inp`, `n_expert` rows of `n_embd`, f32.
     pub(super) router: Vec<f32>,
+    /// `exp_probs_b.bias`, `n_expert` values added to the probabilities to choose the
+    /// experts (not to weight them), if the family has one ([`Moe::selection_bias`]).
+    pub(super) bias: Option<Vec<f32>>,
     pub(super) experts: Vec<Expert>,
     /// The shared expert every row runs, unweighted (`ffn_{gate,up,down}_shexp`), if any.
     pub(super) shared: Option<Expert>,
@@ -230,18 +241,35 @@ impl Model {
         let hd = c.head_dim as u64;
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
+            // A bias the family may have: loaded when the file has it, else refused.
+            let optional_bias =
+                |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
+                    match file.tensor(&n(s)) {
+                        None => Ok(None),
+                        Some(_) if fam.optional_biases => vector(&n(s), len, done).map(Some),
+                        Some(_) => Err(ModelError::Unsupported {
+                            what: format!("tensor {:?} in a {} model", n(s), fam.name),
+                        }),
+                    }
+                };
             let bias =
                 |s: &str, len: u64, done: &mut u64| -> Result<Option<Vec<f32>>, ModelError> {
                     if fam.qkv_bias {
                         vector(&n(s), len, done).map(Some)
-                    } else if file.tensor(&n(s)).is_some() {
-                        Err(ModelError::Unsupported {
-                            what: format!("tensor {:?} in a {} model", n(s), fam.name),
-                        })
                     } else {
-                        Ok(None)
+                        optional_bias(s, len, done)
                     }
                 };
+            // A fused QKV bias is read by no family here.
+            if file.tensor(&n("attn_qkv.bias")).is_some() {
+                return Err(ModelError::Unsupported {
+                    what: format!("tensor {:?} in a {} model", n("attn_qkv.bias"), fam.name),
+                });
+            }
+            let bo = optional_bias("attn_output.bias", e, &mut done)?;
+            let b_gate = optional_bias("ffn_gate.bias", ff, &mut done)?;
+            let b_up = optional_bias("ffn_up.bias", ff, &mut done)?;
+            let b_down = optional_bias("ffn_down.bias", e, &mut done)?;
             let optional = |len: Option<u64>, s: &str, done: &mut u64| match len {
                 Some(len) => vector(&n(s), len, done).map(Some),
                 None => Ok(None),
@@ -316,6 +344,7 @@ impl Model {
                 bk,
                 bv,
                 wo,
+                bo,
                 conv,
                 attn_post_norm: optional(
                     fam.post_norms.then_some(e),
@@ -323,7 +352,7 @@ impl Model {
                     &mut done,
                 )?,
                 ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
-                ffn: match c.moe {
+                ffn: match c.moe_at(i).copied() {
                     None => Ffn::Dense(Expert {
                         gate_up: linear(LinearRole::GateUp, &views(&gate_up_parts, e)?, &mut done)?,
                         down: linear(
@@ -332,6 +361,13 @@ impl Model {
                             &mut done,
                         )?,
                     }),
+                    Some(_) if b_gate.is_some() || b_up.is_some() || b_down.is_some() => {
+                        return Err(ModelError::Unsupported {
+                            what: format!(
+                                "feed-forward biases on the mixture-of-experts layer {i}"
+                            ),
+                        });
+                    }
                     Some(moe) => {
                         let (ne, fx) = (moe.n_expert as u64, moe.n_ff_exp as u64);
                         // Every shape checked against the keys before anything is converted.
@@ -356,6 +392,16 @@ impl Model {
                                     views(&[(&n("ffn_down_shexp.weight"), e)], fs)?,
                                 ))
                             }
+                        };
+                        let probs_b = n("exp_probs_b.bias");
+                        let bias = if moe.selection_bias {
+                            Some(vector(&probs_b, ne, &mut done)?)
+                        } else if file.tensor(&probs_b).is_some() {
+                            return Err(ModelError::Unsupported {
+                                what: format!("tensor {probs_b:?} in a {} model", fam.name),
+                            });
+                        } else {
+                            None
                         };
                         done += router.data().len() as u64;
                         let router = router.to_f32()?;
@@ -393,6 +439,7 @@ impl Model {
                         Ffn::Moe(Experts {
                             moe,
                             router,
+                            bias,
                             experts,
                             shared,
                         })
@@ -403,6 +450,9 @@ impl Model {
                     "post_ffw_norm.weight",
                     &mut done,
                 )?,
+                b_gate,
+                b_up,
+                b_down,
             };
             layers.push(layer);
             progress(done, total);
@@ -510,6 +560,10 @@ impl Model {
                 l.bq.as_ref(),
                 l.bk.as_ref(),
                 l.bv.as_ref(),
+                l.bo.as_ref(),
+                l.b_gate.as_ref(),
+                l.b_up.as_ref(),
+                l.b_down.as_ref(),
                 Some(&l.ffn_norm),
             ]);
             for p in [&l.wqkv, &l.wo] {
@@ -518,7 +572,7 @@ impl Model {
             let experts = match &l.ffn {
                 Ffn::Dense(x) => std::slice::from_ref(x),
                 Ffn::Moe(m) => {
-                    host += m.router.len() as u64 * 4;
+                    host += (m.router.len() + m.bias.as_ref().map_or(0, Vec::len)) as u64 * 4;
                     if let Some(x) = &m.shared {
                         linear(&x.gate_up);
                         linear(&x.down);

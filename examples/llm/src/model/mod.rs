@@ -1,6 +1,7 @@
 //! The model: the decoder-only transformer's forward pass over weights loaded from a GGUF
 //! file, for the families of [`FAMILIES`] (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`,
-//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`), every weight matmul through one seam.
+//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`, `lfm2`, `granitemoe`, `lfm2moe`), every
+//! weight matmul through one seam.
 //!
 //! * `family/`: one [`Family`] per architecture, as data plus one small file each;
 //! * `config.rs`: [`Config`], the hyper-parameters read from the metadata;
@@ -35,8 +36,8 @@ pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{
-    Activation, Config, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE, Moe, QkNorm,
-    RopeStyle, ShortConv, SlidingWindow,
+    Activation, Config, Family, Gating, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE, Moe,
+    QkNorm, RopeStyle, ShortConv, SlidingWindow,
 };
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;

@@ -1,15 +1,21 @@
-//! The mixture-of-experts feed-forward (qwen3moe, olmoe, granitemoe): route each row, run each
-//! chosen expert once over all the rows that chose it, and sum each row's weighted expert
-//! outputs; add the shared expert's output, when the layer has one.
+//! The mixture-of-experts feed-forward (qwen3moe, olmoe, granitemoe, lfm2moe): route each row,
+//! run each chosen expert once over all the rows that chose it, and sum each row's weighted
+//! expert outputs; add the shared expert's output, when the layer has one.
 //!
 //! Routing runs on the host in f32: the router is tiny (`n_expert × n_embd`), and its choice is
 //! discrete, so the exact logits keep the NPU path's expert choices those of the f32 reference
-//! (a quantised router could flip a near tie and run another expert). Per row: the router's
-//! logits (the canonical-order dot product of [`super::kernels`]), a softmax (as ggml's: max,
-//! `exp(x - max)`, f64 sum), the `k` most probable experts in descending probability, ties to
-//! the lower index (llama.cpp's `argsort_top_k` leaves ties to `std::sort`), each weighted by
-//! its probability, divided by the chosen ones' f64 sum (clamped to `6.103515625e-5`, as
-//! llama.cpp) when the family renormalises.
+//! (a quantised router could flip a near tie and run another expert). Per row, as llama.cpp's
+//! `build_moe_ffn` (the family says which gating, whether a selection bias, whether to
+//! renormalise):
+//!
+//! 1. the router's logits (the canonical-order dot product of [`super::kernels`]);
+//! 2. probabilities: a softmax (as ggml's: max, `exp(x - max)`, f64 sum), or each logit's
+//!    sigmoid `1 / (1 + e^-x)` (lfm2moe);
+//! 3. the `k` experts of the highest selection scores, in descending order, ties to the lower
+//!    index (llama.cpp's `argsort_top_k` leaves ties to `std::sort`); the score is the
+//!    probability, plus the layer's selection bias (`exp_probs_b.bias`) when it has one;
+//! 4. each chosen expert weighted by its probability, without the bias, divided by the chosen
+//!    ones' f64 sum (clamped to `6.103515625e-5`, as llama.cpp) when the family renormalises.
 //!
 //! Grouping: the rows are grouped by expert, and each expert runs its two linears (gate and up
 //! fused, then down) once on its rows. Each row's output is then `Σ_rank w_rank · y_rank`,
@@ -22,28 +28,53 @@
 
 use std::time::{Duration, Instant};
 
-use super::config::{Activation, Config, Moe};
+use super::config::{Activation, Config, Gating, Moe};
 use super::error::ModelError;
 use super::kernels;
 use super::load::{Expert, Experts};
 use super::ops::{geglu, split_columns, swiglu};
 
-/// The experts each row runs, `k` per row in rank order, with their weights.
-pub(super) fn route(moe: &Moe, router: &[f32], h: &[f32], n_embd: usize) -> Vec<(usize, f32)> {
+/// The experts each row of `h` runs, `k` per row in rank order, with their weights: routed by
+/// `router` (`n_expert` rows of `n_embd`), choosing by the probabilities plus `bias` when the
+/// layer has a selection bias.
+pub(super) fn route(
+    moe: &Moe,
+    router: &[f32],
+    bias: Option<&[f32]>,
+    h: &[f32],
+    n_embd: usize,
+) -> Vec<(usize, f32)> {
     let kern = kernels::selected();
     let k = moe.n_expert_used;
     let mut chosen = Vec::with_capacity(h.len() / n_embd * k);
     let mut probs = vec![0.0f32; moe.n_expert];
+    let mut scores = vec![0.0f32; moe.n_expert];
     let mut order: Vec<usize> = Vec::with_capacity(moe.n_expert);
     for row in h.chunks_exact(n_embd) {
         for (p, w) in probs.iter_mut().zip(router.chunks_exact(n_embd)) {
             *p = kern.dot(row, w);
         }
-        kern.softmax_scaled(&mut probs, 1.0);
+        match moe.gating {
+            Gating::Softmax => kern.softmax_scaled(&mut probs, 1.0),
+            Gating::Sigmoid => {
+                for p in probs.iter_mut() {
+                    *p = 1.0 / (1.0 + super::exp::exp(-*p));
+                }
+            }
+        }
+        let score: &[f32] = match bias {
+            Some(b) => {
+                for ((s, &p), &b) in scores.iter_mut().zip(&probs).zip(b) {
+                    *s = p + b;
+                }
+                &scores
+            }
+            None => &probs,
+        };
         order.clear();
         order.extend(0..moe.n_expert);
-        // Stable: equal probabilities keep the lower index first.
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        // Stable: equal scores keep the lower index first.
+        order.sort_by(|&a, &b| score[b].total_cmp(&score[a]));
         let top = &order[..k];
         let norm = if moe.renormalise {
             let sum: f64 = top.iter().map(|&x| f64::from(probs[x])).sum();
@@ -71,7 +102,7 @@ pub(super) fn forward(
 ) -> Result<(), ModelError> {
     let moe = &layer.moe;
     let (e, k, ff) = (c.n_embd, moe.n_expert_used, moe.n_ff_exp);
-    let chosen = route(moe, &layer.router, h, e);
+    let chosen = route(moe, &layer.router, layer.bias.as_deref(), h, e);
     // Each (row, rank)'s weighted expert output.
     let mut ys = vec![0.0f32; m * k * e];
     let mut rows: Vec<usize> = Vec::with_capacity(m * k);
@@ -144,4 +175,38 @@ fn run_expert(
     p.op.forward(gate, n, y).map_err(|err| p.failed(err))?;
     *t_matmul += t.elapsed();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// lfm2moe's rule: sigmoid probabilities, the bias changes which experts are chosen, the
+    /// weights are the chosen ones' unbiased probabilities over their sum.
+    #[test]
+    fn the_selection_bias_chooses_and_the_probabilities_weigh() {
+        let moe = Moe {
+            n_expert: 3,
+            n_expert_used: 2,
+            n_ff_exp: 1,
+            renormalise: true,
+            n_ff_shared: None,
+            gating: Gating::Sigmoid,
+            selection_bias: true,
+            n_dense_lead: 0,
+        };
+        // One input of width 1: the router's logits are its rows, 2, 1 and 0.
+        let (router, h) = ([2.0f32, 1.0, 0.0], [1.0f32]);
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let unbiased = route(&moe, &router, None, &h, 1);
+        assert_eq!(unbiased.iter().map(|c| c.0).collect::<Vec<_>>(), [0, 1]);
+        let chosen = route(&moe, &router, Some(&[0.0, 0.0, 1.5]), &h, 1);
+        let sum = sig(0.0) + sig(2.0);
+        let want = [(2, sig(0.0) / sum), (0, sig(2.0) / sum)];
+        assert_eq!(chosen.len(), 2);
+        for ((x, w), (wx, ww)) in chosen.iter().zip(want) {
+            assert_eq!(*x, wx);
+            assert!((f64::from(*w) - ww).abs() < 1e-6, "{w} vs {ww}");
+        }
+    }
 }

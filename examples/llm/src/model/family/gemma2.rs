@@ -22,6 +22,7 @@ pub(super) const FAMILY: Family = Family {
     name: "gemma2",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::None,
     post_norms: true,
     activation: Activation::GeluTanh,

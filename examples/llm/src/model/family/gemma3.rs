@@ -18,6 +18,7 @@ pub(super) const FAMILY: Family = Family {
     name: "gemma3",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::PerHead,
     post_norms: true,
     activation: Activation::GeluTanh,

@@ -30,6 +30,7 @@ pub(super) const FAMILY: Family = Family {
     name: "granitemoe",
     rope_style: RopeStyle::Adjacent,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,

@@ -31,6 +31,7 @@ pub(super) const FAMILY: Family = Family {
     name: "lfm2",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::PerHead,
     post_norms: false,
     activation: Activation::Silu,
@@ -41,11 +42,24 @@ pub(super) const FAMILY: Family = Family {
 };
 
 fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
-    let key = "lfm2.shortconv.l_cache";
-    let l_cache = key_usize(file, key)?.ok_or(ModelError::MissingKey { key: key.into() })?;
+    if key_usize(file, "lfm2.attention.sliding_window")?.is_some_and(|w| w > 0) {
+        return Err(ModelError::Unsupported {
+            what: "lfm2 with a sliding window".into(),
+        });
+    }
+    short_conv(file, c)
+}
+
+/// The hybrid's layers as lfm2 and lfm2moe share them (keys under the family's name): which
+/// layers are short-convolution layers, their kernel, causal attention only, no ColBERT
+/// projection, and the final norm's name.
+pub(super) fn short_conv(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
+    let p = c.family.name;
+    let key = format!("{p}.shortconv.l_cache");
+    let l_cache = key_usize(file, &key)?.ok_or(ModelError::MissingKey { key: key.clone() })?;
     if !(2..=MAX_L_CACHE).contains(&l_cache) {
         return Err(ModelError::BadKey {
-            key: key.into(),
+            key,
             reason: format!("{l_cache} taps: a kernel has 2 to {MAX_L_CACHE}"),
         });
     }
@@ -53,7 +67,7 @@ fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
     // refused before it is allocated.
     if c.n_layer > file.tensor_infos().len() {
         return Err(ModelError::BadKey {
-            key: "lfm2.block_count".into(),
+            key: format!("{p}.block_count"),
             reason: format!(
                 "{} layers in a file of {} tensors",
                 c.n_layer,
@@ -61,28 +75,23 @@ fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
             ),
         });
     }
-    let kv = key_per_layer(file, "lfm2.attention.head_count_kv", c.n_layer)?;
+    let kv = key_per_layer(file, &format!("{p}.attention.head_count_kv"), c.n_layer)?;
     let layers = match kv {
         Some(v) => v.iter().map(|&h| h == 0).collect(),
         None => vec![false; c.n_layer],
     };
-    if key_usize(file, "lfm2.attention.sliding_window")?.is_some_and(|w| w > 0) {
-        return Err(ModelError::Unsupported {
-            what: "lfm2 with a sliding window".into(),
-        });
-    }
-    let key = "lfm2.attention.causal";
-    if let Some(v) = file.metadata().get(key) {
+    let key = format!("{p}.attention.causal");
+    if let Some(v) = file.metadata().get(&key) {
         match v.as_bool() {
             Some(true) => {}
             Some(false) => {
                 return Err(ModelError::Unsupported {
-                    what: "lfm2 with non-causal attention".into(),
+                    what: format!("{p} with non-causal attention"),
                 });
             }
             None => {
                 return Err(ModelError::BadKey {
-                    key: key.into(),
+                    key,
                     reason: format!("expected a boolean, found {v:?}"),
                 });
             }
@@ -90,7 +99,7 @@ fn hparams(file: &GgufFile, c: &mut Config) -> Result<(), ModelError> {
     }
     if file.tensor("dense_2_out.weight").is_some() {
         return Err(ModelError::Unsupported {
-            what: "tensor \"dense_2_out.weight\" in an lfm2 model".into(),
+            what: format!("tensor \"dense_2_out.weight\" in an {p} model"),
         });
     }
     c.short_conv = Some(ShortConv { l_cache, layers });

@@ -13,6 +13,7 @@ mod gemma3;
 mod granite;
 mod granitemoe;
 mod lfm2;
+mod lfm2moe;
 mod llama;
 mod olmoe;
 mod phi3;
@@ -39,6 +40,7 @@ pub const FAMILIES: &[&Family] = &[
     &olmoe::FAMILY,
     &lfm2::FAMILY,
     &granitemoe::FAMILY,
+    &lfm2moe::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -90,7 +92,7 @@ impl Config {
                 ),
             ));
         }
-        // One count for every layer, or one per layer (LFM2: 0 on its short-convolution
+        // One count for every layer, or one per layer (LFM2, LFM2-MoE: 0 on its short-convolution
         // layers, the same count on every attention layer).
         let kv_key = format!("{p}.attention.head_count_kv");
         let kv_per_layer = match file.metadata().get(&kv_key) {
@@ -257,7 +259,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe"
         );
     }
 }

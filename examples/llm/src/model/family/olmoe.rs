@@ -14,6 +14,7 @@ pub(super) const FAMILY: Family = Family {
     name: "olmoe",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::Whole,
     post_norms: false,
     activation: Activation::Silu,

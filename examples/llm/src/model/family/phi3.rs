@@ -27,6 +27,7 @@ pub(super) const FAMILY: Family = Family {
     name: "phi3",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,

@@ -8,6 +8,7 @@ pub(super) const FAMILY: Family = Family {
     name: "qwen2",
     rope_style: RopeStyle::Halves,
     qkv_bias: true,
+    optional_biases: false,
     qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,

@@ -13,6 +13,7 @@ pub(super) const FAMILY: Family = Family {
     name: "smollm3",
     rope_style: RopeStyle::Adjacent,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::None,
     post_norms: false,
     activation: Activation::Silu,
