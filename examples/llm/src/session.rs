@@ -830,7 +830,7 @@ impl GenerationState {
         self.out.decode_time = self.started.elapsed();
         if let (Some(m), Some(from)) = (modelled(&s.model), &self.modelled_from) {
             if let Some((_, d)) = &mut self.out.modelled {
-                *d = m.since(from).busiest_core();
+                *d = m.since(from).busiest_core() + self.out.spec.draft_modelled;
             }
         }
     }
@@ -1078,6 +1078,7 @@ impl GenerationState {
                         let spec = &mut self.out.spec;
                         spec.draft_forwards += p.forwards;
                         spec.draft_time += p.time;
+                        spec.draft_modelled += p.modelled;
                         spec.model_drafted += p.tokens.len();
                         self.model_drafts = p.tokens.len();
                         drafts = p.tokens;

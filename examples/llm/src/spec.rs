@@ -150,6 +150,10 @@ pub struct SpecStats {
     pub draft_forwards: usize,
     /// Time spent in the draft model.
     pub draft_time: Duration,
+    /// The draft model's modelled RK3588 NPU time (busiest core), on the in-process emulator
+    /// (zero elsewhere); [`GenerationSummary::modelled`](crate::session::GenerationSummary::modelled)'s
+    /// decode time includes it, as the draft's passes take the NPU between the model's.
+    pub draft_modelled: Duration,
 }
 
 impl SpecStats {
@@ -331,6 +335,8 @@ pub(crate) struct Proposal {
     pub(crate) tokens: Vec<u32>,
     pub(crate) forwards: usize,
     pub(crate) time: Duration,
+    /// The draft's modelled NPU time (busiest core) on the in-process emulator.
+    pub(crate) modelled: Duration,
 }
 
 impl Drafter {
@@ -372,10 +378,12 @@ impl Drafter {
         is_eog: impl Fn(u32) -> bool,
     ) -> Result<Proposal, ModelError> {
         let t0 = Instant::now();
+        let m0 = crate::session::modelled(&self.draft.model);
         let mut out = Proposal {
             tokens: Vec::new(),
             forwards: 0,
             time: Duration::ZERO,
+            modelled: Duration::ZERO,
         };
         // The last token drafted is not fed: the draft's context holds `context.len() + max - 1`.
         let room = (self.seq.n_ctx() + 1).saturating_sub(context.len());
@@ -416,6 +424,9 @@ impl Drafter {
             pos += 1;
         }
         out.time = t0.elapsed();
+        if let (Some(m1), Some(m0)) = (crate::session::modelled(&self.draft.model), &m0) {
+            out.modelled = m1.since(m0).busiest_core();
+        }
         Ok(out)
     }
 }
