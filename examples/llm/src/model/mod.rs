@@ -18,6 +18,7 @@
 
 mod backend;
 mod config;
+mod delta_net;
 mod embed;
 mod error;
 pub(crate) mod exp;
@@ -35,9 +36,10 @@ pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{
-    Activation, Config, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE, Moe, QkNorm,
-    RopeStyle, ShortConv, SlidingWindow,
+    Activation, Config, DeltaNet, Family, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE,
+    Moe, QkNorm, RopeStyle, ShortConv, SlidingWindow,
 };
+pub use delta_net::{CHECKPOINTS, REPLAY_ROWS};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;
