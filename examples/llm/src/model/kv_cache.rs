@@ -340,6 +340,12 @@ impl KvCache {
         self.ty
     }
 
+    /// Bytes of the delta-net layers' states (f32 whatever the cache type), part of
+    /// [`KvCache::bytes`].
+    pub fn recurrent_bytes(&self) -> usize {
+        self.delta.iter().flatten().map(|d| d.bytes()).sum()
+    }
+
     /// Bytes held for keys and values (and short-convolution rows, and delta-net states).
     pub fn bytes(&self) -> usize {
         self.k
@@ -389,7 +395,13 @@ impl KvCache {
         for (l, &start) in from.starts.iter().enumerate() {
             let start = if len == 0 { 0 } else { start };
             let shape = &self.shapes[l];
-            let values = (len - start) * shape.width;
+            // A delta-net layer's buffers are empty (its state is copied above).
+            let rows = if self.delta[l].is_some() {
+                0
+            } else {
+                len - start
+            };
+            let values = rows * shape.width;
             let buffers = self.range(l);
             let vbuffers = if shape.values {
                 buffers.clone()
