@@ -75,7 +75,8 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
     // Every family's tiny model (gemma3's sliding window, phi3's fused tensors, phi3-longrope's
     // LongRoPE and partial rotary, qwen3's head size, smollm3's NoPE layer, granite's scales,
     // gemma2's soft-caps, qwen3moe's, olmoe's and granitemoe's experts (with its shared expert),
-    // lfm2's short-convolution layers; llama is the demo model's family).
+    // lfm2's short-convolution layers, qwen35's delta-net layers and gated attention; llama is
+    // the demo model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
         "qwen2",
@@ -90,6 +91,7 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         "olmoe",
         "lfm2",
         "granitemoe",
+        "qwen35",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
@@ -236,6 +238,7 @@ fn npu_logits_are_bit_identical_for_any_batch_split() {
         "tiny-qwen3moe",
         "tiny-olmoe",
         "tiny-granitemoe",
+        "tiny-qwen35",
     ] {
         npu_batch_invariance(name);
     }
