@@ -37,7 +37,7 @@
 //!
 //! A cut to any other position is not exact: the cache then keeps the latest checkpoint
 //! before it (or nothing), and the caller evaluates the rest again
-//! ([`KvCache::truncate`](super::KvCache::truncate)).
+//! (`KvCache::truncate`).
 
 use std::sync::Arc;
 

@@ -182,8 +182,8 @@ impl Sequence {
     /// and cache type): the keys and values evaluating those tokens here would write, bit for
     /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
     /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees,
-    /// or a short-convolution layer the rows it reads; keys rotated with the other LongRoPE
-    /// factors)
+    /// or a short-convolution layer the rows it reads; a delta-net layer's state that cannot be
+    /// recovered there exactly; keys rotated with the other LongRoPE factors)
     /// or stores another type, or `len` is past this sequence's context.
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
         len <= self.n_ctx
@@ -193,8 +193,11 @@ impl Sequence {
 
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
     /// sliding-window or short-convolution layers, a cut further back than they keep (more than
-    /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read
-    /// [`Sequence::len`] after it.
+    /// [`REWIND`](super::REWIND) positions before the last pass) keeps none; on a model with
+    /// delta-net layers (Qwen3.5), a cut to a position their state cannot be recovered at
+    /// exactly (before the last pass's last [`REPLAY_ROWS`](super::REPLAY_ROWS) rows, and not
+    /// a checkpoint) keeps the latest checkpoint before it, or none: read [`Sequence::len`]
+    /// after it.
     pub fn truncate(&mut self, len: usize) {
         self.cache.truncate(len);
     }

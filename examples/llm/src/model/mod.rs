@@ -1,6 +1,7 @@
 //! The model: the decoder-only transformer's forward pass over weights loaded from a GGUF
 //! file, for the families of [`FAMILIES`] (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`,
-//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`), every weight matmul through one seam.
+//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`, `lfm2`, `granitemoe`, `qwen35`), every
+//! weight matmul through one seam.
 //!
 //! * `family/`: one [`Family`] per architecture, as data plus one small file each;
 //! * `config.rs`: [`Config`], the hyper-parameters read from the metadata;
@@ -9,6 +10,7 @@
 //! * `forward.rs`: [`Model::forward`] over a [`Sequence`] (one sequence's KV cache and logits);
 //! * `embed.rs`: [`Model::embed`], inputs' final hidden states pooled ([`Pooling`]) and
 //!   L2-normalised;
+//! * `delta_net.rs`: Qwen3.5's gated delta-net layers (host arithmetic, per-sequence state);
 //! * `ops.rs`: the host operations (RMSNorm, RoPE, attention, SwiGLU), `kernels.rs` their SIMD
 //!   kernels, `kv_cache.rs` the cache;
 //! * `backend.rs`: the seam ([`LinearOp`], [`LinearFactory`]); `host.rs` the f32 reference
