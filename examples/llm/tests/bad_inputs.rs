@@ -97,6 +97,13 @@ impl B {
         }
         self
     }
+    fn kv_bools(&mut self, k: &str, v: &[bool]) -> &mut Self {
+        self.str(k).u32(9).u32(7).u64(v.len() as u64);
+        for &x in v {
+            self.u8(u8::from(x));
+        }
+        self
+    }
     fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, offset: u64) -> &mut Self {
         self.str(name).u32(dims.len() as u32);
         for &d in dims {
@@ -113,6 +120,23 @@ impl B {
     fn parse(&self) -> Result<GgufFile, GgufError> {
         GgufFile::from_bytes(self.0.clone())
     }
+}
+
+/// A qwen35 configuration (width 8, 2 heads, delta-net heads of 4: 2 key and 4 value heads,
+/// a kernel of 4; only the embedding's tensor) of `layers` layers whose
+/// `qwen35.attention.recurrent_layers` is `recurrent`.
+fn qwen35(layers: u64, recurrent: &[bool]) -> B {
+    let mut b = config_of("qwen35", 1, 8, 8, layers, 2, None);
+    b.kv_u64("qwen35.vocab_size", 4)
+        .kv_u64("qwen35.ssm.conv_kernel", 4)
+        .kv_u64("qwen35.ssm.state_size", 4)
+        .kv_u64("qwen35.ssm.group_count", 2)
+        .kv_u64("qwen35.ssm.time_step_rank", 4)
+        .kv_u64("qwen35.ssm.inner_size", 16)
+        .kv_u32s("qwen35.rope.dimension_sections", &[1, 1, 0, 0])
+        .kv_bools("qwen35.attention.recurrent_layers", recurrent);
+    b.tensor("token_embd.weight", &[8, 4], 0, 0).data(128);
+    b
 }
 
 /// A llama configuration (no tensors yet) with these sizes.
@@ -460,14 +484,21 @@ fn patched_moe(key: &[u8], v: u64) -> Result<GgufFile, String> {
 
 /// The fixture `tiny` with the u32 or u64 value of the key ending in `key` set to `v`.
 fn patched(tiny: &str, key: &[u8], v: u64) -> Result<GgufFile, String> {
+    patched_keys(tiny, &[(key, v)])
+}
+
+/// The fixture `tiny` with the u32 or u64 values of the keys ending in each `key` set to `v`.
+fn patched_keys(tiny: &str, keys: &[(&[u8], u64)]) -> Result<GgufFile, String> {
     let mut bytes = std::fs::read(common::fixtures().join(format!("llm/{tiny}.gguf")))
         .map_err(|e| e.to_string())?;
-    let at = find(&bytes, key).ok_or("key not in the fixture")? + key.len();
-    let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-    match ty {
-        4 => bytes[at + 4..at + 8].copy_from_slice(&(v as u32).to_le_bytes()),
-        10 => bytes[at + 4..at + 12].copy_from_slice(&v.to_le_bytes()),
-        other => return Err(format!("type {other}")),
+    for &(key, v) in keys {
+        let at = find(&bytes, key).ok_or("key not in the fixture")? + key.len();
+        let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        match ty {
+            4 => bytes[at + 4..at + 8].copy_from_slice(&(v as u32).to_le_bytes()),
+            10 => bytes[at + 4..at + 12].copy_from_slice(&v.to_le_bytes()),
+            other => return Err(format!("type {other}")),
+        }
     }
     GgufFile::from_bytes(bytes).map_err(|e| e.to_string())
 }
@@ -494,7 +525,7 @@ fn model_cases() -> Vec<Case> {
                 expect_err!(
                     load(&f),
                     ModelError::UnsupportedArchitecture { ref arch, ref supported }
-                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe"
+                        if arch == "gpt2" && supported == "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe, qwen35"
                 )
             }),
         ),
@@ -744,6 +775,59 @@ fn model_cases() -> Vec<Case> {
             }),
         ),
         (
+            "qwen35 files each without one of its delta-net keys",
+            Box::new(|| {
+                for key in [
+                    "conv_kernel",
+                    "state_size",
+                    "group_count",
+                    "time_step_rank",
+                    "inner_size",
+                ] {
+                    let name = format!("qwen35.ssm.{key}");
+                    let f = renamed("tiny-qwen35", name.as_bytes())?;
+                    expect_err!(load(&f), ModelError::MissingKey { ref key } if *key == name)?;
+                }
+                let f = renamed("tiny-qwen35", b"qwen35.rope.dimension_sections")?;
+                expect_err!(load(&f), ModelError::MissingKey { ref key } if key == "qwen35.rope.dimension_sections")
+            }),
+        ),
+        (
+            "qwen35 convolution kernels of 0 and of 17 taps",
+            Box::new(|| {
+                for taps in [0, 17] {
+                    let f = patched("tiny-qwen35", b"ssm.conv_kernel", taps)?;
+                    expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "qwen35.ssm.conv_kernel")?;
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "a qwen35 file of 3 value heads over 2 key heads",
+            Box::new(|| {
+                let f = patched("tiny-qwen35", b"ssm.time_step_rank", 3)?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, ref reason } if key == "qwen35.ssm.time_step_rank" && reason.contains("multiple"))
+            }),
+        ),
+        (
+            "a qwen35 file whose inner size is not its value heads' width",
+            Box::new(|| {
+                let f = patched("tiny-qwen35", b"ssm.inner_size", 60)?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "qwen35.ssm.inner_size")
+            }),
+        ),
+        (
+            "a qwen35 file whose kernel key says 3 taps where ssm_conv1d holds 4",
+            Box::new(|| {
+                let f = patched("tiny-qwen35", b"ssm.conv_kernel", 3)?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, ref expected, ref found, .. }
+                        if name == "blk.0.ssm_conv1d.weight" && expected == &[3, 128] && found == &[4, 128]
+                )
+            }),
+        ),
+        (
             "a llama feed-forward up bias of the wrong length",
             Box::new(|| {
                 let f = reshaped("tiny-llama-bias", b"blk.0.ffn_up.bias", 95)?;
@@ -751,6 +835,20 @@ fn model_cases() -> Vec<Case> {
                     load(&f),
                     ModelError::BadTensor { ref name, ref expected, .. }
                         if name == "blk.0.ffn_up.bias" && expected == &[96]
+                )
+            }),
+        ),
+        (
+            "a qwen35 file whose value heads (8 of 16, inner size 128) the delta-net tensors do not have",
+            Box::new(|| {
+                // The inner size follows the value heads: the tensors' shapes are what differs.
+                let f = patched_keys(
+                    "tiny-qwen35",
+                    &[(b"ssm.time_step_rank", 8), (b"ssm.inner_size", 128)],
+                )?;
+                expect_err!(
+                    load(&f),
+                    ModelError::BadTensor { ref name, .. } if name == "blk.0.attn_qkv.weight"
                 )
             }),
         ),
@@ -782,6 +880,36 @@ fn model_cases() -> Vec<Case> {
                     load(&f),
                     ModelError::Unsupported { ref what } if what.contains("\"blk.0.attn_qkv.bias\"")
                 )
+            }),
+        ),
+        (
+            "a qwen35 file without blk.0.ssm_dt.bias",
+            Box::new(|| {
+                let f = renamed("tiny-qwen35", b"blk.0.ssm_dt.bias")?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.ssm_dt.bias")
+            }),
+        ),
+        (
+            "a qwen35 full-attention interval of 0",
+            Box::new(|| {
+                let f = patched("tiny-qwen35", b"full_attention_interval", 0)?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, .. } if key == "qwen35.full_attention_interval")
+            }),
+        ),
+        (
+            "a qwen35 recurrent-layers array of 2 entries for 1 layer",
+            Box::new(|| {
+                let f = qwen35(1, &[true, false])
+                    .parse()
+                    .map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::BadKey { ref key, ref reason } if key == "qwen35.attention.recurrent_layers" && reason.contains("2 entries for 1 layers"))
+            }),
+        ),
+        (
+            "a qwen35 file of 1 layer with a recurrent-layers array of 1 (its first missing tensor)",
+            Box::new(|| {
+                let f = qwen35(1, &[true]).parse().map_err(|e| e.to_string())?;
+                expect_err!(load(&f), ModelError::MissingTensor { ref name } if name == "blk.0.attn_norm.weight")
             }),
         ),
         (

@@ -318,6 +318,14 @@ fn tiny_lfm2_matches_llama_cpp() {
 }
 
 #[test]
+fn tiny_qwen35_matches_llama_cpp() {
+    check(
+        "tiny-qwen35",
+        &common::fixtures().join("llm/tiny-qwen35.gguf"),
+    );
+}
+
+#[test]
 fn gemma3_270m_matches_llama_cpp() {
     let Some(path) = common::gemma3_model_forward() else {
         return;

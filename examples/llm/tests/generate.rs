@@ -88,7 +88,7 @@ fn generate(
 #[test]
 fn lookup_decides_every_position_from_the_same_logits_as_plain_decoding() {
     let mut drafted = 0;
-    for name in ["tiny-llama.gguf", "tiny-qwen2.gguf"] {
+    for name in ["tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen35.gguf"] {
         let (model, tok) = load(name);
         let n_vocab = model.config().n_vocab;
         // A prompt that repeats itself, so there is something to look up.
@@ -300,6 +300,7 @@ fn a_conversation_cut_back_to_a_prefix_penalises_as_a_fresh_one() {
         "tiny-qwen2.gguf",
         "tiny-lfm2.gguf",
         "tiny-lfm2moe.gguf",
+        "tiny-qwen35.gguf",
     ] {
         let (model, tok) = load(name);
         let sampling = SamplerConfig {

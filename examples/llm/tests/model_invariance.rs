@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use rknn_llm::gguf::GgufFile;
-use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REWIND};
+use rknn_llm::model::{CacheType, HostF32Factory, Logits, Model, ModelError, REPLAY_ROWS, REWIND};
 
-const TINY: [&str; 15] = [
+const TINY: [&str; 16] = [
     "tiny-qwen2.gguf",
     "tiny-llama.gguf",
     "tiny-qwen3.gguf",
@@ -26,6 +26,7 @@ const TINY: [&str; 15] = [
     "tiny-granitemoe.gguf",
     "tiny-lfm2moe.gguf",
     "tiny-llama-bias.gguf",
+    "tiny-qwen35.gguf",
 ];
 
 fn model(name: &str, threads: usize) -> common::Run {
@@ -95,12 +96,17 @@ fn an_f16_cache_keeps_batch_invariance_and_stays_close_to_the_f32_cache() {
             );
         }
         // Half the bytes of the f32 cache for the same positions (a short-convolution layer's
-        // rows stay f32, as llama.cpp keeps that state: n_embd f32 per position each).
+        // rows stay f32, as llama.cpp keeps that state: n_embd f32 per position each; so does
+        // a delta-net layer's recurrent state).
         let f32_logits = logits_in_chunks(&mut exact, &tokens, 41);
         assert_eq!(half.cache().len(), exact.cache().len());
         let c = half.config();
         let conv = (0..c.n_layer).filter(|&l| c.conv(l).is_some()).count();
-        let conv_bytes = conv * half.cache().len() * c.n_embd * 4;
+        let conv_bytes = conv * half.cache().len() * c.n_embd * 4 + half.cache().recurrent_bytes();
+        assert_eq!(
+            half.cache().recurrent_bytes(),
+            exact.cache().recurrent_bytes()
+        );
         assert_eq!(
             2 * (half.cache().bytes() - conv_bytes),
             exact.cache().bytes() - conv_bytes
@@ -197,6 +203,102 @@ fn short_conv_state_rewinds_and_copies_like_keys() {
             assert_eq!(got, fresh(&a[..keep]), "{ty:?}: rewind to {keep}");
         }
         // A cut further back keeps nothing: the caller evaluates again from the start.
+        seq.truncate(60);
+        assert_eq!(seq.len(), 0);
+    }
+}
+
+/// Qwen3.5's delta-net state (overwritten by every row, not kept per position): a cut back
+/// into the last pass (replayed from its base), to a checkpoint (the end of a pass of more
+/// than `REPLAY_ROWS` rows) or to 0, and a copy of another sequence's prefix at such a
+/// position, continue with the bits a fresh evaluation of the same tokens gives, for an f32
+/// and an f16 cache; a position between is refused by `forward` and `copy_prefix`, and
+/// `truncate` to it keeps the latest checkpoint before it.
+#[test]
+fn delta_net_state_rewinds_and_copies_bit_identically() {
+    let f = GgufFile::open(common::fixtures().join("llm/tiny-qwen35.gguf")).unwrap();
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap(),
+    );
+    let factory = &mut HostF32Factory::new(pool.clone());
+    let model = Model::load(&f, factory, pool, &mut |_, _| {}).unwrap();
+    let c = model.config();
+    let delta = (0..c.n_layer).filter(|&l| c.delta(l)).count();
+    assert!(
+        delta > 0 && delta < c.n_layer,
+        "delta-net and attention layers"
+    );
+    assert_eq!(REPLAY_ROWS, 64, "the passes below straddle it");
+    let mut rng = fastrand::Rng::with_seed(35);
+    let n_vocab = c.n_vocab as u32;
+    let a: Vec<u32> = (0..155).map(|_| rng.u32(..n_vocab)).collect();
+    let b: Vec<u32> = (0..20).map(|_| rng.u32(..n_vocab)).collect();
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for ty in [CacheType::F32, CacheType::F16] {
+        // Every row of `b` after `prefix`, evaluated from scratch in one pass.
+        let fresh = |prefix: &[u32]| {
+            let mut s = model.sequence(ty);
+            model.forward(&mut s, prefix, 0, Logits::None).unwrap();
+            bits(
+                model
+                    .forward(&mut s, &b, prefix.len(), Logits::All)
+                    .unwrap(),
+            )
+        };
+        // Passes of 80 (a checkpoint at 80), 70 (one at 150) and 5 rows (replayable from
+        // 150).
+        let mut seq = model.sequence(ty);
+        for (from, to) in [(0, 80), (80, 150), (150, 155)] {
+            model
+                .forward(&mut seq, &a[from..to], from, Logits::None)
+                .unwrap();
+        }
+        let state = c.delta_net.as_ref().unwrap().state_len() * 4 * delta;
+        assert!(
+            seq.cache().bytes() > 2 * state,
+            "{ty:?}: {} bytes hold no delta-net state",
+            seq.cache().bytes()
+        );
+        for p in [0, 80, 150, 152, 155] {
+            assert!(seq.cache().can_rewind_to(p), "{ty:?} {p}");
+        }
+        for p in [1, 79, 81, 120, 149] {
+            assert!(!seq.cache().can_rewind_to(p), "{ty:?} {p}");
+        }
+        let mut copy = model.sequence(ty);
+        for keep in [155, 152, 150, 80, 0] {
+            // Another sequence takes the prefix over.
+            assert!(copy.copy_prefix(&seq, keep), "{ty:?} {keep}");
+            let got = bits(model.forward(&mut copy, &b, keep, Logits::All).unwrap());
+            assert_eq!(got, fresh(&a[..keep]), "{ty:?}: copy of {keep}");
+        }
+        // A position the state cannot be recovered at exactly: refused, nothing changed.
+        let err = model.forward(&mut seq, &b, 120, Logits::All).unwrap_err();
+        assert!(
+            matches!(err, ModelError::RewindPastWindow { pos: 120, .. }),
+            "{err}"
+        );
+        assert_eq!(seq.len(), 155);
+        assert!(!copy.copy_prefix(&seq, 120));
+        // Cut back inside the last pass twice (a replay from its base), then go on.
+        for keep in [153, 151] {
+            seq.truncate(keep);
+            assert_eq!(seq.len(), keep);
+        }
+        let got = bits(model.forward(&mut seq, &b, 151, Logits::All).unwrap());
+        assert_eq!(got, fresh(&a[..151]), "{ty:?}: rewind to 151");
+        // That pass of 20 rows is now the last: back to its start, exactly.
+        seq.truncate(151);
+        assert_eq!(seq.len(), 151);
+        // A cut between checkpoints keeps the one before it; the caller evaluates the rest.
+        seq.truncate(120);
+        assert_eq!(seq.len(), 80, "{ty:?}");
+        let got = bits(model.forward(&mut seq, &b, 80, Logits::All).unwrap());
+        assert_eq!(got, fresh(&a[..80]), "{ty:?}: back to the checkpoint at 80");
+        // Before the first checkpoint: nothing.
         seq.truncate(60);
         assert_eq!(seq.len(), 0);
     }
@@ -334,6 +436,6 @@ fn unsupported_architecture_is_named() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe)"
+        "unsupported architecture \"testarch\" (supported: llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe, qwen35)"
     );
 }

@@ -76,7 +76,8 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
     // LongRoPE and partial rotary, qwen3's head size, smollm3's NoPE layer, granite's scales,
     // gemma2's soft-caps, qwen3moe's, olmoe's and granitemoe's experts (with its shared expert),
     // lfm2's short-convolution layers, lfm2moe's sigmoid-gated experts chosen with a selection
-    // bias after a dense layer; llama is the demo model's family).
+    // bias after a dense layer, qwen35's delta-net layers and gated attention; llama is the
+    // demo model's family).
     // The demo model goes through the drop-in in the pessimistic test below.
     let models: Vec<_> = [
         "qwen2",
@@ -92,6 +93,7 @@ fn the_emulator_and_the_npu_path_give_identical_tokens() {
         "lfm2",
         "granitemoe",
         "lfm2moe",
+        "qwen35",
     ]
     .iter()
     .map(|f| common::fixtures().join(format!("llm/tiny-{f}.gguf")))
@@ -241,6 +243,7 @@ fn npu_logits_are_bit_identical_for_any_batch_split() {
         "tiny-olmoe",
         "tiny-granitemoe",
         "tiny-lfm2moe",
+        "tiny-qwen35",
     ] {
         npu_batch_invariance(name);
     }

@@ -2203,5 +2203,8 @@ fn a_draft_model_leaves_every_answer_unchanged() {
     let drafted = after.get("llm_draft_tokens_total");
     let accepted = after.get("llm_draft_tokens_accepted_total");
     println!("{accepted} of {drafted} drafted tokens accepted");
-    assert!(drafted > 0.0 && accepted < drafted, "{accepted} of {drafted}");
+    assert!(
+        drafted > 0.0 && accepted < drafted,
+        "{accepted} of {drafted}"
+    );
 }

@@ -83,8 +83,50 @@ pub struct ShortConv {
     pub layers: Vec<bool>,
 }
 
-/// The longest short-convolution kernel accepted (LFM2's is 3).
+/// The longest short-convolution kernel accepted (LFM2's is 3; Qwen3.5's delta-net
+/// convolution 4).
 pub const MAX_L_CACHE: usize = 16;
+
+/// The gated delta-net layers of a hybrid model (Qwen3.5, `qwen35`): linear attention with a
+/// recurrent state instead of a KV cache (see `examples/llm/src/model/delta_net.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaNet {
+    /// Taps of the causal depthwise convolution over the q, k, v channels
+    /// (`{arch}.ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Head size of the keys and of the values (`{arch}.ssm.state_size`).
+    pub head_dim: usize,
+    /// Key (and query) heads (`{arch}.ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`{arch}.ssm.time_step_rank`), a multiple of the key heads: value head `h`
+    /// reads key head `h % n_k_heads` (ggml's repeat tiles them).
+    pub n_v_heads: usize,
+    /// Per layer: whether it is a delta-net layer (the others are full attention).
+    pub layers: Vec<bool>,
+}
+
+impl DeltaNet {
+    /// Width of the queries (and of the keys) of all key heads.
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_dim
+    }
+
+    /// Width of the values of all value heads (`{arch}.ssm.inner_size`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one layer's recurrent state: the convolution's last `conv_kernel - 1`
+    /// input rows and one `head_dim × head_dim` matrix per value head.
+    pub fn state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim() + self.n_v_heads * self.head_dim * self.head_dim
+    }
+}
 
 /// Model hyper-parameters, read from the GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +194,15 @@ pub struct Config {
     pub pooling_type: Option<u64>,
     /// The short-convolution layers, if the model has any (LFM2).
     pub short_conv: Option<ShortConv>,
+    /// The gated delta-net layers, if the model has any (Qwen3.5).
+    pub delta_net: Option<DeltaNet>,
+    /// The full-attention layers' `attn_q` holds, per head, `head_dim` queries and then
+    /// `head_dim` gate values; the attention's output is multiplied by `sigmoid(gate)` before
+    /// `attn_output` (Qwen3.5).
+    pub gated_attention: bool,
+    /// The name of each layer's norm before the feed-forward (`ffn_norm.weight`; Qwen3.5's is
+    /// `post_attention_norm.weight`).
+    pub ffn_norm: &'static str,
     /// The name of the final norm's tensor (`output_norm.weight`; LFM2's is
     /// `token_embd_norm.weight`).
     pub output_norm: &'static str,
@@ -360,6 +411,13 @@ impl Config {
     /// leading dense layers, [`Moe::n_dense_lead`]).
     pub fn moe_at(&self, l: usize) -> Option<&Moe> {
         self.moe.as_ref().filter(|m| l >= m.n_dense_lead)
+    }
+
+    /// Whether layer `l` is a gated delta-net layer (not attention).
+    pub fn delta(&self, l: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.layers.get(l).copied().unwrap_or(false))
     }
 
     /// Width of the queries of all heads (`n_head × head_dim`).

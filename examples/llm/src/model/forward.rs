@@ -21,12 +21,15 @@
 //! products, attention scores, softmax sums, norms) runs in an order fixed by the vector
 //! lengths alone (see [`super::kernels`]); rows are never mixed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::backend::LinearOp;
 use super::config::{Activation, long_rope_at};
+use super::delta_net::DeltaState;
 use super::error::ModelError;
+use super::exp::exp;
 use super::kv_cache::{CacheType, KvCache};
 use super::load::{Ffn, Model};
 use super::ops::{
@@ -179,8 +182,8 @@ impl Sequence {
     /// and cache type): the keys and values evaluating those tokens here would write, bit for
     /// bit, for the cost of a copy. False, and nothing changed, when `from` does not hold
     /// them (fewer positions; a sliding-window layer that dropped keys a query at `len` sees,
-    /// or a short-convolution layer the rows it reads; keys rotated with the other LongRoPE
-    /// factors)
+    /// or a short-convolution layer the rows it reads; a delta-net layer's state that cannot be
+    /// recovered there exactly; keys rotated with the other LongRoPE factors)
     /// or stores another type, or `len` is past this sequence's context.
     pub fn copy_prefix(&mut self, from: &Sequence, len: usize) -> bool {
         len <= self.n_ctx
@@ -190,8 +193,11 @@ impl Sequence {
 
     /// Keeps the first `len` cached positions (no change if it holds fewer). On a model with
     /// sliding-window or short-convolution layers, a cut further back than they keep (more than
-    /// [`REWIND`](super::REWIND) positions before the last pass) keeps none: read
-    /// [`Sequence::len`] after it.
+    /// [`REWIND`](super::REWIND) positions before the last pass) keeps none; on a model with
+    /// delta-net layers (Qwen3.5), a cut to a position their state cannot be recovered at
+    /// exactly (before the last pass's last [`REPLAY_ROWS`](super::REPLAY_ROWS) rows, and not
+    /// a checkpoint) keeps the latest checkpoint before it, or none: read [`Sequence::len`]
+    /// after it.
     pub fn truncate(&mut self, len: usize) {
         self.cache.truncate(len);
     }
@@ -223,8 +229,19 @@ impl Model {
         let conv: Vec<_> = (0..c.n_layer)
             .map(|l| c.conv(l).map(|_| c.n_embd))
             .collect();
+        // A delta-net layer keeps its recurrent state (and what it takes to step back).
+        let delta = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.delta
+                    .as_ref()
+                    .map(|d| DeltaState::new(Arc::clone(&d.params)))
+            })
+            .collect();
         Sequence {
-            cache: KvCache::with_conv(windows, &conv, c.n_head_kv, c.head_dim, ty),
+            cache: KvCache::with_conv(windows, &conv, c.n_head_kv, c.head_dim, ty)
+                .with_delta(delta),
             n_ctx: self.n_ctx,
             long_rope_original_ctx: c.long_rope.as_ref().map(|l| l.original_ctx),
             logits: Vec::new(),
@@ -344,7 +361,11 @@ impl Model {
         // Where the family scales the queries, the softmax's scale is 1 (exact).
         let score_scale = if fam.scale_queries { 1.0 } else { c.attn_scale };
         let mut h = vec![0.0f32; m * e];
-        let mut qkv = vec![0.0f32; m * (qd + 2 * kvd)];
+        // Qwen3.5's attn_q gives queries and gate values, per head.
+        let qw = if c.gated_attention { 2 * qd } else { qd };
+        let mut qkv = vec![0.0f32; m * (qw + 2 * kvd)];
+        let mut qg = vec![0.0f32; if c.gated_attention { m * qw } else { 0 }];
+        let mut attn_gate = vec![0.0f32; if c.gated_attention { m * qd } else { 0 }];
         let mut q = vec![0.0f32; m * qd];
         let mut k = vec![0.0f32; m * kvd];
         let mut v = vec![0.0f32; m * kvd];
@@ -354,6 +375,16 @@ impl Model {
         let mut bcx = vec![0.0f32; conv_rows * 3 * e];
         let mut bx = vec![0.0f32; conv_rows * e];
         let mut y = vec![0.0f32; conv_rows * e];
+        // A delta-net layer's projection ([qkv_mixed | beta | alpha | z]) and output.
+        let (dw, dv) = match &c.delta_net {
+            Some(d) => (
+                d.conv_dim() + 2 * d.n_v_heads + d.value_dim(),
+                d.value_dim(),
+            ),
+            None => (0, 0),
+        };
+        let mut dproj = vec![0.0f32; m * dw];
+        let mut dout = vec![0.0f32; m * dv];
         let mut gate_up = vec![0.0f32; m * 2 * c.n_ff];
         let mut gate = vec![0.0f32; m * c.n_ff];
         let mut up = vec![0.0f32; m * c.n_ff];
@@ -361,7 +392,39 @@ impl Model {
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention block (or short-convolution block).
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
-            let mixed: &[f32] = if let Some(kernel) = &layer.conv {
+            let mixed: &[f32] = if let Some(dl) = &layer.delta {
+                let t = Instant::now();
+                let p = &layer.wqkv;
+                p.op.forward(&h, m, &mut dproj).map_err(|e| p.failed(e))?;
+                t_matmul += t.elapsed();
+                let t = Instant::now();
+                let iw = dl.params.input_width();
+                let mut inputs = Vec::new();
+                for (it, r) in items.iter_mut().zip(&rows) {
+                    // The recurrence's inputs of the item's rows, side by side.
+                    inputs.clear();
+                    for row in dproj[r.start * dw..r.end * dw].chunks_exact(dw) {
+                        inputs.extend_from_slice(&row[..iw]);
+                    }
+                    let state =
+                        it.seq
+                            .cache
+                            .delta_mut(l)
+                            .ok_or_else(|| ModelError::Unsupported {
+                                what: "a delta-net layer in a sequence of another model".into(),
+                            })?;
+                    state.pass(&inputs, &mut dout[r.start * dv..r.end * dv]);
+                }
+                // Per value head: RMSNorm with ssm_norm, times silu(z).
+                for (row, out) in dproj.chunks_exact(dw).zip(dout.chunks_exact_mut(dv)) {
+                    rms_norm_in_place(out, &dl.norm, c.rms_eps);
+                    for (o, &z) in out.iter_mut().zip(&row[iw..]) {
+                        *o *= z / (1.0 + exp(-z));
+                    }
+                }
+                t_attn += t.elapsed();
+                &dout
+            } else if let Some(kernel) = &layer.conv {
                 let t = Instant::now();
                 let p = &layer.wqkv;
                 p.op.forward(&h, m, &mut bcx).map_err(|e| p.failed(e))?;
@@ -389,7 +452,22 @@ impl Model {
                 p.op.forward(&h, m, &mut qkv).map_err(|e| p.failed(e))?;
                 t_matmul += t.elapsed();
                 // One row (decode) holds q, k and v side by side: use them in place.
-                let [q, k, v] = split_columns(&mut qkv, m, [&mut q, &mut k, &mut v]);
+                let [q, k, v] = if c.gated_attention {
+                    let [qg, k, v] = split_columns(&mut qkv, m, [&mut qg, &mut k, &mut v]);
+                    // Per head: head_dim queries, then head_dim gate values.
+                    let hd = c.head_dim;
+                    for ((pair, q), g) in qg
+                        .chunks_exact(2 * hd)
+                        .zip(q.chunks_exact_mut(hd))
+                        .zip(attn_gate.chunks_exact_mut(hd))
+                    {
+                        q.copy_from_slice(&pair[..hd]);
+                        g.copy_from_slice(&pair[hd..]);
+                    }
+                    [&mut q[..], k, v]
+                } else {
+                    split_columns(&mut qkv, m, [&mut q, &mut k, &mut v])
+                };
                 add_bias(q, layer.bq.as_deref());
                 add_bias(k, layer.bk.as_deref());
                 add_bias(v, layer.bv.as_deref());
@@ -426,6 +504,11 @@ impl Model {
                     let pool = parallel.then_some(&*self.pool);
                     let out = &mut att[r.start * qd..r.end * qd];
                     attention(c, pool, q, &kv, window, score_scale, pos, out);
+                }
+                if c.gated_attention {
+                    for (o, &g) in att.iter_mut().zip(&attn_gate) {
+                        *o *= 1.0 / (1.0 + exp(-g));
+                    }
                 }
                 t_attn += t.elapsed();
                 &att

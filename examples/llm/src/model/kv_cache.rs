@@ -23,9 +23,16 @@
 //! `n_embd` f32 values per position (whatever the cache type) and no values, local with a
 //! window of its kernel's length, so truncating, rewinding and copying a prefix treat it as
 //! they treat a sliding-window layer.
+//!
+//! A gated delta-net layer (Qwen3.5) holds no rows here: its recurrent state, with what it
+//! keeps to step back exactly, is a [`DeltaState`] (see `examples/llm/src/model/delta_net.rs`).
+//! Truncating to a position that state cannot recover exactly keeps the latest position
+//! before it that every layer can (a checkpoint, or 0).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+
+use super::delta_net::DeltaState;
 
 /// How the KV cache stores keys and values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,6 +152,8 @@ pub struct KvCache {
     windows: Vec<Option<usize>>,
     starts: Vec<usize>,
     ty: CacheType,
+    /// Per layer: its recurrent state if it is a delta-net layer.
+    delta: Vec<Option<DeltaState>>,
 }
 
 impl KvCache {
@@ -193,9 +202,23 @@ impl KvCache {
             len: 0,
             shapes,
             starts: vec![0; windows.len()],
+            delta: vec![None; windows.len()],
             windows,
             ty,
         }
+    }
+
+    /// The cache with the delta-net layers' states `delta` (one entry per layer, `Some` on a
+    /// delta-net layer, whose key and value buffers stay empty).
+    pub(crate) fn with_delta(mut self, delta: Vec<Option<DeltaState>>) -> KvCache {
+        debug_assert_eq!(delta.len(), self.windows.len());
+        self.delta = delta;
+        self
+    }
+
+    /// Layer `layer`'s delta-net state.
+    pub(crate) fn delta_mut(&mut self, layer: usize) -> Option<&mut DeltaState> {
+        self.delta.get_mut(layer).and_then(|d| d.as_mut())
     }
 
     /// The range of layer `layer`'s buffers in `k` and `v`.
@@ -276,9 +299,29 @@ impl KvCache {
     /// (always, back to 0).
     pub fn can_rewind_to(&self, pos: usize) -> bool {
         pos == 0
-            || self.windows.iter().zip(&self.starts).all(|(w, &start)| {
+            || (self.windows.iter().zip(&self.starts).all(|(w, &start)| {
                 start == 0 || w.is_some_and(|w| (pos + 1).saturating_sub(w) >= start)
-            })
+            }) && self.delta.iter().flatten().all(|d| d.can_rewind_to(pos)))
+    }
+
+    /// The latest position at or before `pos` the cache can be cut back to exactly
+    /// ([`KvCache::can_rewind_to`]): `pos` itself, a delta-net checkpoint, or 0.
+    fn rewind_point(&self, pos: usize) -> usize {
+        if self.can_rewind_to(pos) {
+            return pos;
+        }
+        let p = self
+            .delta
+            .iter()
+            .flatten()
+            .map(|d| d.rewind_point(pos))
+            .min()
+            .unwrap_or(0);
+        if p < pos && self.can_rewind_to(p) {
+            p
+        } else {
+            0
+        }
     }
 
     /// Positions held.
@@ -297,7 +340,13 @@ impl KvCache {
         self.ty
     }
 
-    /// Bytes held for keys and values (and short-convolution rows).
+    /// Bytes of the delta-net layers' states (f32 whatever the cache type), part of
+    /// [`KvCache::bytes`].
+    pub fn recurrent_bytes(&self) -> usize {
+        self.delta.iter().flatten().map(|d| d.bytes()).sum()
+    }
+
+    /// Bytes held for keys and values (and short-convolution rows, and delta-net states).
     pub fn bytes(&self) -> usize {
         self.k
             .iter()
@@ -306,7 +355,13 @@ impl KvCache {
                 KvRows::F32(v) => v.len() * 4,
                 KvRows::F16(v) => v.len() * 2,
             })
-            .sum()
+            .sum::<usize>()
+            + self
+                .delta
+                .iter()
+                .flatten()
+                .map(|d| d.bytes())
+                .sum::<usize>()
     }
 
     /// Becomes a copy of the first `len` positions of `from`, a cache of the same model and
@@ -315,14 +370,38 @@ impl KvCache {
     /// that dropped keys a query at `len` sees: [`KvCache::can_rewind_to`]) or is of another
     /// shape or type.
     pub(crate) fn copy_prefix(&mut self, from: &KvCache, len: usize) -> bool {
-        let same = self.ty == from.ty && self.shapes == from.shapes && self.windows == from.windows;
+        let same = self.ty == from.ty
+            && self.shapes == from.shapes
+            && self.windows == from.windows
+            && self.delta.len() == from.delta.len()
+            && self
+                .delta
+                .iter()
+                .zip(&from.delta)
+                .all(|(a, b)| match (a, b) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a.same_shape(b),
+                    _ => false,
+                });
         if !same || len > from.len || !from.can_rewind_to(len) {
             return false;
+        }
+        for (to, from) in self.delta.iter_mut().zip(&from.delta) {
+            if let (Some(to), Some(from)) = (to.as_mut(), from) {
+                to.clone_from(from);
+                to.truncate(len);
+            }
         }
         for (l, &start) in from.starts.iter().enumerate() {
             let start = if len == 0 { 0 } else { start };
             let shape = &self.shapes[l];
-            let values = (len - start) * shape.width;
+            // A delta-net layer's buffers are empty (its state is copied above).
+            let rows = if self.delta[l].is_some() {
+                0
+            } else {
+                len - start
+            };
+            let values = rows * shape.width;
             let buffers = self.range(l);
             let vbuffers = if shape.values {
                 buffers.clone()
@@ -344,9 +423,14 @@ impl KvCache {
     }
 
     /// Keeps the first `pos` positions; when a local layer no longer holds what a query at
-    /// `pos` sees ([`KvCache::can_rewind_to`]), keeps none.
+    /// `pos` sees, or a delta-net layer cannot recover its state there
+    /// ([`KvCache::can_rewind_to`]), keeps the latest position before it that it can: a
+    /// delta-net checkpoint, or none.
     pub(crate) fn truncate(&mut self, pos: usize) {
-        let pos = if self.can_rewind_to(pos) { pos } else { 0 };
+        let pos = self.rewind_point(pos.min(self.len));
+        for d in self.delta.iter_mut().flatten() {
+            d.truncate(pos);
+        }
         for l in 0..self.starts.len() {
             let keep = pos.saturating_sub(self.starts[l]) * self.shapes[l].width;
             for buf in self.buffers_mut(l) {

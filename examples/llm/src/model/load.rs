@@ -1,11 +1,14 @@
 //! A model's weights, loaded from a GGUF file through a [`LinearFactory`]: immutable once
 //! loaded, so one [`Model`] (behind an `Arc`) serves any number of sequences at once.
 
+use std::sync::Arc;
+
 use rknn_chip::LinearRole;
 use rknn_matmul::engine::Engine;
 
 use super::backend::{BackendError, LinearFactory, LinearOp};
 use super::config::{Config, Moe, QkNorm};
+use super::delta_net::{DeltaParams, DeltaState};
 use super::error::ModelError;
 use super::host_pool::HostPool;
 use super::kv_cache::{CacheType, REWIND};
@@ -58,8 +61,19 @@ pub(super) struct Layer {
     /// A short-convolution layer's kernel (`l_cache` taps per channel, channel after
     /// channel, as the file stores it); `None` on an attention layer.
     pub(super) conv: Option<Vec<f32>>,
+    /// A gated delta-net layer's host weights; `None` on an attention layer. On such a layer
+    /// `wqkv` is `attn_qkv`, `ssm_beta`, `ssm_alpha` and `attn_gate` fused, `wo` its `ssm_out`.
+    pub(super) delta: Option<DeltaLayer>,
     pub(super) ffn_norm: Vec<f32>,
     pub(super) ffn: Ffn,
+}
+
+/// A gated delta-net layer's host weights.
+pub(super) struct DeltaLayer {
+    /// The convolution kernel, biases and decay rates, shared with the sequences' states.
+    pub(super) params: Arc<DeltaParams>,
+    /// `ssm_norm`, `head_dim` values: the gated RMSNorm of each value head's output.
+    pub(super) norm: Vec<f32>,
 }
 
 /// A layer's feed-forward network.
@@ -277,10 +291,12 @@ impl Model {
             // Q, K and V in one tensor where the file fuses them (phi3), else three.
             let fused_qkv = n("attn_qkv.weight");
             let (wq, wk, wv) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));
+            // Qwen3.5's full-attention layers: attn_q holds queries and gate values.
+            let q_rows = if c.gated_attention { 2 * q } else { q };
             let qkv_parts: Vec<(&str, u64)> = if file.tensor(&fused_qkv).is_some() {
                 vec![(&fused_qkv, q + 2 * kv)]
             } else {
-                vec![(&wq, q), (&wk, kv), (&wv, kv)]
+                vec![(&wq, q_rows), (&wk, kv), (&wv, kv)]
             };
             let (wg, wu) = (n("ffn_gate.weight"), n("ffn_up.weight"));
             let gate_up_parts: Vec<(&str, u64)> = if fam.fused_gate_up {
@@ -289,7 +305,44 @@ impl Model {
                 vec![(&wg, ff), (&wu, ff)]
             };
             let attn_norm = vector(&n("attn_norm.weight"), e, &mut done)?;
+            let mut delta = None;
             let (q_norm, k_norm, wqkv, bq, bk, bv, wo, conv) = match c.conv(i) {
+                None if c.delta(i) => {
+                    let Some(d) = &c.delta_net else {
+                        unreachable!("a delta-net layer has its shapes")
+                    };
+                    let (nv, vd) = (d.n_v_heads as u64, d.value_dim() as u64);
+                    let cd = d.conv_dim() as u64;
+                    // Every shape checked before anything is converted.
+                    let parts = views(
+                        &[
+                            (&n("attn_qkv.weight"), cd),
+                            (&n("ssm_beta.weight"), nv),
+                            (&n("ssm_alpha.weight"), nv),
+                            (&n("attn_gate.weight"), vd),
+                        ],
+                        e,
+                    )?;
+                    let out = views(&[(&n("ssm_out.weight"), e)], vd)?;
+                    let kernel = tensor(&n("ssm_conv1d.weight"), &[d.conv_kernel as u64, cd])?;
+                    let dt_bias = vector(&n("ssm_dt.bias"), nv, &mut done)?;
+                    let a = vector(&n("ssm_a"), nv, &mut done)?;
+                    let norm = vector(&n("ssm_norm.weight"), d.head_dim as u64, &mut done)?;
+                    done += kernel.data().len() as u64;
+                    delta = Some(DeltaLayer {
+                        params: Arc::new(DeltaParams {
+                            shape: d.clone(),
+                            conv: kernel.to_f32()?,
+                            dt_bias,
+                            a,
+                            eps: c.rms_eps,
+                        }),
+                        norm,
+                    });
+                    let wqkv = linear(LinearRole::Qkv, &parts, &mut done)?;
+                    let wo = linear(LinearRole::AttnOutput, &out, &mut done)?;
+                    (None, None, wqkv, None, None, None, wo, None)
+                }
                 Some(taps) => {
                     let in_proj = n("shortconv.in_proj.weight");
                     let wqkv =
@@ -346,12 +399,13 @@ impl Model {
                 wo,
                 bo,
                 conv,
+                delta,
                 attn_post_norm: optional(
                     fam.post_norms.then_some(e),
                     "post_attention_norm.weight",
                     &mut done,
                 )?,
-                ffn_norm: vector(&n("ffn_norm.weight"), e, &mut done)?,
+                ffn_norm: vector(&n(c.ffn_norm), e, &mut done)?,
                 ffn: match c.moe_at(i).copied() {
                     None => Ffn::Dense(Expert {
                         gate_up: linear(LinearRole::GateUp, &views(&gate_up_parts, e)?, &mut done)?,
@@ -553,6 +607,10 @@ impl Model {
             host += vecs(&[
                 Some(&l.attn_norm),
                 l.conv.as_ref(),
+                l.delta.as_ref().map(|d| &d.norm),
+                l.delta.as_ref().map(|d| &d.params.conv),
+                l.delta.as_ref().map(|d| &d.params.dt_bias),
+                l.delta.as_ref().map(|d| &d.params.a),
                 l.q_norm.as_ref(),
                 l.k_norm.as_ref(),
                 l.attn_post_norm.as_ref(),
@@ -594,9 +652,11 @@ impl Model {
             CacheType::F16 => 2,
         };
         // Per layer: positions held times bytes per position (a short-convolution layer's
-        // n_embd f32 values; a local layer's keys and values).
+        // n_embd f32 values; a local layer's keys and values); a delta-net layer's state with
+        // its base, replay rows and checkpoints.
         let kv: u64 = (0..c.n_layer)
             .map(|l| match (c.conv(l), c.window(l)) {
+                _ if c.delta(l) => c.delta_net.as_ref().map_or(0, DeltaState::max_bytes),
                 (Some(taps), _) => self.n_ctx.min(2 * (taps + REWIND)) as u64 * c.n_embd as u64 * 4,
                 (None, Some(w)) => {
                     self.n_ctx.min(2 * (w + REWIND)) as u64 * c.kv_dim() as u64 * 2 * elem

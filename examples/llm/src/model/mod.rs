@@ -1,6 +1,6 @@
 //! The model: the decoder-only transformer's forward pass over weights loaded from a GGUF
 //! file, for the families of [`FAMILIES`] (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`,
-//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`, `lfm2`, `granitemoe`, `lfm2moe`), every
+//! `smollm3`, `granite`, `gemma2`, `qwen3moe`, `olmoe`, `lfm2`, `granitemoe`, `lfm2moe`, `qwen35`), every
 //! weight matmul through one seam.
 //!
 //! * `family/`: one [`Family`] per architecture, as data plus one small file each;
@@ -10,6 +10,7 @@
 //! * `forward.rs`: [`Model::forward`] over a [`Sequence`] (one sequence's KV cache and logits);
 //! * `embed.rs`: [`Model::embed`], inputs' final hidden states pooled ([`Pooling`]) and
 //!   L2-normalised;
+//! * `delta_net.rs`: Qwen3.5's gated delta-net layers (host arithmetic, per-sequence state);
 //! * `ops.rs`: the host operations (RMSNorm, RoPE, attention, SwiGLU), `kernels.rs` their SIMD
 //!   kernels, `kv_cache.rs` the cache;
 //! * `backend.rs`: the seam ([`LinearOp`], [`LinearFactory`]); `host.rs` the f32 reference
@@ -19,6 +20,7 @@
 
 mod backend;
 mod config;
+mod delta_net;
 mod embed;
 mod error;
 pub(crate) mod exp;
@@ -36,9 +38,10 @@ pub mod weight_cache;
 
 pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
 pub use config::{
-    Activation, Config, Family, Gating, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS, MAX_L_CACHE, Moe,
-    QkNorm, RopeStyle, ShortConv, SlidingWindow,
+    Activation, Config, DeltaNet, Family, Gating, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS,
+    MAX_L_CACHE, Moe, QkNorm, RopeStyle, ShortConv, SlidingWindow,
 };
+pub use delta_net::{CHECKPOINTS, REPLAY_ROWS};
 pub use embed::{EMBED_PASS_ROWS, Embedder, Pooling};
 pub use error::ModelError;
 pub use family::FAMILIES;

@@ -19,6 +19,7 @@ mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen35;
 mod qwen3moe;
 mod smollm3;
 
@@ -41,6 +42,7 @@ pub const FAMILIES: &[&Family] = &[
     &lfm2::FAMILY,
     &granitemoe::FAMILY,
     &lfm2moe::FAMILY,
+    &qwen35::FAMILY,
 ];
 
 /// The family named `arch`, if this crate runs it.
@@ -223,6 +225,9 @@ impl Config {
             pooling_type: None,
             moe: None,
             short_conv: None,
+            delta_net: None,
+            gated_attention: false,
+            ffn_norm: "ffn_norm.weight",
             output_norm: "output_norm.weight",
         };
         c.pooling_type = key_usize(file, &format!("{p}.pooling_type"))?.map(|t| t as u64);
@@ -259,7 +264,7 @@ mod tests {
         assert_eq!(family("gpt2"), None);
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe"
+            "llama, qwen2, qwen3, gemma3, phi3, smollm3, granite, gemma2, qwen3moe, olmoe, lfm2, granitemoe, lfm2moe, qwen35"
         );
     }
 }
