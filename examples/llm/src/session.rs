@@ -678,7 +678,7 @@ impl Session {
 
 /// The modelled NPU time so far, when the model's matmuls run on the in-process emulator.
 pub(crate) fn modelled(model: &Model) -> Option<rknn_matmul::ModelledTime> {
-    model.engine().and_then(|e| e.runtime().modelled_time())
+    model.modelled_time()
 }
 
 fn write_rows(out: &mut dyn Write, rows: &[f32]) -> std::io::Result<()> {
@@ -1154,10 +1154,7 @@ impl Iterator for Generation<'_> {
     }
 }
 
-/// The length of the longest common prefix of `a` and `b`.
-pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
+pub(crate) use crate::spec::common_prefix;
 
 #[cfg(test)]
 mod tests {

@@ -378,7 +378,7 @@ impl Drafter {
         is_eog: impl Fn(u32) -> bool,
     ) -> Result<Proposal, ModelError> {
         let t0 = Instant::now();
-        let m0 = crate::session::modelled(&self.draft.model);
+        let m0 = self.draft.model.modelled_time();
         let mut out = Proposal {
             tokens: Vec::new(),
             forwards: 0,
@@ -393,7 +393,7 @@ impl Drafter {
             return Ok(out);
         }
         // At least the last token of the context is fed: its logits draft the first token.
-        let common = crate::session::common_prefix(&self.held, context)
+        let common = common_prefix(&self.held, context)
             .min(context.len() - 1)
             .min(self.seq.len());
         self.seq.truncate(common);
@@ -424,11 +424,16 @@ impl Drafter {
             pos += 1;
         }
         out.time = t0.elapsed();
-        if let (Some(m1), Some(m0)) = (crate::session::modelled(&self.draft.model), &m0) {
+        if let (Some(m1), Some(m0)) = (self.draft.model.modelled_time(), &m0) {
             out.modelled = m1.since(m0).busiest_core();
         }
         Ok(out)
     }
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The argmax of a row of logits (the lowest id among equals) and its softmax probability.

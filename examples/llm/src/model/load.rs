@@ -589,6 +589,11 @@ impl Model {
         self.engine.as_ref()
     }
 
+    /// The modelled NPU time so far, when the linears run on the in-process emulator.
+    pub(crate) fn modelled_time(&self) -> Option<rknn_matmul::ModelledTime> {
+        self.engine().and_then(|e| e.runtime().modelled_time())
+    }
+
     /// What the model holds in memory, by kind, for a sequence of [`Model::n_ctx`] positions
     /// whose cache stores `ty`: the budget a process's resident memory is measured against.
     pub fn footprint(&self, ty: CacheType) -> Footprint {

@@ -40,6 +40,7 @@ pub(super) const FAMILY: Family = Family {
     name: "qwen35",
     rope_style: RopeStyle::Halves,
     qkv_bias: false,
+    optional_biases: false,
     qk_norm: QkNorm::PerHead,
     post_norms: false,
     activation: Activation::Silu,
