@@ -233,7 +233,8 @@ pub enum ToolCallFormat {
 
 impl ToolCallFormat {
     /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
-    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen, `<|python_tag|>` or the
+    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen (not with Qwen3.5's XML
+    /// calls, `<function=NAME>`, which take the generic form), `<|python_tag|>` or the
     /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
     /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
     /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
@@ -243,7 +244,10 @@ impl ToolCallFormat {
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
-        } else if source.contains("<tool_call>") {
+        } else if source.contains("<tool_call>") && !source.contains("<function=") {
+            // Qwen3.5's and Qwen3-Coder's calls are XML inside `<tool_call>`
+            // (`<function=NAME><parameter=P>…`), which the Hermes reader does not read: they
+            // take the generic form.
             ToolCallFormat::Hermes
         } else if source.contains("<|python_tag|>")
             || source.contains("<|start_header_id|>ipython<|end_header_id|>")
