@@ -33,6 +33,18 @@ fn model(name: &str, threads: usize) -> common::Run {
     common::load_f32(&common::fixtures().join("llm").join(name), threads)
 }
 
+/// The bits of a row set.
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Every row's logits of `b` after `prefix`, evaluated from scratch in a sequence caching `ty`.
+fn fresh(model: &Model, ty: CacheType, prefix: &[u32], b: &[u32]) -> Vec<u32> {
+    let mut s = model.sequence(ty);
+    model.forward(&mut s, prefix, 0, Logits::None).unwrap();
+    bits(model.forward(&mut s, b, prefix.len(), Logits::All).unwrap())
+}
+
 fn logits_in_chunks(m: &mut common::Run, tokens: &[u32], chunk: usize) -> Vec<u32> {
     m.reset();
     let mut out = Vec::new();
@@ -142,15 +154,7 @@ fn rewinding_the_cache_recomputes_the_same_logits() {
 /// than the conv layers keep is refused by `forward` and keeps nothing in `truncate`.
 #[test]
 fn short_conv_state_rewinds_and_copies_like_keys() {
-    let f = GgufFile::open(common::fixtures().join("llm/tiny-lfm2.gguf")).unwrap();
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap(),
-    );
-    let factory = &mut HostF32Factory::new(pool.clone());
-    let model = Model::load(&f, factory, pool, &mut |_, _| {}).unwrap();
+    let model = model("tiny-lfm2.gguf", 2).model;
     let c = model.config();
     let conv = (0..c.n_layer).filter(|&l| c.conv(l).is_some()).count();
     assert!(conv > 0 && conv < c.n_layer, "conv and attention layers");
@@ -158,18 +162,8 @@ fn short_conv_state_rewinds_and_copies_like_keys() {
     let n_vocab = c.n_vocab as u32;
     let a: Vec<u32> = (0..200).map(|_| rng.u32(..n_vocab)).collect();
     let b: Vec<u32> = (0..20).map(|_| rng.u32(..n_vocab)).collect();
-    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [CacheType::F32, CacheType::F16] {
-        // Every row of `b` after `prefix`, evaluated from scratch.
-        let fresh = |prefix: &[u32]| {
-            let mut s = model.sequence(ty);
-            model.forward(&mut s, prefix, 0, Logits::None).unwrap();
-            bits(
-                model
-                    .forward(&mut s, &b, prefix.len(), Logits::All)
-                    .unwrap(),
-            )
-        };
+        let fresh = |prefix: &[u32]| fresh(&model, ty, prefix, &b);
         let mut seq = model.sequence(ty);
         for (i, chunk) in a.chunks(7).enumerate() {
             model.forward(&mut seq, chunk, i * 7, Logits::None).unwrap();
@@ -216,15 +210,7 @@ fn short_conv_state_rewinds_and_copies_like_keys() {
 /// `truncate` to it keeps the latest checkpoint before it.
 #[test]
 fn delta_net_state_rewinds_and_copies_bit_identically() {
-    let f = GgufFile::open(common::fixtures().join("llm/tiny-qwen35.gguf")).unwrap();
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap(),
-    );
-    let factory = &mut HostF32Factory::new(pool.clone());
-    let model = Model::load(&f, factory, pool, &mut |_, _| {}).unwrap();
+    let model = model("tiny-qwen35.gguf", 2).model;
     let c = model.config();
     let delta = (0..c.n_layer).filter(|&l| c.delta(l)).count();
     assert!(
@@ -236,18 +222,8 @@ fn delta_net_state_rewinds_and_copies_bit_identically() {
     let n_vocab = c.n_vocab as u32;
     let a: Vec<u32> = (0..155).map(|_| rng.u32(..n_vocab)).collect();
     let b: Vec<u32> = (0..20).map(|_| rng.u32(..n_vocab)).collect();
-    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [CacheType::F32, CacheType::F16] {
-        // Every row of `b` after `prefix`, evaluated from scratch in one pass.
-        let fresh = |prefix: &[u32]| {
-            let mut s = model.sequence(ty);
-            model.forward(&mut s, prefix, 0, Logits::None).unwrap();
-            bits(
-                model
-                    .forward(&mut s, &b, prefix.len(), Logits::All)
-                    .unwrap(),
-            )
-        };
+        let fresh = |prefix: &[u32]| fresh(&model, ty, prefix, &b);
         // Passes of 80 (a checkpoint at 80), 70 (one at 150) and 5 rows (replayable from
         // 150).
         let mut seq = model.sequence(ty);

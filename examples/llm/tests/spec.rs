@@ -433,3 +433,44 @@ fn a_draft_of_another_vocabulary_is_refused() {
         assert!(err.contains("--model-draft") && err.contains(rule), "{err}");
     }
 }
+
+/// One `DraftModel` (and the models behind it) shared by sessions on four threads at once,
+/// each drafting for its own prompt: every thread's greedy output is the model's alone.
+#[test]
+fn one_draft_model_serves_sessions_on_several_threads() {
+    use rknn_llm::Backend;
+    let target = load_tiny("tiny-qwen3", Backend::F32);
+    let draft = load_tiny("tiny-qwen2", Backend::F32)
+        .draft_for(&target, 4, 0.0)
+        .unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let text = format!("Story {i}: once upon a time a fox");
+            target.tokenizer.encode(&text, true, false).unwrap()
+        })
+        .collect();
+    let mut plain = target.session(greedy()).unwrap();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| gen_ids(&mut plain, p, 32, false).0)
+        .collect();
+    let got: Vec<(Vec<u32>, usize)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (target, draft) = (&target, draft.clone());
+                scope.spawn(move || {
+                    let mut s = target.session(greedy()).unwrap();
+                    s.set_draft(Some(draft));
+                    let (ids, stats) = gen_ids(&mut s, p, 32, false);
+                    (ids, stats.model_drafted)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((ids, drafted), want) in got.iter().zip(&want) {
+        assert_eq!(ids, want);
+        assert!(*drafted > 0);
+    }
+}
