@@ -94,6 +94,14 @@ pub enum PlanError {
         /// The N alignment.
         n_align: usize,
     },
+    /// A lane past the plan's lanes.
+    #[error("lane {lane} does not exist: the plan has {lanes} lanes (0..{lanes})")]
+    NoSuchLane {
+        /// The lane asked for.
+        lane: usize,
+        /// The plan's lanes.
+        lanes: usize,
+    },
     /// The padded weights' element count does not fit `usize`.
     #[error("the padded weights, N={n_pad} × K={k_pad}, overflow this machine's address space")]
     TooLarge {
@@ -198,6 +206,44 @@ impl LinearPlan {
             n_block,
             n_align: na,
         })
+    }
+
+    /// The same linear whole on `lane`: every column in that lane's shard, the other lanes
+    /// empty (a mixture of experts places each expert on one core, so the chosen experts of a
+    /// token run on different cores at once, one run each, instead of each expert split over
+    /// every core). Its blocks and segments follow the same rules as a split plan's.
+    ///
+    /// ```
+    /// use rknn_chip::plan::{LinearPlan, SplitRules};
+    /// let rules = SplitRules { k_align: 32, n_align: 32, k_segment: Some(8192), max_n_per_context: 4096 };
+    /// let plan = LinearPlan::new(1000, 64, 3, &rules)?.on_lane(2)?;
+    /// assert_eq!(plan.lane_contexts(), [0, 0, 1]);
+    /// let whole = plan.shards[2].unwrap();
+    /// assert_eq!((whole.n0, whole.width, whole.valid), (0, 1024, 1000));
+    /// # Ok::<(), rknn_chip::plan::PlanError>(())
+    /// ```
+    pub fn on_lane(mut self, lane: usize) -> Result<Self, PlanError> {
+        let lanes = self.shards.len();
+        if lane >= lanes {
+            return Err(PlanError::NoSuchLane { lane, lanes });
+        }
+        self.shards = vec![None; lanes];
+        self.shards[lane] = Some(Columns {
+            n0: 0,
+            width: self.n_pad,
+            valid: self.n,
+        });
+        Ok(self)
+    }
+
+    /// The lane holding every column, if one does ([`LinearPlan::on_lane`], or a plan whose
+    /// other lanes got no aligned block).
+    pub fn only_lane(&self) -> Option<usize> {
+        let mut held = self.shards.iter().enumerate().filter(|(_, s)| s.is_some());
+        match (held.next(), held.next()) {
+            (Some((lane, _)), None) => Some(lane),
+            _ => None,
+        }
     }
 
     /// The blocks of a lane's `shard`, one context (per K segment) each: the fewest that are

@@ -907,6 +907,7 @@ fn prompt_chunks_quantised_on_the_lanes_give_the_bits_of_row_by_row_forwards(rt:
         let opts = LinearOptions {
             rotation: rotate.then(|| Rotation::hadamard(k, 11)),
             residual_activations: residual,
+            ..LinearOptions::default()
         };
         let mut outs = Vec::new();
         for cores in [1, 3] {
@@ -960,6 +961,7 @@ fn converted_weights_stored_and_placed_again_match_a_converting_load(rt: &Runtim
         let opts = LinearOptions {
             rotation: rotation.clone(),
             residual_activations: true,
+            ..LinearOptions::default()
         };
         let rows = |first: usize, buf: &mut [f32]| {
             buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
@@ -1054,6 +1056,7 @@ fn weights_streamed_out_and_placed_from_bytes_match_a_converting_load(rt: &Runti
         let opts = LinearOptions {
             rotation: rotation.clone(),
             residual_activations: false,
+            ..LinearOptions::default()
         };
         let rows = |first: usize, buf: &mut [f32]| {
             buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
@@ -1126,4 +1129,165 @@ fn weights_streamed_out_and_placed_from_bytes_match_a_converting_load(rt: &Runti
             );
         }
     }
+}
+
+backend_test!(linears_placed_whole_on_one_lane_give_the_bits_of_split_ones);
+/// A linear placed whole on a lane (`LinearOptions::lane`) holds all its contexts there and
+/// gives, bit for bit, what the same linear split over every lane gives: W8A8 with a rotation
+/// and residual rows, and F16, for decode rows, a prompt chunk and more rows than one chunk.
+/// A lane the engine does not have is a typed error naming both counts.
+fn linears_placed_whole_on_one_lane_give_the_bits_of_split_ones(rt: &Runtime) {
+    use rknn_matmul::engine::{LinearOptions, Rotation};
+    let e = engine(rt, 3);
+    let lanes = e.workers();
+    let mut rng = fastrand::Rng::with_seed(31);
+    let (k, n) = (320, 200);
+    let w = random(&mut rng, n * k);
+    for (format, residual) in [
+        (WeightFormat::W8A8, false),
+        (WeightFormat::W8A8, true),
+        (WeightFormat::F16, false),
+    ] {
+        let opts = |lane| LinearOptions {
+            rotation: (format == WeightFormat::W8A8).then(|| Rotation::hadamard_mixed(k, 5)),
+            residual_activations: residual,
+            lane,
+        };
+        let split = e.linear_with(&w, n, k, format, opts(None)).unwrap();
+        for lane in 0..lanes {
+            let whole = e.linear_with(&w, n, k, format, opts(Some(lane))).unwrap();
+            assert_eq!(whole.lane(), Some(lane));
+            assert_eq!(whole.contexts(), 1, "{n} columns fit one context");
+            for m in [1, 3, 40, 700] {
+                let x = random(&mut rng, m * k);
+                let (want, got) = (
+                    split.forward_vec(&x, m).unwrap(),
+                    whole.forward_vec(&x, m).unwrap(),
+                );
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format:?} residual {residual} lane {lane} m {m}");
+            }
+        }
+        if lanes > 1 {
+            assert_eq!(split.lane(), None);
+        }
+    }
+    let err = e
+        .linear_with(
+            &w,
+            n,
+            k,
+            WeightFormat::W8A8,
+            LinearOptions {
+                lane: Some(lanes),
+                ..LinearOptions::default()
+            },
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("lane {lanes} does not exist"))
+            && msg.contains(&format!("{lanes} lanes")),
+        "{msg}"
+    );
+}
+
+backend_test!(forward_many_gives_the_bits_of_one_forward_at_a_time);
+/// `Linear::forward_many` over linears whole on different lanes, split ones, and a job of more
+/// rows than one chunk gives each job the bits of its own `forward`; four threads doing it at
+/// once on the same linears each get theirs (outputs pre-filled with NaN: a lost view would
+/// leave one unwritten). Linears of two engines in one group are a typed error.
+fn forward_many_gives_the_bits_of_one_forward_at_a_time(rt: &Runtime) {
+    use rknn_matmul::engine::{ForwardJob, Linear, LinearOptions};
+    let e = engine(rt, 3);
+    let lanes = e.workers();
+    let mut rng = fastrand::Rng::with_seed(41);
+    let shapes = [
+        (96, 64),
+        (130, 200),
+        (64, 96),
+        (300, 40),
+        (33, 128),
+        (96, 64),
+    ];
+    let mut linears = Vec::new();
+    let mut weights = Vec::new();
+    for (i, &(n, k)) in shapes.iter().enumerate() {
+        let w = random(&mut rng, n * k);
+        let opts = LinearOptions {
+            residual_activations: i % 2 == 1,
+            // Every other linear whole on a lane, the rest split over all of them.
+            lane: (i % 2 == 0).then_some((i / 2) % lanes),
+            ..LinearOptions::default()
+        };
+        linears.push(e.linear_with(&w, n, k, WeightFormat::W8A8, opts).unwrap());
+        weights.push(w);
+    }
+    let rows = [1usize, 2, 5, 1, 300, 3];
+    let check = |rng: &mut fastrand::Rng, who: &str| {
+        let xs: Vec<Vec<f32>> = shapes
+            .iter()
+            .zip(&rows)
+            .map(|(&(_, k), &m)| random(rng, m * k))
+            .collect();
+        let mut outs: Vec<Vec<f32>> = shapes
+            .iter()
+            .zip(&rows)
+            .map(|(&(n, _), &m)| vec![f32::NAN; m * n])
+            .collect();
+        let mut jobs: Vec<ForwardJob<'_>> = linears
+            .iter()
+            .zip(&xs)
+            .zip(&rows)
+            .zip(outs.iter_mut())
+            .map(|(((linear, x), &m), out)| ForwardJob { linear, x, m, out })
+            .collect();
+        Linear::forward_many(&mut jobs).unwrap();
+        drop(jobs);
+        for (i, ((lin, x), out)) in linears.iter().zip(&xs).zip(&outs).enumerate() {
+            let want = lin.forward_vec(x, rows[i]).unwrap();
+            let same = want
+                .iter()
+                .zip(out)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{who}: job {i} ({} rows)", rows[i]);
+        }
+    };
+    check(&mut rng, "alone");
+    let rounds = if cfg!(miri) { 1 } else { 10 };
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let check = &check;
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(200 + t);
+                for r in 0..rounds {
+                    check(&mut rng, &format!("thread {t} round {r}"));
+                }
+            });
+        }
+    });
+    let other = engine(rt, 1);
+    let stray = other
+        .linear(&weights[0], 96, 64, WeightFormat::W8A8)
+        .unwrap();
+    let (x, mut y0, mut y1) = (random(&mut rng, 64), vec![0.0; 96], vec![0.0; 96]);
+    let err = Linear::forward_many(&mut [
+        ForwardJob {
+            linear: &linears[0],
+            x: &x,
+            m: 1,
+            out: &mut y0,
+        },
+        ForwardJob {
+            linear: &stray,
+            x: &x,
+            m: 1,
+            out: &mut y1,
+        },
+    ])
+    .unwrap_err();
+    assert!(err.to_string().contains("same engine"), "{err}");
 }

@@ -295,25 +295,63 @@ fn a_small_engine_shared_by_two_threads(rt: &Runtime) {
     let mut rng = fastrand::Rng::with_seed(3);
     let w = random(&mut rng, n * k);
     let lin = engine.linear(&w, n, k, WeightFormat::W8A8).unwrap();
+    // The same weights whole on the last lane, run in one round with the split linear.
+    let whole = engine
+        .linear_with(
+            &w,
+            n,
+            k,
+            WeightFormat::W8A8,
+            rknn_matmul::engine::LinearOptions {
+                lane: Some(engine.workers() - 1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     std::thread::scope(|s| {
         for t in 0..2u64 {
-            let (engine, lin, w) = (&engine, &lin, &w);
+            let (engine, lin, whole, w) = (&engine, &lin, &whole, &w);
             s.spawn(move || {
                 let mut rng = fastrand::Rng::with_seed(10 + t);
                 for i in 0..2 {
                     let x = random(&mut rng, 2 * k);
+                    let want = common::reference_w8a8(&x, w, 2, k, n);
                     let y = if t == 1 && i == 1 {
                         let own = engine.linear(w, n, k, WeightFormat::W8A8).unwrap();
                         own.forward_vec(&x, 2).unwrap()
+                    } else if t == 0 && i == 1 {
+                        use rknn_matmul::engine::{ForwardJob, Linear};
+                        let (mut y, mut y2) = (vec![f32::NAN; 2 * n], vec![f32::NAN; 2 * n]);
+                        Linear::forward_many(&mut [
+                            ForwardJob {
+                                linear: lin,
+                                x: &x,
+                                m: 2,
+                                out: &mut y,
+                            },
+                            ForwardJob {
+                                linear: whole,
+                                x: &x,
+                                m: 2,
+                                out: &mut y2,
+                            },
+                        ])
+                        .unwrap();
+                        assert!(
+                            y2.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits())
+                        );
+                        y
                     } else {
                         lin.forward_vec(&x, 2).unwrap()
                     };
-                    let want = common::reference_w8a8(&x, w, 2, k, n);
                     assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
                 }
             });
         }
     });
+    drop(whole);
     drop(lin);
     drop(engine);
     assert_eq!(rt.handle_budget().live(), 0);

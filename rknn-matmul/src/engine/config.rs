@@ -127,6 +127,14 @@ pub struct LinearOptions {
     /// int8 arithmetic, for a second row of A per input row (free when decode is bound by
     /// reading the weights; twice the NPU work in prefill). Ignored for F16.
     pub residual_activations: bool,
+    /// Place the whole linear on this lane (its NPU core) instead of splitting its columns
+    /// over every lane (`None`, the default). One run per row chunk on one core instead of one
+    /// on each: for many small linears of which a pass runs a few, such as a mixture's
+    /// experts, which then run on different cores at once ([`Linear::forward_many`]). A lane
+    /// the engine does not have is refused when the linear is placed.
+    ///
+    /// [`Linear::forward_many`]: super::Linear::forward_many
+    pub lane: Option<usize>,
 }
 
 impl LinearOptions {

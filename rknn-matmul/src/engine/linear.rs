@@ -52,6 +52,21 @@ pub(crate) struct Scratch {
     x: Arc<Vec<f32>>,
     /// Each lane's share of a chunk prepared on the lanes, recycled.
     parts: [Prepared; MAX_WORKERS],
+    /// The inputs of a [`Linear::forward_many`] round, one per job, recycled.
+    many: Vec<Arc<Prepared>>,
+}
+
+/// One forward of a [`Linear::forward_many`] group: `out` [m, N] = `x` [m, K] × Wᵀ.
+#[derive(Debug)]
+pub struct ForwardJob<'a> {
+    /// The linear.
+    pub linear: &'a Linear,
+    /// The input rows, `m × in_features`.
+    pub x: &'a [f32],
+    /// Rows.
+    pub m: usize,
+    /// The output rows, `m × out_features`, written in place.
+    pub out: &'a mut [f32],
 }
 
 /// A weight matrix resident on the NPU, shared over the engine's cores. `Send + Sync`: any
@@ -224,6 +239,10 @@ impl Linear {
         opts: LinearOptions,
     ) -> Result<Linear> {
         let rt = &inner.rt;
+        let plan = match opts.lane {
+            Some(lane) => plan.on_lane(lane)?,
+            None => plan,
+        };
         let share_io = inner.resolved.share_io;
         let needs = lane_needs(&plan, &inner.cfg, K::FORMAT, share_io);
         let mut domains = inner
@@ -356,31 +375,7 @@ impl Linear {
     /// hold some lanes' columns and must not be used.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
         let (k, n, k_pad) = (self.plan.k, self.plan.n, self.plan.k_pad);
-        let need = |what, dim: usize| {
-            m.checked_mul(dim).ok_or_else(|| Error::SizeOverflow {
-                what,
-                value: (m as u128 * dim as u128).to_string(),
-                limit: "usize",
-            })
-        };
-        let (nx, nout) = (
-            need("x elements (m × in_features)", k)?,
-            need("out elements (m × out_features)", n)?,
-        );
-        if x.len() != nx {
-            return Err(Error::Length {
-                what: "x (m × in_features)",
-                expected: nx,
-                got: x.len(),
-            });
-        }
-        if out.len() != nout {
-            return Err(Error::Length {
-                what: "out (m × out_features)",
-                expected: nout,
-                got: out.len(),
-            });
-        }
+        self.check_lengths(x, m, out)?;
         let inner = &self.inner;
         let stats = &*inner.stats;
         let mut round = inner.pool.round();
@@ -451,26 +446,232 @@ impl Linear {
         Ok(())
     }
 
+    /// The lane holding all its columns, when one does ([`LinearOptions::lane`], or a linear
+    /// too narrow to split).
+    pub fn lane(&self) -> Option<usize> {
+        self.plan.only_lane()
+    }
+
+    /// Rows of A per input row (2 with residual activations), and whether `m` rows run as one
+    /// chunk of at most the engine's `max_m` rows of A.
+    fn one_chunk(&self, m: usize) -> Option<(usize, usize)> {
+        let per = if self.residual { 2 } else { 1 };
+        let rows = m.checked_mul(per)?;
+        (m > 0 && rows <= self.inner.cfg.max_m).then(|| (per, self.inner.cfg.bucket(rows)))
+    }
+
+    /// Runs independent forwards as one round: every job's input is prepared on the calling
+    /// thread, then each lane runs its shards of all the jobs one after another, the lanes at
+    /// once. Linears placed whole on different lanes ([`LinearOptions::lane`]: a mixture's
+    /// experts) run in parallel; linears split over every lane take one hand-off to the lanes
+    /// for the group instead of one each. Each job's output is what [`Linear::forward`]
+    /// gives, bit for bit. A job of more rows than one chunk of the engine's `max_m` runs on
+    /// its own, after the round. Every linear must be of the same engine.
+    ///
+    /// ```
+    /// # if !cfg!(feature = "emulator") { return Ok(()); } // the emulator is not compiled in
+    /// use rknn_matmul::engine::{Engine, EngineConfig, ForwardJob, LinearOptions, WeightFormat};
+    /// use rknn_matmul::{Platform, Runtime};
+    /// let engine = Engine::new(&Runtime::emulator(Platform::Rk3588)?, EngineConfig::default())?;
+    /// let on = |lane| LinearOptions { lane: Some(lane), ..LinearOptions::default() };
+    /// let (w0, w1) = ([1.0f32, 0.0, 0.0, 1.0], [0.0f32, 2.0, 2.0, 0.0]);
+    /// let a = engine.linear_with(&w0, 2, 2, WeightFormat::F16, on(0))?;
+    /// let b = engine.linear_with(&w1, 2, 2, WeightFormat::F16, on(1 % engine.workers()))?;
+    /// let (mut ya, mut yb) = ([0.0f32; 2], [0.0f32; 4]);
+    /// rknn_matmul::engine::Linear::forward_many(&mut [
+    ///     ForwardJob { linear: &a, x: &[3.0, 4.0], m: 1, out: &mut ya },
+    ///     ForwardJob { linear: &b, x: &[1.0, 2.0, 3.0, 4.0], m: 2, out: &mut yb },
+    /// ])?;
+    /// assert_eq!((ya, yb), ([3.0, 4.0], [4.0, 2.0, 8.0, 6.0]));
+    /// # Ok::<(), rknn_matmul::Error>(())
+    /// ```
+    pub fn forward_many(jobs: &mut [ForwardJob<'_>]) -> Result<()> {
+        let Some(first) = jobs.first() else {
+            return Ok(());
+        };
+        let inner = first.linear.inner.clone();
+        for job in jobs.iter() {
+            if !Arc::ptr_eq(&job.linear.inner, &inner) {
+                return Err(Error::EngineConfig {
+                    field: "ForwardJob::linear",
+                    value: jobs.len(),
+                    rule: "the linears of one forward_many must be of the same engine".into(),
+                });
+            }
+            job.linear.check_lengths(job.x, job.m, job.out)?;
+        }
+        // Jobs of one chunk each run in the round; the others, and empty ones, alone.
+        let (grouped, alone): (Vec<usize>, Vec<usize>) =
+            (0..jobs.len()).partition(|&i| jobs[i].linear.one_chunk(jobs[i].m).is_some());
+        if grouped.len() == 1 {
+            let j = &mut jobs[grouped[0]];
+            j.linear.forward(j.x, j.m, j.out)?;
+        } else if !grouped.is_empty() {
+            Linear::forward_round(&inner, jobs, &grouped)?;
+        }
+        for i in alone {
+            let j = &mut jobs[i];
+            j.linear.forward(j.x, j.m, j.out)?;
+        }
+        Ok(())
+    }
+
+    /// The round of [`Linear::forward_many`] over `jobs[grouped]`, each one chunk.
+    fn forward_round(
+        inner: &Arc<Inner>,
+        jobs: &mut [ForwardJob<'_>],
+        grouped: &[usize],
+    ) -> Result<()> {
+        let stats = &*inner.stats;
+        let lanes = inner.pool.len();
+        let mut round = inner.pool.round();
+        let t = Instant::now();
+        {
+            let s = round.scratch();
+            if s.many.len() < grouped.len() {
+                s.many.resize_with(grouped.len(), Default::default);
+            }
+            let Scratch {
+                rotated, tmp, many, ..
+            } = s;
+            for (slot, &i) in many.iter_mut().zip(grouped) {
+                let j = &jobs[i];
+                let (per, bucket) = j.linear.one_chunk(j.m).expect("grouped jobs are one chunk");
+                j.linear
+                    .prepare_into(rotated, tmp, reuse(slot), j.x, j.m, per, bucket);
+            }
+        }
+        stats.add(stats.callers(), Phase::Quantize, t.elapsed());
+        // Each lane's forwards, in the jobs' order.
+        let mut per_lane: Vec<Vec<Forward>> = (0..lanes).map(|_| Vec::new()).collect();
+        let inputs: Vec<Arc<Prepared>> = round.scratch().many[..grouped.len()].to_vec();
+        let mut picked: Vec<Option<&mut ForwardJob<'_>>> = jobs.iter_mut().map(Some).collect();
+        for (&i, input) in grouped.iter().zip(&inputs) {
+            let j = picked[i].take().expect("each job once");
+            let l = j.linear;
+            let (per, bucket) = l.one_chunk(j.m).expect("grouped jobs are one chunk");
+            let (k, n, k_pad) = (l.plan.k, l.plan.n, l.plan.k_pad);
+            let ld = with_format!(l.format, K => <K as EngineKind>::input_ld(k, k_pad));
+            let mut cols = [None; MAX_WORKERS];
+            for (c, plan) in cols.iter_mut().zip(&l.plan.shards) {
+                *c = plan
+                    .as_ref()
+                    .filter(|p| p.valid > 0)
+                    .map(|p| (p.n0, p.valid));
+            }
+            // SAFETY: each job's `out` is borrowed mutably by this call alone and not touched
+            // again until the round ends; every view goes to one lane's forward, which drops
+            // it before it replies, and all posted tasks have finished when `wait_all`
+            // returns or its tickets drop (also when unwinding); views not handed out are
+            // dropped unused.
+            let mut views = unsafe { OutCols::split(j.out, j.m, n, cols) };
+            for (lane, list) in per_lane.iter_mut().enumerate() {
+                if let Some(out) = views.get_mut(lane).and_then(Option::take) {
+                    list.push(Forward {
+                        id: l.id,
+                        m: j.m,
+                        per,
+                        bucket,
+                        input: input.clone(),
+                        ld,
+                        out,
+                    });
+                }
+            }
+        }
+        drop(inputs);
+        let mut lists: Vec<Option<Vec<Forward>>> = per_lane
+            .into_iter()
+            .map(|l| (!l.is_empty()).then_some(l))
+            .collect();
+        let inline = round.inline_parts().is_some();
+        let mine = if inline { lists[0].take() } else { None };
+        let posted = round.post(|i, _| lists.get_mut(i)?.take().map(Task::Forwards));
+        let mine = match (mine, round.inline_parts()) {
+            (Some(list), Some((st, _))) => list.into_iter().try_for_each(|f| st.forward(f)),
+            _ => Ok(()),
+        };
+        let (replies, waited) = posted.wait_all();
+        round.add_waited(waited);
+        let (waited, rounds) = round.take_waited();
+        if rounds > 0 {
+            stats.add_runs(stats.callers(), Phase::Wait, rounds, waited);
+        }
+        mine?;
+        replies?;
+        for _ in grouped {
+            stats.forward();
+        }
+        Ok(())
+    }
+
+    /// Checks `x` and `out` against `m` rows of the linear's shape.
+    fn check_lengths(&self, x: &[f32], m: usize, out: &[f32]) -> Result<()> {
+        let (k, n) = (self.plan.k, self.plan.n);
+        let need = |what, dim: usize| {
+            m.checked_mul(dim).ok_or_else(|| Error::SizeOverflow {
+                what,
+                value: (m as u128 * dim as u128).to_string(),
+                limit: "usize",
+            })
+        };
+        let (nx, nout) = (
+            need("x elements (m × in_features)", k)?,
+            need("out elements (m × out_features)", n)?,
+        );
+        if x.len() != nx {
+            return Err(Error::Length {
+                what: "x (m × in_features)",
+                expected: nx,
+                got: x.len(),
+            });
+        }
+        if out.len() != nout {
+            return Err(Error::Length {
+                what: "out (m × out_features)",
+                expected: nout,
+                got: out.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Rotates and prepares the chunk `x` ([mc, K]) on the calling thread into the round's
     /// shared input ([bucket, ld]; rows past `mc × per` zero).
     fn prepare_here(&self, s: &mut Scratch, x: &[f32], mc: usize, per: usize, bucket: usize) {
+        let input = reuse(&mut s.input);
+        self.prepare_into(&mut s.rotated, &mut s.tmp, input, x, mc, per, bucket);
+    }
+
+    /// Rotates and prepares the chunk `x` ([mc, K]) on the calling thread into `input`
+    /// ([bucket, ld]; rows past `mc × per` zero), with `rotated` and `tmp` as scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_into(
+        &self,
+        rotated: &mut Vec<f32>,
+        tmp: &mut Vec<f32>,
+        input: &mut Prepared,
+        x: &[f32],
+        mc: usize,
+        per: usize,
+        bucket: usize,
+    ) {
         let x = match &self.rotation {
             Some(r) => {
-                s.rotated.clear();
-                s.rotated.extend_from_slice(x);
-                r.apply_rows(&mut s.rotated);
-                &s.rotated[..]
+                rotated.clear();
+                rotated.extend_from_slice(x);
+                r.apply_rows(rotated);
+                &rotated[..]
             }
             None => x,
         };
-        let input = reuse(&mut s.input);
         with_format!(self.format, K => {
             let (k, k_pad) = (self.plan.k, self.plan.k_pad);
             let ld = <K as EngineKind>::input_ld(k, k_pad);
             let (dst, scales) = <<K as EngineKind>::In as InElem>::of_mut(input);
             dst.resize(bucket * ld, Default::default());
             scales.resize(bucket, 0.0);
-            <K as EngineKind>::prepare_rows(x, mc, k, k_pad, per == 2, &mut s.tmp, dst, scales);
+            <K as EngineKind>::prepare_rows(x, mc, k, k_pad, per == 2, tmp, dst, scales);
             dst[mc * per * ld..].fill(Default::default());
             scales[mc * per..].fill(0.0);
         });

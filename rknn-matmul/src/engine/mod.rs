@@ -58,7 +58,7 @@ pub use config::{EngineConfig, LinearOptions, MAX_EXACT_K_W8A8, MAX_M_LIMIT};
 pub use converted::{ConvertedBytes, ConvertedWeights};
 pub use emulator_cache::DEFAULT_WARM_BYTES;
 pub use format::WeightFormat;
-pub use linear::Linear;
+pub use linear::{ForwardJob, Linear};
 pub use rotation::{HADAMARD_BLOCK, Rotation};
 pub use stats::{Phase, PhaseStats, Stats};
 

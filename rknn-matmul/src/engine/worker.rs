@@ -35,6 +35,9 @@ pub(crate) enum Task {
     },
     /// Run this lane's shard of a forward chunk.
     Forward(Forward),
+    /// Run this lane's shards of several forward chunks, one after another
+    /// ([`super::Linear::forward_many`]).
+    Forwards(Vec<Forward>),
     /// Rotate and prepare a share of a prompt chunk's rows.
     Prepare(PrepareRows),
     /// Linear `id` is gone.
@@ -432,6 +435,26 @@ impl WorkerState {
     }
 }
 
+impl WorkerState {
+    /// Runs this lane's shard of one forward chunk.
+    pub(crate) fn forward(&mut self, f: Forward) -> Result<()> {
+        let (id, bucket) = (f.id, f.bucket);
+        // A Linear removes its shards only when dropped, after its last forward.
+        let shard = self
+            .shards
+            .get_mut(&id)
+            .expect("a live Linear's shards are registered on its lanes");
+        if let Some(c) = &mut self.cache {
+            c.starts(id);
+        }
+        shard.forward(&mut self.bufs, f, (&self.stats, self.lane))?;
+        if let Some(c) = &mut self.cache {
+            c.ended(id, bucket);
+        }
+        Ok(())
+    }
+}
+
 impl Work for Task {
     type State = WorkerState;
     type Reply = Reply;
@@ -449,18 +472,12 @@ impl Work for Task {
                 &mut st.tmp,
             ))),
             Task::Forward(f) => {
-                let (id, bucket) = (f.id, f.bucket);
-                // A Linear removes its shards only when dropped, after its last forward.
-                let shard = st
-                    .shards
-                    .get_mut(&id)
-                    .expect("a live Linear's shards are registered on its lanes");
-                if let Some(c) = &mut st.cache {
-                    c.starts(id);
-                }
-                shard.forward(&mut st.bufs, f, (&st.stats, st.lane))?;
-                if let Some(c) = &mut st.cache {
-                    c.ended(id, bucket);
+                st.forward(f)?;
+                Ok(Reply::Done)
+            }
+            Task::Forwards(list) => {
+                for f in list {
+                    st.forward(f)?;
                 }
                 Ok(Reply::Done)
             }
