@@ -35,8 +35,8 @@ use rknn_matmul::{Platform, Runtime, RuntimeOptions};
 use crate::chat::{ChatError, ChatTemplate};
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::{
-    CacheOutcome, CacheType, Config, EngineFactory, EngineOptions, HostF32Factory, HostPool, Model,
-    ModelError, Residual, WeightCache, host_pool,
+    CacheOutcome, CacheType, Config, EngineFactory, EngineOptions, ExpertPlacement, HostF32Factory,
+    HostPool, Model, ModelError, Residual, WeightCache, host_pool,
 };
 use crate::sample::SamplerConfig;
 use crate::serve::{Batcher, ServeConfig, ServeError};
@@ -178,6 +178,7 @@ pub struct ModelBuilder {
     rotate: bool,
     seed: u64,
     residual: Option<Residual>,
+    experts: ExpertPlacement,
     cache_dir: CacheDir,
     cache_cap: u64,
     context: Option<usize>,
@@ -199,6 +200,7 @@ impl std::fmt::Debug for ModelBuilder {
             .field("rotate", &self.rotate)
             .field("seed", &self.seed)
             .field("residual", &self.residual)
+            .field("experts", &self.experts)
             .field("cache_dir", &self.cache_dir)
             .field("cache_cap", &self.cache_cap)
             .field("context", &self.context)
@@ -231,6 +233,7 @@ impl ModelBuilder {
             rotate: weights.rotate,
             seed: weights.seed,
             residual: None,
+            experts: weights.experts,
             cache_dir: CacheDir::Default,
             cache_cap: WeightCache::DEFAULT_CAP,
             context: None,
@@ -316,6 +319,13 @@ impl ModelBuilder {
     /// [`Family::w8a8_residual`](crate::model::Family::w8a8_residual)).
     pub fn residual(mut self, residual: Residual) -> Self {
         self.residual = Some(residual);
+        self
+    }
+
+    /// Where a mixture's experts go on the NPU's cores (default
+    /// [`ExpertPlacement::PerCore`]: each expert whole on one core).
+    pub fn expert_placement(mut self, placement: ExpertPlacement) -> Self {
+        self.experts = placement;
         self
     }
 
@@ -465,6 +475,7 @@ impl ModelBuilder {
                     rotate: b.rotate,
                     residual: b.residual.unwrap_or(config.family.w8a8_residual),
                     seed: b.seed,
+                    experts: b.experts,
                 };
                 let (model, outcome) = match b.weight_cache() {
                     Some(cache) => {

@@ -443,3 +443,77 @@ fn a_model_spread_over_many_iommu_domains_gives_the_same_logits() {
     assert!(used_many.iter().sum::<u64>() >= used_one[0]);
     assert_eq!(one, many);
 }
+
+/// A mixture's experts placed whole on one core each (`ExpertPlacement::PerCore`, the default)
+/// give the logits of experts split over every core, bit for bit, for a prompt and for decode
+/// rows, and hold one context per expert linear instead of one per core holding columns:
+/// exactly the planner's difference, counted by the emulator.
+#[test]
+fn experts_whole_on_one_core_give_the_logits_of_split_experts_with_fewer_contexts() {
+    use rknn_chip::ElemKind;
+    use rknn_chip::plan::{LinearPlan, SplitRules};
+    use rknn_llm::model::ExpertPlacement;
+    for name in [
+        "tiny-qwen3moe",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+        "tiny-lfm2moe",
+    ] {
+        let file = GgufFile::open(common::fixtures().join(format!("llm/{name}.gguf"))).unwrap();
+        let mut runs = Vec::new();
+        for experts in [ExpertPlacement::PerCore, ExpertPlacement::Split] {
+            let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+            let cfg = EngineConfig {
+                cores: Some(3),
+                ..EngineConfig::default()
+            };
+            let engine = Engine::new(&rt, cfg).unwrap();
+            let opts = EngineOptions {
+                experts,
+                ..EngineOptions::default()
+            };
+            let model = Model::load(
+                &file,
+                &mut EngineFactory::new(engine.clone(), opts),
+                pool(2),
+                &mut |_, _| {},
+            )
+            .unwrap();
+            let contexts = rt.emulator_instance().unwrap().stats().contexts;
+            let mut m = common::Run::new(model);
+            let n_vocab = m.config().n_vocab as u32;
+            let mut rng = fastrand::Rng::with_seed(9);
+            let tokens: Vec<u32> = (0..29).map(|_| rng.u32(..n_vocab)).collect();
+            let mut bits: Vec<u32> = m
+                .forward(&tokens[..25], 0, Logits::All)
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            for (i, &t) in tokens[25..].iter().enumerate() {
+                let l = m.forward(&[t], 25 + i, Logits::All).unwrap();
+                bits.extend(l.iter().map(|v| v.to_bits()));
+            }
+            runs.push((bits, contexts, m.config().clone()));
+        }
+        let (per_core, split) = (&runs[0], &runs[1]);
+        assert!(
+            per_core.0 == split.0,
+            "{name}: the placements' logits differ"
+        );
+        // Each expert linear: the split plan's contexts against one.
+        let c = &per_core.2;
+        let moe = c.moe.as_ref().unwrap();
+        let rules = SplitRules::for_chip(Platform::Rk3588, ElemKind::I8, 8192).unwrap();
+        let ctx = |n: usize, k: usize| LinearPlan::new(n, k, 3, &rules).unwrap().contexts();
+        let per_expert = ctx(2 * moe.n_ff_exp, c.n_embd) - 1 + ctx(c.n_embd, moe.n_ff_exp) - 1;
+        let moe_layers = c.n_layer - moe.n_dense_lead;
+        assert_eq!(
+            split.1 - per_core.1,
+            moe_layers * moe.n_expert * per_expert,
+            "{name}: contexts {} per core, {} split",
+            per_core.1,
+            split.1
+        );
+    }
+}

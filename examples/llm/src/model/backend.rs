@@ -33,6 +33,62 @@ pub trait LinearOp: Send + Sync {
     /// The weights' format as this implementation holds them, for statistics (`"f32"`,
     /// `"w8a8"`, `"f16"`).
     fn weight_format(&self) -> &'static str;
+
+    /// The engine linear behind this op, when it is one: [`forward_many`] runs such linears
+    /// as one round of the engine's lanes (default: none).
+    fn engine_linear(&self) -> Option<&rknn_matmul::engine::Linear> {
+        None
+    }
+}
+
+/// One forward of [`forward_many`]: `out` (`m × out_features`) = `x` (`m × in_features`)
+/// through `op`.
+pub struct OpJob<'a> {
+    /// The linear.
+    pub op: &'a dyn LinearOp,
+    /// The input rows.
+    pub x: &'a [f32],
+    /// Rows.
+    pub m: usize,
+    /// The output rows, written in place.
+    pub out: &'a mut [f32],
+}
+
+impl std::fmt::Debug for OpJob<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpJob")
+            .field("in_features", &self.op.in_features())
+            .field("out_features", &self.op.out_features())
+            .field("m", &self.m)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs independent forwards (a mixture's chosen experts): as one round of the engine's
+/// lanes when every op is an engine linear ([`rknn_matmul::engine::Linear::forward_many`]:
+/// experts placed whole on different cores run at once), else one after another. Each
+/// output is what the op's own [`LinearOp::forward`] gives, bit for bit.
+pub fn forward_many(jobs: &mut [OpJob<'_>]) -> Result<(), BackendError> {
+    let linears: Option<Vec<&rknn_matmul::engine::Linear>> =
+        jobs.iter().map(|j| j.op.engine_linear()).collect();
+    match linears {
+        Some(linears) if jobs.len() > 1 => {
+            let mut engine_jobs: Vec<rknn_matmul::engine::ForwardJob<'_>> = jobs
+                .iter_mut()
+                .zip(linears)
+                .map(|(j, linear)| rknn_matmul::engine::ForwardJob {
+                    linear,
+                    x: j.x,
+                    m: j.m,
+                    out: &mut *j.out,
+                })
+                .collect();
+            Ok(rknn_matmul::engine::Linear::forward_many(&mut engine_jobs)?)
+        }
+        _ => jobs
+            .iter_mut()
+            .try_for_each(|j| j.op.forward(j.x, j.m, j.out)),
+    }
 }
 
 /// Builds the [`LinearOp`] of each weight matrix as the model loads.
@@ -58,6 +114,20 @@ pub trait LinearFactory {
         role: LinearRole,
         parts: &[TensorView<'_>],
     ) -> Result<Box<dyn LinearOp>, BackendError>;
+
+    /// As [`LinearFactory::build`], for a linear of expert `expert` of a mixture (its gate-up
+    /// and its down get the same number): a factory may place experts apart (the engine's:
+    /// each whole on one core, [`ExpertPlacement::PerCore`](super::ExpertPlacement)).
+    /// Default: as any linear.
+    fn build_expert(
+        &mut self,
+        role: LinearRole,
+        parts: &[TensorView<'_>],
+        expert: usize,
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
+        let _ = expert;
+        self.build(role, parts)
+    }
 }
 
 /// `(in_features, out_features)` of `parts` stacked along the output features, checked.

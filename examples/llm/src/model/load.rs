@@ -217,17 +217,21 @@ impl Model {
             Ok(t.to_f32()?)
         };
         // A linear of the weights `views` (each `[k, n_i]`), stacked along the outputs.
+        // Expert `x` of a mixture: `expert` is `Some(x)`.
         let mut linear = |role: LinearRole,
                           views: &[TensorView<'_>],
-                          done: &mut u64|
+                          done: &mut u64,
+                          expert: Option<usize>|
          -> Result<Projection, ModelError> {
             let name = views.iter().map(|t| t.name()).collect::<Vec<_>>().join("+");
-            let op = factory
-                .build(role, views)
-                .map_err(|source| ModelError::Backend {
-                    tensor: name.clone(),
-                    source,
-                })?;
+            let op = match expert {
+                Some(x) => factory.build_expert(role, views, x),
+                None => factory.build(role, views),
+            }
+            .map_err(|source| ModelError::Backend {
+                tensor: name.clone(),
+                source,
+            })?;
             *done += views.iter().map(|t| t.data().len() as u64).sum::<u64>();
             // Converted: the file's pages of these weights are not needed again (the
             // embedding's rows are read again a row per token, from the file).
@@ -339,14 +343,18 @@ impl Model {
                         }),
                         norm,
                     });
-                    let wqkv = linear(LinearRole::Qkv, &parts, &mut done)?;
-                    let wo = linear(LinearRole::AttnOutput, &out, &mut done)?;
+                    let wqkv = linear(LinearRole::Qkv, &parts, &mut done, None)?;
+                    let wo = linear(LinearRole::AttnOutput, &out, &mut done, None)?;
                     (None, None, wqkv, None, None, None, wo, None)
                 }
                 Some(taps) => {
                     let in_proj = n("shortconv.in_proj.weight");
-                    let wqkv =
-                        linear(LinearRole::Qkv, &views(&[(&in_proj, 3 * e)], e)?, &mut done)?;
+                    let wqkv = linear(
+                        LinearRole::Qkv,
+                        &views(&[(&in_proj, 3 * e)], e)?,
+                        &mut done,
+                        None,
+                    )?;
                     let kernel = tensor(&n("shortconv.conv.weight"), &[taps as u64, e])?;
                     done += kernel.data().len() as u64;
                     let out_proj = n("shortconv.out_proj.weight");
@@ -354,6 +362,7 @@ impl Model {
                         LinearRole::AttnOutput,
                         &views(&[(&out_proj, e)], e)?,
                         &mut done,
+                        None,
                     )?;
                     (
                         None,
@@ -375,7 +384,7 @@ impl Model {
                     (
                         optional(qk_norm_len(c.n_head), "attn_q_norm.weight", &mut done)?,
                         optional(qk_norm_len(c.n_head_kv), "attn_k_norm.weight", &mut done)?,
-                        linear(LinearRole::Qkv, &views(&qkv_parts, e)?, &mut done)?,
+                        linear(LinearRole::Qkv, &views(&qkv_parts, e)?, &mut done, None)?,
                         bias("attn_q.bias", q, &mut done)?,
                         bias("attn_k.bias", kv, &mut done)?,
                         bias("attn_v.bias", kv, &mut done)?,
@@ -383,6 +392,7 @@ impl Model {
                             LinearRole::AttnOutput,
                             &views(&[(&n("attn_output.weight"), e)], q)?,
                             &mut done,
+                            None,
                         )?,
                         None,
                     )
@@ -408,11 +418,17 @@ impl Model {
                 ffn_norm: vector(&n(c.ffn_norm), e, &mut done)?,
                 ffn: match c.moe_at(i).copied() {
                     None => Ffn::Dense(Expert {
-                        gate_up: linear(LinearRole::GateUp, &views(&gate_up_parts, e)?, &mut done)?,
+                        gate_up: linear(
+                            LinearRole::GateUp,
+                            &views(&gate_up_parts, e)?,
+                            &mut done,
+                            None,
+                        )?,
                         down: linear(
                             LinearRole::Down,
                             &views(&[(&n("ffn_down.weight"), e)], ff)?,
                             &mut done,
+                            None,
                         )?,
                     }),
                     Some(_) if b_gate.is_some() || b_up.is_some() || b_down.is_some() => {
@@ -479,15 +495,16 @@ impl Model {
                                     LinearRole::GateUp,
                                     &[view(g)?, view(u)?],
                                     &mut done,
+                                    Some(x),
                                 )?,
-                                down: linear(LinearRole::Down, &[view(d)?], &mut done)?,
+                                down: linear(LinearRole::Down, &[view(d)?], &mut done, Some(x))?,
                             });
                         }
                         let shared = match shared {
                             None => None,
                             Some((gate_up, down)) => Some(Expert {
-                                gate_up: linear(LinearRole::GateUp, &gate_up, &mut done)?,
-                                down: linear(LinearRole::Down, &down, &mut done)?,
+                                gate_up: linear(LinearRole::GateUp, &gate_up, &mut done, None)?,
+                                down: linear(LinearRole::Down, &down, &mut done, None)?,
                             }),
                         };
                         Ffn::Moe(Experts {
@@ -521,6 +538,7 @@ impl Model {
             LinearRole::Output,
             &views(&[(output_name, c.n_vocab as u64)], e)?,
             &mut done,
+            None,
         )?;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             Some(_) => Some(vector(

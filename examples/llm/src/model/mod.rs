@@ -36,7 +36,7 @@ mod npu;
 mod ops;
 pub mod weight_cache;
 
-pub use backend::{BackendError, LinearFactory, LinearOp, stacked_shape};
+pub use backend::{BackendError, LinearFactory, LinearOp, OpJob, forward_many, stacked_shape};
 pub use config::{
     Activation, Config, DeltaNet, Family, Gating, LONG_ROPE_CTX_PAD, LongRope, MAX_EXPERTS,
     MAX_L_CACHE, Moe, QkNorm, RopeStyle, ShortConv, SlidingWindow,
@@ -50,7 +50,7 @@ pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::{HostPool, host_pool};
 pub use kv_cache::{CacheType, KvCache, REWIND};
 pub use load::{Footprint, Model, Progress};
-pub use npu::{EngineFactory, EngineOptions};
+pub use npu::{EngineFactory, EngineOptions, ExpertPlacement};
 /// Which linear of the model a weight is, and which linears quantise their activations twice:
 /// defined with the engine's plan in `rknn-chip`, where the cost model of `rknn-emu` names them
 /// too.

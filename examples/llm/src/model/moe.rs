@@ -28,6 +28,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::backend::{OpJob, forward_many};
 use super::config::{Activation, Config, Gating, Moe};
 use super::error::ModelError;
 use super::kernels;
@@ -103,33 +104,82 @@ pub(super) fn forward(
     let moe = &layer.moe;
     let (e, k, ff) = (c.n_embd, moe.n_expert_used, moe.n_ff_exp);
     let chosen = route(moe, &layer.router, layer.bias.as_deref(), h, e);
+    // The touched experts, each with the (row, rank) slots that chose it, in row order.
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); layer.experts.len()];
+    for (s, &(x, _)) in chosen.iter().enumerate() {
+        slots[x].push(s);
+    }
+    let touched: Vec<(usize, Vec<usize>)> = slots
+        .into_iter()
+        .enumerate()
+        .filter(|(_, rows)| !rows.is_empty())
+        .collect();
+    let xins: Vec<Vec<f32>> = touched
+        .iter()
+        .map(|(_, rows)| {
+            let mut xin = Vec::with_capacity(rows.len() * e);
+            for &s in rows {
+                let r = s / k;
+                xin.extend_from_slice(&h[r * e..(r + 1) * e]);
+            }
+            xin
+        })
+        .collect();
+    // Every touched expert's gate-up, then every one's down, each as one group of forwards:
+    // on the engine, experts on different cores run at once.
+    let mut gate_ups: Vec<Vec<f32>> = touched
+        .iter()
+        .map(|(_, rows)| vec![0.0f32; rows.len() * 2 * ff])
+        .collect();
+    let experts = |i: usize| &layer.experts[touched[i].0];
+    let t = Instant::now();
+    let mut jobs: Vec<OpJob<'_>> = gate_ups
+        .iter_mut()
+        .enumerate()
+        .map(|(i, out)| OpJob {
+            op: &*experts(i).gate_up.op,
+            x: &xins[i],
+            m: touched[i].1.len(),
+            out,
+        })
+        .collect();
+    forward_many(&mut jobs).map_err(|err| experts(0).gate_up.failed(err))?;
+    drop(jobs);
+    *t_matmul += t.elapsed();
+    let mut acts: Vec<Vec<f32>> = Vec::with_capacity(touched.len());
+    for ((_, rows), gate_up) in touched.iter().zip(&mut gate_ups) {
+        acts.push(activate(c, ff, rows.len(), gate_up));
+    }
+    let mut ys: Vec<Vec<f32>> = touched
+        .iter()
+        .map(|(_, rows)| vec![0.0f32; rows.len() * e])
+        .collect();
+    let t = Instant::now();
+    let mut jobs: Vec<OpJob<'_>> = ys
+        .iter_mut()
+        .enumerate()
+        .map(|(i, out)| OpJob {
+            op: &*experts(i).down.op,
+            x: &acts[i],
+            m: touched[i].1.len(),
+            out,
+        })
+        .collect();
+    forward_many(&mut jobs).map_err(|err| experts(0).down.failed(err))?;
+    drop(jobs);
+    *t_matmul += t.elapsed();
     // Each (row, rank)'s weighted expert output.
-    let mut ys = vec![0.0f32; m * k * e];
-    let mut rows: Vec<usize> = Vec::with_capacity(m * k);
-    for (x, expert) in layer.experts.iter().enumerate() {
-        // The (row, rank) slots that chose expert x, in row order.
-        rows.clear();
-        rows.extend((0..m * k).filter(|&s| chosen[s].0 == x));
-        let n = rows.len();
-        if n == 0 {
-            continue;
-        }
-        let mut xin = Vec::with_capacity(n * e);
-        for &s in &rows {
-            let r = s / k;
-            xin.extend_from_slice(&h[r * e..(r + 1) * e]);
-        }
-        let mut y = vec![0.0f32; n * e];
-        run_expert(c, expert, ff, &xin, n, &mut y, t_matmul)?;
+    let mut weighted = vec![0.0f32; m * k * e];
+    for ((_, rows), y) in touched.iter().zip(&ys) {
         for (&s, yr) in rows.iter().zip(y.chunks_exact(e)) {
             let w = chosen[s].1;
-            for (o, &v) in ys[s * e..(s + 1) * e].iter_mut().zip(yr) {
+            for (o, &v) in weighted[s * e..(s + 1) * e].iter_mut().zip(yr) {
                 *o = v * w;
             }
         }
     }
     // Σ over ranks, in rank order, per row.
-    for (o, slots) in out.chunks_exact_mut(e).zip(ys.chunks_exact(k * e)) {
+    for (o, slots) in out.chunks_exact_mut(e).zip(weighted.chunks_exact(k * e)) {
         o.copy_from_slice(&slots[..e]);
         for y in slots[e..].chunks_exact(e) {
             for (a, &b) in o.iter_mut().zip(y) {
@@ -159,22 +209,29 @@ fn run_expert(
     t_matmul: &mut Duration,
 ) -> Result<(), ModelError> {
     let mut gate_up = vec![0.0f32; n * 2 * ff];
-    let (mut gate, mut up) = (vec![0.0f32; n * ff], vec![0.0f32; n * ff]);
     let t = Instant::now();
     let p = &expert.gate_up;
     p.op.forward(x, n, &mut gate_up)
         .map_err(|err| p.failed(err))?;
     *t_matmul += t.elapsed();
-    let [gate, up] = split_columns(&mut gate_up, n, [&mut gate, &mut up]);
+    let act = activate(c, ff, n, &mut gate_up);
+    let t = Instant::now();
+    let p = &expert.down;
+    p.op.forward(&act, n, y).map_err(|err| p.failed(err))?;
+    *t_matmul += t.elapsed();
+    Ok(())
+}
+
+/// The gated activation of `n` rows of a fused gate-up output (`2 × ff` each: the gates,
+/// then the ups): `n × ff` values, the down projection's input.
+fn activate(c: &Config, ff: usize, n: usize, gate_up: &mut [f32]) -> Vec<f32> {
+    let (mut gate, mut up) = (vec![0.0f32; n * ff], vec![0.0f32; n * ff]);
+    let [gate, up] = split_columns(gate_up, n, [&mut gate, &mut up]);
     match c.family.activation {
         Activation::Silu => swiglu(ff, gate, up),
         Activation::GeluTanh => geglu(ff, gate, up),
     }
-    let t = Instant::now();
-    let p = &expert.down;
-    p.op.forward(gate, n, y).map_err(|err| p.failed(err))?;
-    *t_matmul += t.elapsed();
-    Ok(())
+    gate.to_vec()
 }
 
 #[cfg(test)]

@@ -46,6 +46,23 @@ pub struct EngineOptions {
     pub residual: Residual,
     /// Seed of the rotations.
     pub seed: u64,
+    /// Where a mixture's experts go on the NPU's cores (default:
+    /// [`ExpertPlacement::PerCore`]).
+    pub experts: ExpertPlacement,
+}
+
+/// Where the engine puts a mixture of experts' linears.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ExpertPlacement {
+    /// Each expert whole on one core, expert `x` on core `x mod cores` (its gate-up and down
+    /// together), the chosen experts of a pass running on their cores at once: one run per
+    /// expert linear instead of one per core, and a third of the contexts and memory handles
+    /// on three cores. Decode is as fast as the busiest core: the chosen experts do not spread
+    /// evenly over the cores (docs/npu-matmul-performance.md prices both placements).
+    #[default]
+    PerCore,
+    /// Each expert split over every core like a dense linear, the experts one after another.
+    Split,
 }
 
 impl Default for EngineOptions {
@@ -55,6 +72,7 @@ impl Default for EngineOptions {
             rotate: true,
             residual: Residual::OutputAndDown,
             seed: 0x5EED,
+            experts: ExpertPlacement::default(),
         }
     }
 }
@@ -145,6 +163,38 @@ impl LinearFactory for EngineFactory {
         role: LinearRole,
         parts: &[TensorView<'_>],
     ) -> Result<Box<dyn LinearOp>, BackendError> {
+        self.build_on(role, parts, None)
+    }
+
+    fn build_expert(
+        &mut self,
+        role: LinearRole,
+        parts: &[TensorView<'_>],
+        expert: usize,
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
+        let lane = match self.opts.experts {
+            ExpertPlacement::PerCore => Some(expert % self.engine.workers().max(1)),
+            ExpertPlacement::Split => None,
+        };
+        self.build_on(role, parts, lane)
+    }
+
+    fn finish(&mut self) -> Result<(), BackendError> {
+        if let Some(store) = &mut self.store {
+            store.finish();
+        }
+        Ok(())
+    }
+}
+
+impl EngineFactory {
+    /// The linear of `parts` for `role`, whole on `lane` or split over every lane.
+    fn build_on(
+        &mut self,
+        role: LinearRole,
+        parts: &[TensorView<'_>],
+        lane: Option<usize>,
+    ) -> Result<Box<dyn LinearOp>, BackendError> {
         let (k, n) = stacked_shape(parts)?;
         let o = self.opts;
         // Each linear its own rotation (seeded by its first tensor's name), so the rounding
@@ -155,6 +205,7 @@ impl LinearFactory for EngineFactory {
         let opts = LinearOptions {
             rotation: o.rotate.then(|| Rotation::hadamard_mixed(k, seed)),
             residual_activations: o.residual.applies(role),
+            lane,
         };
         let name = parts.iter().map(|t| t.name()).collect::<Vec<_>>().join("+");
         // The parts' rows one after the other, a few at a time (the engine rotates and
@@ -189,13 +240,6 @@ impl LinearFactory for EngineFactory {
         };
         Ok(Box::new(linear))
     }
-
-    fn finish(&mut self) -> Result<(), BackendError> {
-        if let Some(store) = &mut self.store {
-            store.finish();
-        }
-        Ok(())
-    }
 }
 
 /// A rotation seed from the base seed and a tensor name (FNV-1a over the name).
@@ -221,5 +265,9 @@ impl LinearOp for Linear {
 
     fn weight_format(&self) -> &'static str {
         self.format().name()
+    }
+
+    fn engine_linear(&self) -> Option<&Linear> {
+        Some(self)
     }
 }
