@@ -10,7 +10,7 @@ use rknn_matmul::Platform;
 use rknn_matmul::engine::WeightFormat;
 
 use crate::builder::{Backend, LoadError, ModelBuilder};
-use crate::model::{CacheType, EngineOptions, Residual, WeightCache};
+use crate::model::{CacheType, EngineOptions, ExpertPlacement, Residual, WeightCache};
 
 /// `--backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -37,6 +37,16 @@ pub enum ResidualArg {
     OutputDown,
     /// Every linear (the widest accuracy margin; prefill does twice the integer work).
     All,
+}
+
+/// `--npu-experts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExpertsArg {
+    /// Each expert whole on one NPU core, the chosen experts running on their cores at once
+    /// (default).
+    PerCore,
+    /// Each expert split over every core, one expert after another.
+    Split,
 }
 
 /// `--cache-type`.
@@ -100,6 +110,11 @@ pub struct LoadArgs {
     /// go to the next domain.
     #[arg(long, value_name = "MIB")]
     pub npu_domain_mib: Option<u64>,
+    /// Where a mixture of experts' experts go on the NPU cores: each whole on one core (a third
+    /// of the contexts and memory handles on three cores, one run per expert linear), or split
+    /// over every core like a dense linear.
+    #[arg(long, value_enum, default_value_t = ExpertsArg::PerCore)]
+    pub npu_experts: ExpertsArg,
     /// How the KV cache stores keys and values.
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
     pub cache_type: CacheTypeArg,
@@ -141,6 +156,10 @@ impl LoadArgs {
             .rotation(!self.no_rotation)
             .rotation_seed(self.rotation_seed)
             .share_io_memories(!self.npu_no_shared_io)
+            .expert_placement(match self.npu_experts {
+                ExpertsArg::PerCore => ExpertPlacement::PerCore,
+                ExpertsArg::Split => ExpertPlacement::Split,
+            })
             .kv_cache(match self.cache_type {
                 CacheTypeArg::F32 => CacheType::F32,
                 CacheTypeArg::F16 => CacheType::F16,
