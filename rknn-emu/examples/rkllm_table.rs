@@ -18,12 +18,17 @@
 //! dense twin (the same attention and head, one feed-forward as wide as its 8 active experts:
 //! the weights a decoded token reads are the same), at RKLLM's prompt of 128 tokens: decode,
 //! TTFT, runs per core, the largest terms, and what the engine holds (contexts, each one
-//! dma-buf handle for its B, and NPU weight memory).
+//! dma-buf handle for its B, and NPU weight memory). The last two price speculative decoding
+//! with a draft model (`CostModel::spec_decode`, engine layout): Llama-3-8B drafted by
+//! Llama-3.2-1B and Qwen2.5-1.5B by Qwen2.5-0.5B, what both hold, the break-even per-token
+//! acceptance, and decode at the acceptances measured here (converted from accepted / drafted
+//! to per-token) and at higher, assumed ones, each at its best draft length.
 
 use rknn_emu::cost::{
-    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_8B, LlmPrediction, NpuTerms,
-    OLMOE_1B_7B, OLMOE_1B_7B_DENSE, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B,
-    host,
+    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_2_1B, LLAMA3_8B,
+    LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, QWEN2_0_5B, QWEN2_5_0_5B,
+    QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B, host, spec_acceptance_rate,
+    spec_alpha_from_acceptance,
 };
 use rknn_emu::rknn_chip::MatmulType;
 
@@ -138,6 +143,7 @@ fn main() {
         );
     }
     moe_section();
+    spec_section();
 }
 
 /// What the engine holds for `d` on three lanes: (contexts, one dma-buf handle each for its
@@ -194,5 +200,96 @@ fn moe_section() {
             contexts,
             bytes / 1e9,
         );
+    }
+}
+
+/// The longest draft priced: llama.cpp's default `--draft-max`.
+const MAX_DRAFT: usize = 16;
+
+/// Acceptance measured here (docs/llm.md, "Draft-model speculative decoding": the demo model
+/// drafted by its first 27 of 30 blocks, greedy, eight prompts): accepted / drafted at a
+/// draft length, the ends of the two ranges.
+const MEASURED: [(f64, usize); 4] = [(0.17, 4), (0.28, 3), (0.31, 4), (0.41, 3)];
+
+/// Per-token acceptances assumed for a 1B-class draft of an 8B model (published pairs report
+/// 0.6 to 0.8); not measured here.
+const ASSUMED: [f64; 3] = [0.6, 0.7, 0.8];
+
+/// Speculative decoding of the two pairs: what they hold and cost per pass, then decode at
+/// each acceptance with the best draft length.
+fn spec_section() {
+    let engine = DecoderLayout::Engine(ENGINE_LAYOUT);
+    let pairs = [(&LLAMA3_8B, &LLAMA3_2_1B), (&QWEN2_5_1_5B, &QWEN2_5_0_5B)];
+    println!();
+    println!(
+        "| model + draft (engine layout) | vocabulary | NPU weights GB: model + draft = held \
+         | contexts held (3 lanes): model + draft | plain decode tok/s | pass ms: model, 1 row \
+         / 5 rows / draft, 1 row | draft / model pass | break-even α (draft length) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (target, draft) in pairs {
+        let s = RK3588.spec_decode(target, draft, MAX_DRAFT, &engine);
+        let (tc, tb) = held(target);
+        let (dc, db) = held(draft);
+        let even = s
+            .break_even_alpha_best()
+            .map_or("never".to_string(), |(k, a)| format!("{a:.3} ({k})"));
+        println!(
+            "| {} + {} | {} | {:.2} + {:.2} = {:.2} | {} + {} = {} | {:.2} | {:.1} / {:.1} / {:.1} \
+             | {:.3} | {} |",
+            target.name,
+            draft.name,
+            target.vocab,
+            tb / 1e9,
+            db / 1e9,
+            (tb + db) / 1e9,
+            tc,
+            dc,
+            tc + dc,
+            s.plain_tok_s(),
+            1e3 * s.plain_s,
+            1e3 * s.verify_s[4],
+            1e3 * s.draft_s,
+            s.draft_s / s.plain_s,
+            even,
+        );
+    }
+    println!();
+    println!(
+        "| model + draft | per-token α | where α comes from | best draft length | decode tok/s \
+         | × plain | accepted / drafted at that length | at the measured length: tok/s (× plain) |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    for (target, draft) in pairs {
+        let s = RK3588.spec_decode(target, draft, MAX_DRAFT, &engine);
+        let measured = MEASURED.iter().map(|&(rate, k)| {
+            let alpha = spec_alpha_from_acceptance(rate, k).expect("a rate in 0..=1");
+            let from = format!(
+                "measured: {:.0} % of drafts accepted at length {k} (layer-skipped demo model)",
+                100.0 * rate
+            );
+            let at = s.tok_s(alpha, k);
+            let at = format!("{at:.2} ({:.2})", at / s.plain_tok_s());
+            (alpha, from, at)
+        });
+        let assumed = ASSUMED.iter().map(|&a| {
+            let from = "assumed (what published 1B drafts of 8B models report)";
+            (a, from.to_string(), "-".to_string())
+        });
+        for (alpha, from, at) in measured.chain(assumed) {
+            let (k, tok_s) = s.best_k(alpha);
+            println!(
+                "| {} + {} | {:.2} | {} | {} | {:.2} | {:.2} | {:.0} % | {} |",
+                target.name,
+                draft.name,
+                alpha,
+                from,
+                k,
+                tok_s,
+                tok_s / s.plain_tok_s(),
+                100.0 * spec_acceptance_rate(alpha, k),
+                at,
+            );
+        }
     }
 }

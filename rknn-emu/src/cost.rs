@@ -40,7 +40,8 @@
 //!
 //! [`CostModel::decoder_pass`] costs every linear of a decoder ([`DecoderShape`]: the
 //! campaign's 9B stand-in [`CAMPAIGN_9B`], and the public shapes [`QWEN2_0_5B`],
-//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`], the mixture of experts
+//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`], the drafts [`LLAMA3_2_1B`] and
+//! [`QWEN2_5_0_5B`], the mixture of experts
 //! [`OLMOE_1B_7B`] and its dense twin [`OLMOE_1B_7B_DENSE`]) term by term ([`NpuTerms`]);
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
 //! prefill rates and the time to the first token. Both cost the campaign's llama.cpp graph,
@@ -57,6 +58,14 @@
 //! touches, [`DecoderShape::experts_touched`]), gate, up and down apart in the campaign's
 //! layout, gate-up and down in the engine's; the f32 routers on one host thread
 //! ([`host::router_s`], an uncalibrated assumption) are added to the host time.
+//!
+//! Speculative decoding with a draft model ([`CostModel::spec_decode`], [`SpecDecode`]) is
+//! priced from the same passes: a cycle is `k` single-row passes of the draft and one pass of
+//! the model over `k + 1` rows, each with a decoded token's host share; with each drafted
+//! token accepted with probability `α`, independently, a cycle yields
+//! `E = (1 − α^(k+1)) / (1 − α)` tokens ([`spec_tokens_per_cycle`]), and decode runs at
+//! `E / cycle`. A measured accepted / drafted is not `α` (the drafts after the first
+//! rejection are never accepted): [`spec_alpha_from_acceptance`] converts it.
 
 use std::time::Duration;
 
@@ -819,6 +828,33 @@ pub const LLAMA3_8B: DecoderShape = DecoderShape {
     moe: None,
 };
 
+/// Llama-3.2-1B (`meta-llama/Llama-3.2-1B`), from its public `config.json`: hidden 2048, 16
+/// layers, 32 heads and 8 key/value heads of 64, intermediate 8192, vocabulary 128 256, tied
+/// embeddings (1.24 G parameters). llama.cpp's loader names 16 llama blocks "Llama 3.2 1B"
+/// (`src/models/llama.cpp`). A draft for the 8B of the same vocabulary: 128 256 tokens, as
+/// [`LLAMA3_8B`]'s; token for token it is Llama-3.1-8B's (Llama 3.1 named three of Llama 3's
+/// reserved tokens, 128004, 128008 and 128010), whose linears are [`LLAMA3_8B`]'s.
+pub const LLAMA3_2_1B: DecoderShape = DecoderShape {
+    name: "Llama-3.2-1B",
+    layers: 16,
+    hidden: 2048,
+    n_ff: 8192,
+    q_dim: 32 * 64,
+    kv_dim: 8 * 64,
+    vocab: 128_256,
+    tied_embeddings: true,
+    moe: None,
+};
+
+/// Qwen2.5-0.5B: the shape of [`QWEN2_0_5B`], whose numbers its `config.json` repeats (hidden
+/// 896, 24 layers, 14 and 2 heads of 64, intermediate 4864, vocabulary 151 936, tied
+/// embeddings); only the name differs. A draft for [`QWEN2_5_1_5B`]: the same tokenizer and
+/// the same 151 936-row vocabulary.
+pub const QWEN2_5_0_5B: DecoderShape = DecoderShape {
+    name: "Qwen2.5-0.5B",
+    ..QWEN2_0_5B
+};
+
 /// OLMoE-1B-7B (`allenai/OLMoE-1B-7B-0924`), from its `config.json`: hidden 2048, 16 layers,
 /// 16 heads and 16 key/value heads of 128, a mixture of 64 experts of intermediate 1024 per
 /// block of which each token uses 8 (no shared expert), vocabulary 50 304, separate embedding
@@ -1224,6 +1260,169 @@ impl LlmPrediction {
             prefill_npu_only_tok_s: rows / pn,
             prefill_tok_s: rows / (pn + ph),
             prefill_pinned_tok_s: host::A76_PINNED_PREFILL_SPEEDUP * rows / (pn + ph),
+        }
+    }
+}
+
+/// Tokens one draft-and-verify cycle yields when the draft proposes `k` tokens and the model
+/// accepts each with probability `alpha`, independently of the others: the accepted prefix of
+/// the draft (verification stops at the first rejection) and the one token the verify pass
+/// adds after it (the correction, or the next token when all `k` are accepted),
+/// `E = 1 + α + … + α^k = (1 − α^(k+1)) / (1 − α)`; `k + 1` at `α = 1`, 1 at `α = 0` or
+/// `k = 0`. `alpha` is clamped to 0..=1.
+pub fn spec_tokens_per_cycle(alpha: f64, k: usize) -> f64 {
+    let a = alpha.clamp(0.0, 1.0);
+    if a == 1.0 {
+        return (k + 1) as f64;
+    }
+    let n = i32::try_from(k + 1).unwrap_or(i32::MAX);
+    (1.0 - a.powi(n)) / (1.0 - a)
+}
+
+/// The share of drafted tokens accepted, accepted / drafted (what `rknn-llm`'s
+/// `SpecStats::acceptance` reports), at per-token acceptance `alpha` and a draft of `k`
+/// tokens every cycle: `(E − 1) / k` with `E` of [`spec_tokens_per_cycle`]. It is below
+/// `alpha` for `k > 1`, as the tokens after the first rejection are drafted but never
+/// accepted. 0 for `k = 0`.
+pub fn spec_acceptance_rate(alpha: f64, k: usize) -> f64 {
+    if k == 0 {
+        return 0.0;
+    }
+    (spec_tokens_per_cycle(alpha, k) - 1.0) / k as f64
+}
+
+/// The per-token acceptance `α` whose [`spec_acceptance_rate`] at draft length `k` is `rate`
+/// (a measured accepted / drafted, 0 to 1, drafts of `k` tokens each time): the rate rises
+/// from 0 to 1 with `α`, so bisection finds it to 1e-15. `None` for `k = 0` or a rate
+/// outside 0..=1.
+pub fn spec_alpha_from_acceptance(rate: f64, k: usize) -> Option<f64> {
+    if k == 0 || !(0.0..=1.0).contains(&rate) {
+        return None;
+    }
+    Some(bisect(|a| spec_acceptance_rate(a, k) - rate))
+}
+
+/// The root in 0..=1 of `f`, rising from `f(0) <= 0` to `f(1) >= 0`, by bisection to 1e-15.
+fn bisect(f: impl Fn(f64) -> f64) -> f64 {
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    if f(lo) >= 0.0 {
+        return lo;
+    }
+    while hi - lo > 1e-15 {
+        let mid = 0.5 * (lo + hi);
+        if f(mid) < 0.0 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+/// The modelled time of speculative decoding with a draft model ([`CostModel::spec_decode`]):
+/// a cycle is `k` single-row passes of the draft, then one pass of the model over the `k + 1`
+/// rows (the last accepted token and the `k` drafts, logits on every row), each pass with the
+/// host glue the model gives a decoded token. Seconds, NPU and host together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecDecode {
+    /// One plain decoded token of the model: its single-row pass.
+    pub plain_s: f64,
+    /// One single-row pass of the draft.
+    pub draft_s: f64,
+    /// `verify_s[k]`: the model's pass over `k + 1` rows with logits on all of them
+    /// (`verify_s[0]` is [`SpecDecode::plain_s`]).
+    pub verify_s: Vec<f64>,
+}
+
+impl SpecDecode {
+    /// The longest draft priced.
+    pub fn max_k(&self) -> usize {
+        self.verify_s.len().saturating_sub(1)
+    }
+
+    /// Plain decode, tokens per second.
+    pub fn plain_tok_s(&self) -> f64 {
+        1.0 / self.plain_s
+    }
+
+    /// Seconds of one cycle with a draft of `k` tokens: `k × draft + verify of k + 1 rows`.
+    ///
+    /// # Panics
+    ///
+    /// When `k` is above [`SpecDecode::max_k`].
+    pub fn cycle_s(&self, k: usize) -> f64 {
+        k as f64 * self.draft_s + self.verify_s[k]
+    }
+
+    /// Decoded tokens per second at per-token acceptance `alpha` with drafts of `k` tokens:
+    /// [`spec_tokens_per_cycle`] over [`SpecDecode::cycle_s`] (plain decode at `k = 0`).
+    pub fn tok_s(&self, alpha: f64, k: usize) -> f64 {
+        spec_tokens_per_cycle(alpha, k) / self.cycle_s(k)
+    }
+
+    /// The draft length of 1 to [`SpecDecode::max_k`] that decodes fastest at `alpha`, and its
+    /// tokens per second (the shortest among equals). It may be slower than plain decode: a
+    /// draft that does not pay at `alpha` has no good length.
+    pub fn best_k(&self, alpha: f64) -> (usize, f64) {
+        (1..=self.max_k())
+            .map(|k| (k, self.tok_s(alpha, k)))
+            .fold((0, 0.0), |best, x| if x.1 > best.1 { x } else { best })
+    }
+
+    /// The per-token acceptance at which drafts of `k` tokens decode as fast as plain decode
+    /// (`E(α, k) = cycle(k) / plain`, solved by bisection to 1e-15): above it speculation pays.
+    /// `None` when it does not pay even at `α = 1` (the cycle costs `k + 1` plain tokens or
+    /// more) or for `k = 0`.
+    pub fn break_even_alpha(&self, k: usize) -> Option<f64> {
+        if k == 0 || k > self.max_k() {
+            return None;
+        }
+        let need = self.cycle_s(k) / self.plain_s;
+        (need < (k + 1) as f64).then(|| bisect(|a| spec_tokens_per_cycle(a, k) - need))
+    }
+
+    /// The lowest [`SpecDecode::break_even_alpha`] over the draft lengths 1 to
+    /// [`SpecDecode::max_k`], with its length: below it no draft length pays.
+    pub fn break_even_alpha_best(&self) -> Option<(usize, f64)> {
+        (1..=self.max_k())
+            .filter_map(|k| self.break_even_alpha(k).map(|a| (k, a)))
+            .fold(None, |best, x| match best {
+                Some((_, a)) if a <= x.1 => best,
+                _ => Some(x),
+            })
+    }
+}
+
+impl CostModel {
+    /// Speculative decoding of `target` with `draft` (W8A8, all cores, laid out as `layout`
+    /// says), draft lengths 0 to `max_k`: every pass priced by [`CostModel::decoder_pass_in`]
+    /// (the draft's over one row and its logits, the target's over `k + 1` rows and all their
+    /// logits) plus the host time the model gives a decoded token of that NPU time
+    /// ([`host::decode_s`], and [`host::router_s`] of the pass's rows in a mixture). Plain
+    /// decode is the single-row pass, as in [`CostModel::predict_llm_prompt_in`].
+    ///
+    /// The draft's first pass of a cycle after all `k` drafts were accepted runs two rows (the
+    /// last draft, never fed, and the model's next token); it is priced as one row, which a
+    /// pass bound by its weight reads barely notices. Attention is not in the model.
+    pub fn spec_decode(
+        &self,
+        target: &DecoderShape,
+        draft: &DecoderShape,
+        max_k: usize,
+        layout: &DecoderLayout,
+    ) -> SpecDecode {
+        let t = MatmulType::I8_I8_I32;
+        let pass = |d: &DecoderShape, rows: usize| {
+            let npu = self
+                .decoder_pass_in(d, rows, rows, self.cores, t, layout)
+                .npu_s;
+            npu + host::decode_s(npu) + host::router_s(d, rows)
+        };
+        let verify_s: Vec<f64> = (0..=max_k).map(|k| pass(target, k + 1)).collect();
+        SpecDecode {
+            plain_s: verify_s[0],
+            draft_s: pass(draft, 1),
+            verify_s,
         }
     }
 }
