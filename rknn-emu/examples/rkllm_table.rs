@@ -149,17 +149,7 @@ fn main() {
 /// What the engine holds for `d` on three lanes: (contexts, one dma-buf handle each for its
 /// B; NPU bytes of the padded weights).
 fn held(d: &DecoderShape) -> (usize, f64) {
-    let t = MatmulType::I8_I8_I32;
-    let mut contexts = 0;
-    let mut bytes = 0.0;
-    for (l, count) in ENGINE_LAYOUT.held_linears(d) {
-        let plan = RK3588
-            .engine_plan(&l, 3, t, &ENGINE_LAYOUT)
-            .expect("a plan");
-        contexts += count * plan.contexts();
-        bytes += (count * plan.n_pad * plan.k_pad) as f64;
-    }
-    (contexts, bytes)
+    RK3588.engine_held(d, 3, MatmulType::I8_I8_I32, &ENGINE_LAYOUT)
 }
 
 /// OLMoE-1B-7B beside its dense twin at RKLLM's prompt length.

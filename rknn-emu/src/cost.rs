@@ -318,9 +318,29 @@ impl CostModel {
         // The feed-forward: once per block, or each touched expert once on its rows (gate-up
         // fused, then down: 2 linears an expert), and the shared expert on all rows.
         let (touched, m) = (d.experts_touched(rows), d.expert_rows(rows));
-        for l in [gate_up, down] {
-            let one = self.engine_linear(&l, m, cores, t, e);
-            total.add_expected(&one, d.layers as f64 * touched);
+        match (d.moe, e.experts) {
+            (Some(_), ExpertLayout::PerCore) if rows > 0 => {
+                // Each expert whole on one lane, the lanes at once: the pass waits for the
+                // busiest lane's experts, each run on its share of DDR while the others
+                // stream too; every touched expert's weights are read.
+                let lanes = cores.clamp(1, self.cores.max(1));
+                let busiest = d.busiest_lane_experts(rows, lanes);
+                let busy = (touched.ceil() as usize).clamp(1, lanes);
+                for l in [gate_up, down] {
+                    let one = self.engine_linear_on(&l, m, 1, busy, t, e);
+                    let times = d.layers as f64 * busiest;
+                    total.npu_s += times * one.npu_s;
+                    total.runs_per_core += (times * one.runs_per_core as f64).round() as u64;
+                    total.weight_bytes += d.layers as f64 * touched * one.weight_bytes;
+                    total.terms.add(&one.terms, times);
+                }
+            }
+            _ => {
+                for l in [gate_up, down] {
+                    let one = self.engine_linear(&l, m, cores, t, e);
+                    total.add_expected(&one, d.layers as f64 * touched);
+                }
+            }
         }
         for l in e.shared_linears(d).into_iter().flatten() {
             total.add(&self.engine_linear(&l, rows, cores, t, e), d.layers as u64);
@@ -349,6 +369,21 @@ impl CostModel {
         t: MatmulType,
         e: &EngineLayout,
     ) -> PassCost {
+        self.engine_linear_on(l, rows, lanes, 0, t, e)
+    }
+
+    /// [`CostModel::engine_linear`] while `busy` cores stream at once (0: the linear's own
+    /// lanes), for linears that run beside others: a mixture's experts, each whole on one
+    /// lane ([`ExpertLayout::PerCore`]).
+    pub fn engine_linear_on(
+        &self,
+        l: &EngineLinear,
+        rows: usize,
+        lanes: usize,
+        busy: usize,
+        t: MatmulType,
+        e: &EngineLayout,
+    ) -> PassCost {
         if rows == 0 {
             return PassCost::default();
         }
@@ -366,7 +401,11 @@ impl CostModel {
                 };
             }
         };
-        let busy = plan.shards.iter().flatten().count().max(1);
+        let busy = if busy == 0 {
+            plan.shards.iter().flatten().count().max(1)
+        } else {
+            busy
+        };
         let chunks: Vec<MChunk> = m_chunks(rows, l.rows_per_input_row(), e.max_m).collect();
         let mut slowest = PassCost::default();
         for shard in plan.shards.iter().flatten() {
@@ -395,6 +434,33 @@ impl CostModel {
         }
         slowest.weight_bytes = weight_bytes;
         slowest
+    }
+
+    /// What the engine holds for `d` on `lanes` lanes with B of `t.b`: its contexts (one
+    /// dma-buf handle each, for its B; A and C are shared per core and domain) and the
+    /// padded weight elements, every held linear planned as the engine plans it (a mixture's
+    /// experts whole on one lane under [`ExpertLayout::PerCore`]). Linears without a plan
+    /// (beyond the address space) are left out.
+    pub fn engine_held(
+        &self,
+        d: &DecoderShape,
+        lanes: usize,
+        t: MatmulType,
+        e: &EngineLayout,
+    ) -> (usize, f64) {
+        let mut contexts = 0;
+        let mut elems = 0.0;
+        for (l, count, whole) in e.held_placed(d) {
+            let plan = match self.engine_plan(&l, lanes, t, e) {
+                Ok(plan) if whole => plan.on_lane(0),
+                other => other,
+            };
+            if let Ok(plan) = plan {
+                contexts += count * plan.contexts();
+                elems += (count * plan.n_pad * plan.k_pad) as f64;
+            }
+        }
+        (contexts, elems)
     }
 
     /// The engine's plan of linear `l` on `lanes` lanes (at most the model's cores) for B of
@@ -725,6 +791,65 @@ impl DecoderShape {
         }
     }
 
+    /// The expected number of touched experts ([`DecoderShape::experts_touched`]) on the lane
+    /// holding the most of them, with expert `x` on lane `x mod lanes`
+    /// ([`ExpertLayout::PerCore`]): a pass over one row touches `k` distinct experts, uniformly
+    /// (exact: the multivariate hypergeometric law of the lanes' counts); a pass over more
+    /// rows touches each expert with probability `1 − (1 − k/n)^rows`, taken independently
+    /// (the lanes' counts binomial). 1 for a dense block.
+    pub fn busiest_lane_experts(&self, rows: usize, lanes: usize) -> f64 {
+        let Some(m) = self.moe else {
+            return if rows == 0 { 0.0 } else { 1.0 };
+        };
+        if rows == 0 {
+            return 0.0;
+        }
+        let (n, k, lanes) = (m.experts, m.used.min(m.experts), lanes.max(1));
+        let held: Vec<usize> = (0..lanes)
+            .map(|l| n / lanes + usize::from(l < n % lanes))
+            .collect();
+        if rows == 1 {
+            // Σ over the lanes' counts c (Σ c = k) of max(c) · Π C(n_l, c_l) / C(n, k).
+            fn walk(held: &[usize], left: usize, max: usize, ways: f64, acc: &mut f64) {
+                match held.split_first() {
+                    None => {
+                        if left == 0 {
+                            *acc += ways * max as f64;
+                        }
+                    }
+                    Some((&nl, rest)) => {
+                        for c in 0..=left.min(nl) {
+                            walk(rest, left - c, max.max(c), ways * choose(nl, c), acc);
+                        }
+                    }
+                }
+            }
+            let mut acc = 0.0;
+            walk(&held, k, 0, 1.0, &mut acc);
+            return acc / choose(n, k);
+        }
+        let q = 1.0 - (1.0 - k as f64 / n as f64).powi(rows.min(i32::MAX as usize) as i32);
+        // E[max] = Σ_{c ≥ 0} P(max > c) = Σ_c (1 − Π_l P(Bin(n_l, q) ≤ c)).
+        let most = held.iter().copied().max().unwrap_or(0);
+        let cdfs: Vec<Vec<f64>> = held
+            .iter()
+            .map(|&nl| {
+                let mut cdf = Vec::with_capacity(most + 1);
+                let mut sum = 0.0;
+                for c in 0..=most {
+                    if c <= nl {
+                        sum += choose(nl, c) * q.powi(c as i32) * (1.0 - q).powi((nl - c) as i32);
+                    }
+                    cdf.push(sum.min(1.0));
+                }
+                cdf
+            })
+            .collect();
+        (0..most)
+            .map(|c| 1.0 - cdfs.iter().map(|cdf| cdf[c]).product::<f64>())
+            .sum()
+    }
+
     /// f32 router weights one block holds (`experts × hidden`; 0 for a dense block): read and
     /// multiplied on the host for every row ([`host::router_s`]).
     pub fn router_weights(&self) -> usize {
@@ -930,6 +1055,21 @@ pub struct EngineLayout {
     /// Which linears quantise each input row twice (the LLM example's
     /// `EngineOptions::residual`, default [`Residual::OutputAndDown`]).
     pub residual: Residual,
+    /// Where a mixture's experts go (the LLM example's `EngineOptions::experts`, default
+    /// [`ExpertLayout::PerCore`]).
+    pub experts: ExpertLayout,
+}
+
+/// Where the engine puts a mixture of experts' linears (the LLM example's
+/// `ExpertPlacement`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// Each expert whole on one lane, expert `x` on lane `x mod lanes`; the experts a pass
+    /// touches run on their lanes at once, so the pass waits for the lane holding the most of
+    /// them ([`DecoderShape::busiest_lane_experts`]), each run on one core's share of DDR.
+    PerCore,
+    /// Each expert split over every lane like a dense linear, one after another.
+    Split,
 }
 
 /// The engine's defaults on RK3588: contexts of at most 8192 columns, 512 rows of A,
@@ -939,6 +1079,7 @@ pub const ENGINE_LAYOUT: EngineLayout = EngineLayout {
     max_m: 512,
     prefill_batch: 128,
     residual: Residual::OutputAndDown,
+    experts: ExpertLayout::PerCore,
 };
 
 /// One linear of the engine's layout.
@@ -998,6 +1139,28 @@ impl EngineLayout {
     /// many of each: per block qkv and o, gate-up and down once per expert (`experts` times
     /// in a mixture) and the shared expert's; the head once.
     pub fn held_linears(&self, d: &DecoderShape) -> Vec<(EngineLinear, usize)> {
+        self.held_placed(d)
+            .into_iter()
+            .map(|(l, c, _)| (l, c))
+            .collect()
+    }
+
+    /// [`EngineLayout::held_linears`], each with whether it is placed whole on one lane (a
+    /// mixture's experts under [`ExpertLayout::PerCore`]).
+    fn held_placed(&self, d: &DecoderShape) -> Vec<(EngineLinear, usize, bool)> {
+        let whole = d.moe.is_some() && self.experts == ExpertLayout::PerCore;
+        let mut held: Vec<(EngineLinear, usize, bool)> = self
+            .held_split(d)
+            .into_iter()
+            .map(|(l, c)| (l, c, false))
+            .collect();
+        for h in &mut held[2..4] {
+            h.2 = whole;
+        }
+        held
+    }
+
+    fn held_split(&self, d: &DecoderShape) -> Vec<(EngineLinear, usize)> {
         let [qkv, o, gate_up, down] = self.block_linears(d);
         let per_block = d.moe.map_or(1, |m| m.experts);
         let mut held = vec![
@@ -1626,4 +1789,13 @@ pub fn calibration(model: &CostModel) -> Vec<CalibrationPoint> {
             decode_at(3, MatmulType::I4_I4_I16),
         ),
     ]
+}
+
+/// The binomial coefficient C(n, k) as an f64.
+fn choose(n: usize, k: usize) -> f64 {
+    if k > n {
+        return 0.0;
+    }
+    let k = k.min(n - k);
+    (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (i + 1) as f64)
 }
