@@ -25,7 +25,7 @@
 //! to per-token) and at higher, assumed ones, each at its best draft length.
 
 use rknn_emu::cost::{
-    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, LLAMA3_2_1B, LLAMA3_8B,
+    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, LLAMA3_2_1B, LLAMA3_8B,
     LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, QWEN2_0_5B, QWEN2_5_0_5B,
     QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B, host, spec_acceptance_rate,
     spec_alpha_from_acceptance,
@@ -155,7 +155,6 @@ fn held(d: &DecoderShape) -> (usize, f64) {
 /// OLMoE-1B-7B beside its dense twin at RKLLM's prompt length.
 fn moe_section() {
     const PROMPT: usize = 128;
-    let engine = DecoderLayout::Engine(ENGINE_LAYOUT);
     println!();
     println!(
         "| model ({PROMPT}-token prompt) | weights G: held / read per token | decode tok/s (A76-pinned) \
@@ -165,12 +164,20 @@ fn moe_section() {
          | engine: NPU weights GB |"
     );
     println!("|---|---|---:|---:|---:|---:|---|---|---|---|---:|---:|");
-    for d in [&OLMOE_1B_7B, &OLMOE_1B_7B_DENSE] {
+    let split = EngineLayout {
+        experts: ExpertLayout::Split,
+        ..ENGINE_LAYOUT
+    };
+    for (d, layout, label) in [
+        (&OLMOE_1B_7B, ENGINE_LAYOUT, ", experts whole per core"),
+        (&OLMOE_1B_7B, split, ", experts split over the cores"),
+        (&OLMOE_1B_7B_DENSE, ENGINE_LAYOUT, ""),
+    ] {
         let p = RK3588.predict_llm_prompt(d, PROMPT);
-        let e = RK3588.predict_llm_prompt_in(d, PROMPT, &engine);
-        let (contexts, bytes) = held(d);
+        let e = RK3588.predict_llm_prompt_in(d, PROMPT, &DecoderLayout::Engine(layout));
+        let (contexts, bytes) = RK3588.engine_held(d, 3, MatmulType::I8_I8_I32, &layout);
         println!(
-            "| {} | {:.2} / {:.2} | {:.2} ({:.2}) | {:.0} ({:.0}) | {:.2} | {:.0} | {} / {} | {} | {} \
+            "| {}{label} | {:.2} / {:.2} | {:.2} ({:.2}) | {:.0} ({:.0}) | {:.2} | {:.0} | {} / {} | {} | {} \
              | {:.1} / {:.0} | {} | {:.2} |",
             d.name,
             d.parameters() as f64 / 1e9,

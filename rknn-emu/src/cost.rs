@@ -56,7 +56,9 @@
 //! linears, then each expert a pass touches once on its rows (decode: the `k` a token
 //! uses; a prefill of `P` rows: the `n · (1 − (1 − k/n)^P)` distinct experts uniform routing
 //! touches, [`DecoderShape::experts_touched`]), gate, up and down apart in the campaign's
-//! layout, gate-up and down in the engine's; the f32 routers on one host thread
+//! layout, gate-up and down in the engine's (split over the cores, or each expert whole on one
+//! core, [`ExpertLayout`], where the pass waits for the core holding the most touched experts,
+//! [`DecoderShape::busiest_lane_experts`]); the f32 routers on one host thread
 //! ([`host::router_s`], an uncalibrated assumption) are added to the host time.
 //!
 //! Speculative decoding with a draft model ([`CostModel::spec_decode`], [`SpecDecode`]) is

@@ -18,7 +18,9 @@
 //!    ones' f64 sum (clamped to `6.103515625e-5`, as llama.cpp) when the family renormalises.
 //!
 //! Grouping: the rows are grouped by expert, and each expert runs its two linears (gate and up
-//! fused, then down) once on its rows. Each row's output is then `Σ_rank w_rank · y_rank`,
+//! fused, then down) once on its rows: every touched expert's gate-up as one group of
+//! forwards ([`forward_many`]: on the engine, one round of its cores, so experts placed on
+//! different cores run at once), then every one's down. Each row's output is then `Σ_rank w_rank · y_rank`,
 //! summed in rank order (as llama.cpp adds its expert views), never in the order experts were
 //! visited: with linears that are row-invariant (the seam's contract), a row's result is
 //! bit-identical whatever rows share its pass. Decode (one row) runs only its `k` experts.
