@@ -185,6 +185,41 @@ fn tiny_lfm2_matches_llama_cpp() {
     check_f32("tiny-lfm2");
 }
 
+#[test]
+fn tiny_qwen35_matches_llama_cpp() {
+    check_f32("tiny-qwen35");
+}
+
+#[test]
+fn tiny_qwen3moe_matches_llama_cpp() {
+    check_f32("tiny-qwen3moe");
+}
+
+#[test]
+fn tiny_olmoe_matches_llama_cpp() {
+    check_f32("tiny-olmoe");
+}
+
+#[test]
+fn tiny_granitemoe_matches_llama_cpp() {
+    check_f32("tiny-granitemoe");
+}
+
+#[test]
+fn tiny_lfm2moe_matches_llama_cpp() {
+    check_f32("tiny-lfm2moe");
+}
+
+#[test]
+fn tiny_phi3_longrope_matches_llama_cpp() {
+    check_f32("tiny-phi3-longrope");
+}
+
+#[test]
+fn tiny_llama_bias_matches_llama_cpp() {
+    check_f32("tiny-llama-bias");
+}
+
 /// The demo model's case cut to 20 of its 27 inputs, to bound the test's time: the 19
 /// shortest (1 to 66 tokens) and the longest (324). (All 27 agree as well: the least cosines
 /// are in docs/llm.md.)

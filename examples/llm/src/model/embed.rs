@@ -227,7 +227,17 @@ impl Embedder {
             budget -= take;
             if input.seq.is_none() {
                 let mut seq = model.sequence(CacheType::F32);
-                seq.limit_context(input.run);
+                // Held to the input's length, unless that would change a LongRoPE model's
+                // factors: they follow the model's context, as llama.cpp's follow its
+                // context size, whatever the input's length.
+                let switches = model
+                    .config
+                    .long_rope
+                    .as_ref()
+                    .is_some_and(|lr| lr.uses_long(input.run) != lr.uses_long(model.n_ctx));
+                if !switches {
+                    seq.limit_context(input.run);
+                }
                 input.seq = Some(seq);
             }
             picked.push((i, take));
