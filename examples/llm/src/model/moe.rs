@@ -34,7 +34,7 @@ use super::backend::{OpJob, forward_many};
 use super::config::{Activation, Config, Gating, Moe};
 use super::error::ModelError;
 use super::kernels;
-use super::load::{Expert, Experts};
+use super::load::{Expert, Experts, Projection};
 use super::ops::{geglu, split_columns, swiglu};
 
 /// The experts each row of `h` runs, `k` per row in rank order, with their weights: routed by
@@ -129,47 +129,20 @@ pub(super) fn forward(
         .collect();
     // Every touched expert's gate-up, then every one's down, each as one group of forwards:
     // on the engine, experts on different cores run at once.
-    let mut gate_ups: Vec<Vec<f32>> = touched
+    let rows: Vec<usize> = touched.iter().map(|(_, r)| r.len()).collect();
+    let projections = |pick: fn(&Expert) -> &Projection| -> Vec<&Projection> {
+        touched
+            .iter()
+            .map(|&(x, _)| pick(&layer.experts[x]))
+            .collect()
+    };
+    let mut gate_ups = run_group(&projections(|x| &x.gate_up), &xins, &rows, 2 * ff, t_matmul)?;
+    let acts: Vec<Vec<f32>> = rows
         .iter()
-        .map(|(_, rows)| vec![0.0f32; rows.len() * 2 * ff])
+        .zip(&mut gate_ups)
+        .map(|(&n, gate_up)| activate(c, ff, n, gate_up))
         .collect();
-    let experts = |i: usize| &layer.experts[touched[i].0];
-    let t = Instant::now();
-    let mut jobs: Vec<OpJob<'_>> = gate_ups
-        .iter_mut()
-        .enumerate()
-        .map(|(i, out)| OpJob {
-            op: &*experts(i).gate_up.op,
-            x: &xins[i],
-            m: touched[i].1.len(),
-            out,
-        })
-        .collect();
-    forward_many(&mut jobs).map_err(|err| experts(0).gate_up.failed(err))?;
-    drop(jobs);
-    *t_matmul += t.elapsed();
-    let mut acts: Vec<Vec<f32>> = Vec::with_capacity(touched.len());
-    for ((_, rows), gate_up) in touched.iter().zip(&mut gate_ups) {
-        acts.push(activate(c, ff, rows.len(), gate_up));
-    }
-    let mut ys: Vec<Vec<f32>> = touched
-        .iter()
-        .map(|(_, rows)| vec![0.0f32; rows.len() * e])
-        .collect();
-    let t = Instant::now();
-    let mut jobs: Vec<OpJob<'_>> = ys
-        .iter_mut()
-        .enumerate()
-        .map(|(i, out)| OpJob {
-            op: &*experts(i).down.op,
-            x: &acts[i],
-            m: touched[i].1.len(),
-            out,
-        })
-        .collect();
-    forward_many(&mut jobs).map_err(|err| experts(0).down.failed(err))?;
-    drop(jobs);
-    *t_matmul += t.elapsed();
+    let ys = run_group(&projections(|x| &x.down), &acts, &rows, e, t_matmul)?;
     // Each (row, rank)'s weighted expert output.
     let mut weighted = vec![0.0f32; m * k * e];
     for ((_, rows), y) in touched.iter().zip(&ys) {
@@ -222,6 +195,35 @@ fn run_expert(
     p.op.forward(&act, n, y).map_err(|err| p.failed(err))?;
     *t_matmul += t.elapsed();
     Ok(())
+}
+
+/// `projections[i]` on the `rows[i]` rows of `xs[i]`, each into its own `rows[i] × width`
+/// output, as one group ([`forward_many`]); the time is added to `t_matmul`.
+fn run_group(
+    projections: &[&Projection],
+    xs: &[Vec<f32>],
+    rows: &[usize],
+    width: usize,
+    t_matmul: &mut Duration,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let mut outs: Vec<Vec<f32>> = rows.iter().map(|&n| vec![0.0f32; n * width]).collect();
+    let t = Instant::now();
+    let mut jobs: Vec<OpJob<'_>> = outs
+        .iter_mut()
+        .zip(projections.iter().zip(xs).zip(rows))
+        .map(|(out, ((p, x), &m))| OpJob {
+            op: &*p.op,
+            x,
+            m,
+            out,
+        })
+        .collect();
+    let done = forward_many(&mut jobs);
+    drop(jobs);
+    *t_matmul += t.elapsed();
+    // The group fails as one: the error names its first linear.
+    done.map_err(|err| projections[0].failed(err))?;
+    Ok(outs)
 }
 
 /// The gated activation of `n` rows of a fused gate-up output (`2 × ff` each: the gates,
