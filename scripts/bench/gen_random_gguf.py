@@ -112,6 +112,15 @@ PRESETS = {
         n_layer=16, n_head=16, n_head_kv=16, n_ff=8192, n_vocab=50304, n_ctx=4096,
         rope_base=10000.0, rms_eps=1e-5, tied=False, qkv_bias=False,
         vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "olmo"}),
+    # The campaign's 9B (docs/npu-matmul-performance.md, rknn_emu::cost::CAMPAIGN_9B: 36 layers,
+    # hidden 4096, MLP 15360, 32 heads and 8 KV heads of 128, vocab 151936), as llama: what
+    # llama.cpp's CPU path runs here to set this machine beside the campaign's four Cortex-A76
+    # cores on the same shapes (scripts/bench/host_cost.py).
+    "campaign-9b": dict(
+        arch="llama", label="the campaign's 9B stand-in", n_embd=4096, n_layer=36, n_head=32,
+        n_head_kv=8, n_ff=15360, n_vocab=151936, n_ctx=4096, rope_base=1e6, rms_eps=1e-6,
+        tied=False, qkv_bias=False, vocab="ggml-vocab-qwen2.gguf",
+        tok_overrides={"tokenizer.ggml.add_bos_token": False}),
     "llama-3-8b": dict(
         arch="llama", label="Llama 3 8B", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
         n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, rms_eps=1e-5, tied=False,
