@@ -185,6 +185,30 @@ fn stats_count_every_phase_and_weights_are_freed_on_drop(rt: &Runtime) {
         (1, 1, (cores * segments) as u64, (cores * segments) as u64)
     );
     assert!(s.collect.count >= (cores * segments) as u64);
+    // One row of K in, one of N out: the elements the cost model's host term counts.
+    assert_eq!((s.input_elements, s.output_elements), (k as u64, n as u64));
+    assert!(s.glue_ns_per_element() > 0.0);
+    // With residual activations each input row is two rows of A, and two of C.
+    let res = e
+        .linear_with(
+            &random(&mut rng, n * 64),
+            n,
+            64,
+            WeightFormat::W8A8,
+            rknn_matmul::engine::LinearOptions {
+                residual_activations: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    e.reset_stats();
+    res.forward_vec(&random(&mut rng, 3 * 64), 3).unwrap();
+    let s = e.stats();
+    assert_eq!(
+        (s.input_elements, s.output_elements),
+        (6 * 64, 6 * n as u64)
+    );
+    drop(res);
     drop(lin);
     assert_eq!(
         budget.live() - before,

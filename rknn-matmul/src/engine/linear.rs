@@ -442,7 +442,8 @@ impl Linear {
         if rounds > 0 {
             stats.add_runs(stats.callers(), Phase::Wait, rounds, waited);
         }
-        stats.forward();
+        let rows = (m * per) as u64;
+        stats.forward(rows * k as u64, rows * n as u64);
         Ok(())
     }
 
@@ -599,8 +600,10 @@ impl Linear {
         }
         mine?;
         replies?;
-        for _ in grouped {
-            stats.forward();
+        for &i in grouped {
+            let l = jobs[i].linear;
+            let rows = (jobs[i].m * if l.residual { 2 } else { 1 }) as u64;
+            stats.forward(rows * l.plan.k as u64, rows * l.plan.n as u64);
         }
         Ok(())
     }

@@ -36,6 +36,8 @@ struct Cell {
     nanos: [AtomicU64; PHASES],
     forwards: AtomicU64,
     warmed: AtomicU64,
+    in_elems: AtomicU64,
+    out_elems: AtomicU64,
 }
 
 /// The engine's counters: a cell per lane, and one for the callers (quantisation, forwards).
@@ -86,10 +88,13 @@ impl Counters {
             .fetch_add(bytes, Ordering::Relaxed);
     }
 
-    pub(crate) fn forward(&self) {
-        self.cells[self.callers()]
-            .forwards
-            .fetch_add(1, Ordering::Relaxed);
+    /// Counts one forward that prepared `input` activation elements (rows of A × K, each
+    /// input row twice with residual activations) and collected `output` (rows of C × N).
+    pub(crate) fn forward(&self, input: u64, output: u64) {
+        let c = &self.cells[self.callers()];
+        c.forwards.fetch_add(1, Ordering::Relaxed);
+        c.in_elems.fetch_add(input, Ordering::Relaxed);
+        c.out_elems.fetch_add(output, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
@@ -117,6 +122,8 @@ impl Counters {
         Stats {
             forwards: sum(&|c| &c.forwards),
             warmed_bytes: sum(&|c| &c.warmed),
+            input_elements: sum(&|c| &c.in_elems),
+            output_elements: sum(&|c| &c.out_elems),
             quantize: get(0),
             pack: get(1),
             run: get(2),
@@ -127,12 +134,12 @@ impl Counters {
 
     pub(crate) fn reset(&self) {
         for c in self.cells.iter() {
-            for a in c
-                .count
-                .iter()
-                .chain(&c.nanos)
-                .chain([&c.forwards, &c.warmed])
-            {
+            for a in c.count.iter().chain(&c.nanos).chain([
+                &c.forwards,
+                &c.warmed,
+                &c.in_elems,
+                &c.out_elems,
+            ]) {
                 a.store(0, Ordering::Relaxed);
             }
         }
@@ -196,9 +203,28 @@ pub struct Stats {
     /// Bytes of weights idle workers read ahead into the CPU caches
     /// ([`super::EngineConfig::warm_bytes`]).
     pub warmed_bytes: u64,
+    /// Activation elements the forwards prepared: rows of A × K (an input row with residual
+    /// activations is two rows of A).
+    pub input_elements: u64,
+    /// Activation elements the forwards collected: rows of C × N.
+    pub output_elements: u64,
 }
 
 impl Stats {
+    /// Host glue time (quantise + pack + collect, summed over the threads that did it) per
+    /// activation element moved ([`Stats::input_elements`] + [`Stats::output_elements`]), in
+    /// nanoseconds: the unit of the cost model's host term
+    /// (`rknn_emu::cost::EngineLayout::activations` counts the same elements). 0 before any
+    /// forward.
+    pub fn glue_ns_per_element(&self) -> f64 {
+        let glue = self.quantize.time + self.pack.time + self.collect.time;
+        let elems = self.input_elements + self.output_elements;
+        if elems == 0 {
+            return 0.0;
+        }
+        glue.as_nanos() as f64 / elems as f64
+    }
+
     /// Host glue time (quantise + pack + collect) over NPU run time.
     pub fn glue_to_run_ratio(&self) -> f64 {
         let glue = self.quantize.time + self.pack.time + self.collect.time;
@@ -251,7 +277,7 @@ mod tests {
             for _ in 0..500 {
                 c.add(c.callers(), Phase::Quantize, Duration::from_nanos(3));
                 c.add_runs(c.callers(), Phase::Wait, 2, Duration::from_nanos(5));
-                c.forward();
+                c.forward(7, 3);
             }
         });
         let s = c.snapshot();
@@ -266,6 +292,7 @@ mod tests {
             (500, 500, 2000, 2000, 4000)
         );
         assert_eq!(s.quantize.time, Duration::from_nanos(1500));
+        assert_eq!((s.input_elements, s.output_elements), (3500, 1500));
         assert_eq!(
             (s.wait.count, s.wait.time),
             (1000, Duration::from_nanos(2500))

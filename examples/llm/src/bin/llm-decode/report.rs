@@ -164,6 +164,9 @@ pub(crate) fn engine_json(e: &Engine) -> serde_json::Value {
         "run": phase(&s.run),
         "collect": phase(&s.collect),
         "wait": phase(&s.wait),
+        "input_elements": s.input_elements,
+        "output_elements": s.output_elements,
+        "glue_ns_per_element": s.glue_ns_per_element(),
     })
 }
 
