@@ -28,8 +28,13 @@ Presets: tiny (llama, 256 wide, 2 layers, vocab padded 32000 -> 32064), tinyllam
 qwen2-0.5b, qwen2.5-1.5b, llama-3-8b, olmoe-1b-7b (a mixture of experts: 64 per layer, top 8,
 stacked as blk.N.ffn_{gate,up,down}_exps with the router blk.N.ffn_gate_inp in F32, as
 llama.cpp's converter writes them; 7.36 GB) and olmoe-1b-7b-dense (its dense twin: the same
-attention and head, one feed-forward as wide as the 8 active experts; 1.36 GB) (--list prints
-their shapes).
+attention and head, one feed-forward as wide as the 8 active experts; 1.36 GB), lfm2-8b-a1b
+(Liquid LFM2-8B-A1B, architecture lfm2moe: 18 short-convolution and 6 attention layers, the
+first 2 dense, the other 22 a mixture of 32 experts, top 4, with the router, the stacked experts
+and the selection bias blk.N.exp_probs_b.bias; the conv kernels F32 as the converter keeps them;
+8.87 GB) and lfm2-8b-a1b-dense (its dense twin, architecture lfm2: the same conv and attention
+layers, one feed-forward of 4 x 1792 = 7168 in every layer; 1.66 GB) (--list prints their
+shapes).
 
 Usage: ~/.cache/rknpu-rs/py/bin/python scripts/bench/gen_random_gguf.py NAME [NAME ...]
          [--out DIR] [--force] [--dry-run] [--seed N] [--gain G] [--embd-std S] [--list]
@@ -121,6 +126,40 @@ PRESETS = {
         n_head_kv=8, n_ff=15360, n_vocab=151936, n_ctx=4096, rope_base=1e6, rms_eps=1e-6,
         tied=False, qkv_bias=False, vocab="ggml-vocab-qwen2.gguf",
         tok_overrides={"tokenizer.ggml.add_bos_token": False}),
+    # LiquidAI/LFM2-8B-A1B's config.json (model_type lfm2_moe): hidden 2048, 24 layers whose
+    # layer_types put full attention at layers 2, 6, 10, 14, 18 and 21 and a short convolution
+    # (conv_L_cache 3, no bias) at the other 18, 32 heads over 8 KV heads (of 64), the first 2
+    # layers dense (intermediate_size 7168), the other 22 a mixture of 32 experts of 1792
+    # (moe_intermediate_size), top 4, sigmoid gating with the expert bias (use_expert_bias, the
+    # converter's blk.N.exp_probs_b.bias) and norm_topk_prob (llama.cpp always renormalises for
+    # lfm2moe), vocab 65536, tied embeddings, rope_theta 1e6, norm_eps 1e-5, max positions
+    # 128000. Parameters: embedding 134.2 M, 18 conv layers x 16.78 M (in_proj 3 x 2048 x 2048,
+    # out_proj, 3 taps a channel) = 302.0 M, 6 attention layers x 10.49 M = 62.9 M, 2 dense
+    # feed-forwards x 44.04 M = 88.1 M, 22 mixtures x (32 x 11.01 M + the router) = 7751.5 M:
+    # 8.340 B in all with the norms and routers, 1.558 B active (4 experts of 32, the routers
+    # whole), Liquid's "8.3 B total, 1.5 B active".
+    # Q8_0: 8.86 GB. The converter writes attention.head_count_kv per layer (0 on a conv
+    # layer), shortconv.l_cache, vocab_size, expert_feed_forward_length,
+    # leading_dense_block_count and expert_gating_func 2 (sigmoid), and no rope.dimension_count
+    # or key_length (the head is 2048 / 32). LFM2's own tokenizer (65536 tokens, byte-level BPE,
+    # pre-tokenizer "lfm2") has no vocabulary file in llama.cpp: GPT-2's is padded to 65536 under
+    # the name "lfm2" (llama.cpp's and rknn-llm's LLaMA-3 pre-tokenizer regex for it).
+    "lfm2-8b-a1b": dict(
+        arch="lfm2moe", label="LFM2 8B-A1B", n_embd=2048, n_layer=24, n_head=32, n_head_kv=8,
+        n_ff=7168, n_vocab=65536, n_ctx=128000, rope_base=1e6, rms_eps=1e-5, tied=True,
+        qkv_bias=False, attn_layers=(2, 6, 10, 14, 18, 21), l_cache=3, n_dense_lead=2,
+        n_expert=32, n_expert_used=4, n_ff_exp=1792, gating_func=2,
+        vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "lfm2"}),
+    # The dense twin of lfm2-8b-a1b: the same conv and attention layers, embedding and head, and
+    # in every layer one feed-forward as wide as the 4 active experts together (4 x 1792 =
+    # 7168, the leading dense layers' width), as llama.cpp's dense lfm2 architecture: the
+    # weights a decoded token reads are LFM2-8B-A1B's active ones less its routers (1.556 B).
+    "lfm2-8b-a1b-dense": dict(
+        arch="lfm2", label="dense twin of LFM2 8B-A1B's active weights", n_embd=2048,
+        n_layer=24, n_head=32, n_head_kv=8, n_ff=7168, n_vocab=65536, n_ctx=128000,
+        rope_base=1e6, rms_eps=1e-5, tied=True, qkv_bias=False,
+        attn_layers=(2, 6, 10, 14, 18, 21), l_cache=3,
+        vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "lfm2"}),
     "llama-3-8b": dict(
         arch="llama", label="Llama 3 8B", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
         n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, rms_eps=1e-5, tied=False,
@@ -130,6 +169,8 @@ PRESETS = {
 FILE_TYPE_Q8_0 = 7  # llama_ftype LLAMA_FTYPE_MOSTLY_Q8_0
 TOKEN_TYPE_UNUSED = 5
 CHUNK_VALUES = 1 << 22  # values generated and quantized at once
+LFM2_ARCHS = ("lfm2", "lfm2moe")
+F32_KINDS = ("router", "conv")  # matrices the converter keeps in F32
 
 
 def tensor_plan(p):
@@ -138,6 +179,8 @@ def tensor_plan(p):
     e, hd = p["n_embd"], p["n_embd"] // p["n_head"]
     q, kv, ff = p["n_head"] * hd, p["n_head_kv"] * hd, p["n_ff"]
     plan = [("token_embd.weight", (p["n_vocab"], e), "embd")]
+    if p["arch"] in LFM2_ARCHS:
+        return plan + lfm2_layers(p) + [("token_embd_norm.weight", (e,), "norm")]
     for i in range(p["n_layer"]):
         b = f"blk.{i}."
         plan += [
@@ -177,6 +220,54 @@ def tensor_plan(p):
     return plan
 
 
+def lfm2_layers(p):
+    """The blocks of lfm2 / lfm2moe (llama.cpp's tensors for them, as gen_tiny_models.py writes
+    tiny-lfm2moe): the operator norm, then a short convolution (in_proj rows [B | C | x], the
+    depthwise kernel of l_cache taps a channel, F32 as the converter keeps it, out_proj) or
+    attention with per-head q/k norms; the feed-forward norm, then a dense SiLU-gated
+    feed-forward (n_ff; every layer of lfm2, the first n_dense_lead of lfm2moe) or the router,
+    the experts stacked as the converter merges them (w1, w2, w3: gate, down, up; n_ff_exp
+    each) and the selection bias exp_probs_b.bias (F32, n_expert)."""
+    e, hd = p["n_embd"], p["n_embd"] // p["n_head"]
+    q, kv, ff = p["n_head"] * hd, p["n_head_kv"] * hd, p["n_ff"]
+    plan = []
+    for i in range(p["n_layer"]):
+        b = f"blk.{i}."
+        plan.append((b + "attn_norm.weight", (e,), "norm"))
+        if i in p["attn_layers"]:
+            plan += [
+                (b + "attn_q.weight", (q, e), "linear"),
+                (b + "attn_k.weight", (kv, e), "linear"),
+                (b + "attn_v.weight", (kv, e), "linear"),
+                (b + "attn_q_norm.weight", (hd,), "norm"),
+                (b + "attn_k_norm.weight", (hd,), "norm"),
+                (b + "attn_output.weight", (e, q), "linear"),
+            ]
+        else:
+            plan += [
+                (b + "shortconv.in_proj.weight", (3 * e, e), "linear"),
+                (b + "shortconv.conv.weight", (e, p["l_cache"]), "conv"),
+                (b + "shortconv.out_proj.weight", (e, e), "linear"),
+            ]
+        plan.append((b + "ffn_norm.weight", (e,), "norm"))
+        if p.get("n_expert") and i >= p["n_dense_lead"]:
+            ne, fx = p["n_expert"], p["n_ff_exp"]
+            plan += [
+                (b + "ffn_gate_inp.weight", (ne, e), "router"),
+                (b + "ffn_gate_exps.weight", (ne, fx, e), "linear"),
+                (b + "ffn_down_exps.weight", (ne, e, fx), "linear"),
+                (b + "ffn_up_exps.weight", (ne, fx, e), "linear"),
+                (b + "exp_probs_b.bias", (ne,), "bias"),
+            ]
+        else:
+            plan += [
+                (b + "ffn_gate.weight", (ff, e), "linear"),
+                (b + "ffn_up.weight", (ff, e), "linear"),
+                (b + "ffn_down.weight", (e, ff), "linear"),
+            ]
+    return plan
+
+
 def q8_0_bytes(shape):
     *outer, cols = shape
     assert cols % 32 == 0, f"Q8_0 needs rows of a multiple of 32 values, not {cols}"
@@ -194,8 +285,8 @@ def n_values(shape):
 
 
 def tensor_bytes(shape, kind="linear"):
-    """Q8_0 for a matrix or a stack of them, F32 for a vector and for the router."""
-    return q8_0_bytes(shape) if len(shape) >= 2 and kind != "router" else 4 * n_values(shape)
+    """Q8_0 for a matrix or a stack of them, F32 for a vector, the router and a conv kernel."""
+    return q8_0_bytes(shape) if len(shape) >= 2 and kind not in F32_KINDS else 4 * n_values(shape)
 
 
 # GGUF value types: struct format of the scalar ones (8 is a string, 9 an array).
@@ -302,18 +393,29 @@ def build_header(name, p, plan):
     w.add_uint32(f"{arch}.block_count", p["n_layer"])
     w.add_uint32(f"{arch}.feed_forward_length", p["n_ff"])
     w.add_uint32(f"{arch}.attention.head_count", p["n_head"])
-    w.add_uint32(f"{arch}.attention.head_count_kv", p["n_head_kv"])
+    if arch in LFM2_ARCHS:
+        # One entry per layer, 0 marking a short-convolution layer, as the converter writes it.
+        w.add_head_count_kv([p["n_head_kv"] if i in p["attn_layers"] else 0
+                             for i in range(p["n_layer"])])
+        w.add_shortconv_l_cache(p["l_cache"])
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", p["n_head_kv"])
     w.add_float32(f"{arch}.rope.freq_base", p["rope_base"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", p["rms_eps"])
-    w.add_uint32(f"{arch}.rope.dimension_count", hd)
+    if arch not in LFM2_ARCHS:  # lfm2's converter writes none (the whole head rotates)
+        w.add_uint32(f"{arch}.rope.dimension_count", hd)
     fields, n_tok = read_vocab(p)
     for key, val, vt, st in fields:
         w.add_key_value(key, val, vt, sub_type=st)
     if p.get("n_expert"):
         w.add_uint32(f"{arch}.expert_count", p["n_expert"])
         w.add_uint32(f"{arch}.expert_used_count", p["n_expert_used"])
+    if arch == "lfm2moe":
+        w.add_expert_feed_forward_length(p["n_ff_exp"])
+        w.add_leading_dense_block_count(p["n_dense_lead"])
+        w.add_uint32(f"{arch}.expert_gating_func", p["gating_func"])
     for tname, shape, kind in plan:
-        if len(shape) >= 2 and kind != "router":
+        if len(shape) >= 2 and kind not in F32_KINDS:
             w.add_tensor_info(tname, shape, np.dtype(np.float32), q8_0_bytes(shape), raw_dtype=Q.Q8_0)
         else:
             w.add_tensor_info(tname, shape, np.dtype(np.float32), tensor_bytes(shape, kind))
@@ -349,12 +451,13 @@ def write_tensor(fout, index, shape, kind, seed, gain, embd_std=0.02):
         return
     cols = shape[-1]
     rows = n_values(shape) // cols  # a stack of experts: its matrices' rows one after another
-    std = np.float32(embd_std if kind == "embd" else gain / np.sqrt(cols))
+    # A conv kernel's taps N(0, 1 / taps): the channel's variance kept, no gain.
+    std = np.float32(embd_std if kind == "embd" else (1.0 if kind == "conv" else gain) / np.sqrt(cols))
     step = max(1, CHUNK_VALUES // cols)
     for r0 in range(0, rows, step):
         x = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32)
         x *= std
-        if kind == "router":
+        if kind in F32_KINDS:
             x.tofile(fout)
         else:
             quantize(x, Q.Q8_0).tofile(fout)
@@ -383,7 +486,7 @@ def generate(name, out_dir, force, dry_run, seed, gain, embd_std=0.02):
     if dry_run:
         print(f"# {path} (dry run: nothing written)")
         for tname, shape, kind in plan:
-            ty = "Q8_0" if len(shape) >= 2 and kind != "router" else "F32"
+            ty = "Q8_0" if len(shape) >= 2 and kind not in F32_KINDS else "F32"
             ne = list(reversed(shape))
             print(f"{tname:32} {ty:5} ne={ne!s:16} {tensor_bytes(shape, kind):>12} bytes")
         print(summary)
