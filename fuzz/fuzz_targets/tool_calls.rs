@@ -15,8 +15,9 @@ use rknn_llm::chat::{
     parse_tool_calls, tool_constraint,
 };
 
-const FORMATS: [ToolCallFormat; 5] = [
+const FORMATS: [ToolCallFormat; 6] = [
     ToolCallFormat::Hermes,
+    ToolCallFormat::QwenXml,
     ToolCallFormat::Llama3,
     ToolCallFormat::Mistral,
     ToolCallFormat::Phi4Mini,

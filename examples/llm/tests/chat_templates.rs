@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use rknn_llm::chat::{
     ChatError, ChatOptions, ChatTemplate, DateTime, Message, ParsedOutput, ToolCall,
-    ToolCallFormat, ToolChoice, Tools, encode_prompt, parse_tool_calls, phi4mini_messages,
+    ToolCallFormat, ToolChoice, ToolConstraint, ToolStreamEvent, Tools, encode_prompt,
+    parse_tool_calls, parse_tool_calls_for, phi4mini_messages, tool_constraint,
 };
+use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Session};
@@ -261,6 +263,8 @@ fn the_fixture_covers_tool_calling() {
         "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
         "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
         "mistralai-Mistral-Nemo-Instruct-2407",
+        "Qwen3.5-4B",
+        "Qwen3-Coder",
     ] {
         for conv in [
             "tools_request",
@@ -322,9 +326,11 @@ fn calls_rendered_by_each_template_parse_back() {
         }
         "mistralai-Mistral-Nemo-Instruct-2407" => ToolCallFormat::Mistral,
         "microsoft-Phi-4-mini-instruct" => ToolCallFormat::Phi4Mini,
+        "Qwen3.5-4B" | "Qwen3-Coder" => ToolCallFormat::QwenXml,
         _ => ToolCallFormat::Generic,
     };
     let mut checked = 0;
+    let mut per_format = std::collections::BTreeMap::<String, usize>::new();
     let mut templates = 0;
     for (name, t) in doc["templates"].as_object().unwrap() {
         let Some(src) = source(name, t) else {
@@ -359,7 +365,15 @@ fn calls_rendered_by_each_template_parse_back() {
                 );
                 continue;
             }
-            let parsed = parse_tool_calls(format, text);
+            // Typed by the tools the template was given (Qwen XML's parameters).
+            let parsed = match r.get("tools") {
+                Some(tools) => parse_tool_calls_for(
+                    format,
+                    text,
+                    &Tools::from_json(&tools.to_string()).unwrap(),
+                ),
+                None => parse_tool_calls(format, text),
+            };
             let expected = r["expected"].as_array().unwrap();
             assert_eq!(
                 parsed.calls.len(),
@@ -374,17 +388,103 @@ fn calls_rendered_by_each_template_parse_back() {
                     assert_eq!(got.id.as_deref(), want["id"].as_str(), "{name}");
                 }
             }
-            // Qwen 3 writes an empty reasoning block before the calls: it stays as content.
+            // Qwen 3 writes an empty reasoning block before the calls (Qwen3.5 its end, after
+            // the `<think>` of the generation prompt): it stays as content.
             assert!(
-                parsed.content.is_empty() || parsed.content == "<think>\n\n</think>",
+                ["", "<think>\n\n</think>", "</think>"].contains(&parsed.content.trim()),
                 "{name}: {:?}",
                 parsed.content
             );
+            // Streamed a character at a time, the calls are the same.
+            let mut stream = rknn_llm::chat::ToolCallStream::new(format);
+            if let Some(tools) = r.get("tools") {
+                stream = stream.with_tools(Tools::from_json(&tools.to_string()).unwrap());
+            }
+            let mut streamed: Vec<(String, String)> = Vec::new();
+            for c in text.chars() {
+                for e in stream.feed(c.encode_utf8(&mut [0; 4])) {
+                    match e {
+                        ToolStreamEvent::CallStart { name, .. } => {
+                            streamed.push((name, String::new()))
+                        }
+                        ToolStreamEvent::CallArguments { index, fragment } => {
+                            streamed[index].1.push_str(&fragment)
+                        }
+                        ToolStreamEvent::Text(_) => {}
+                    }
+                }
+            }
+            let end = stream.finish();
+            assert_eq!(end.calls, parsed.calls, "{name}");
+            assert!(
+                streamed
+                    .iter()
+                    .map(|(n, a)| (n.as_str(), a.as_str()))
+                    .eq(parsed
+                        .calls
+                        .iter()
+                        .map(|c| (c.name.as_str(), c.arguments.as_str()))),
+                "{name}: streamed {streamed:?}"
+            );
             checked += 1;
+            *per_format.entry(format!("{format:?}")).or_default() += 1;
         }
     }
-    eprintln!("{checked} tool-call renderings parsed back, {templates} templates");
+    eprintln!("{checked} tool-call renderings parsed back, {templates} templates: {per_format:?}");
     assert!(templates == 0 || checked >= 10, "{checked}");
+    if templates > 0 {
+        assert!(
+            per_format.get("QwenXml").is_some_and(|&n| n >= 8),
+            "{per_format:?}"
+        );
+    }
+}
+
+/// The grammar of `tool_choice: required` (parallel calls) in Qwen XML accepts what Qwen3.5's
+/// and Qwen3-Coder's templates write for calls (the fixture's renderings with their tools),
+/// once their Python `True` / `False` / `None` are JSON's, as llama.cpp's grammar writes them;
+/// a named function's grammar refuses another function's call, and a cut call is refused.
+#[test]
+fn the_qwen_xml_grammar_takes_what_the_template_writes() {
+    let doc = fixture();
+    let tok = Arc::new(Tokenizer::from_gguf(&GgufFile::open(tiny_qwen2()).unwrap()).unwrap());
+    let compiler = GrammarCompiler::new(&tok).unwrap();
+    let mut checked = 0;
+    for r in doc["tool_call_renderings"].as_array().unwrap() {
+        if !matches!(r["template"].as_str(), Some("Qwen3.5-4B" | "Qwen3-Coder")) {
+            continue;
+        }
+        let tools = Tools::from_json(&r["tools"].to_string()).unwrap();
+        let text = r["text"].as_str().unwrap();
+        let calls = &text[text.find("<tool_call>").unwrap()..];
+        let calls = calls
+            .replace("\nTrue\n", "\ntrue\n")
+            .replace("\nFalse\n", "\nfalse\n")
+            .replace("\nNone\n", "\nnull\n");
+        let grammar = |choice: ToolChoice, parallel: bool| {
+            let Some(ToolConstraint::Lark(g)) =
+                tool_constraint(ToolCallFormat::QwenXml, &tools, &choice, parallel)
+            else {
+                panic!("no grammar")
+            };
+            compiler
+                .compile(&GrammarSpec::Lark(g.clone()))
+                .unwrap_or_else(|e| panic!("{e}\n{g}"))
+        };
+        let required = grammar(ToolChoice::Required, true);
+        assert!(required.accepts(&tok, &calls).unwrap(), "{calls}");
+        assert!(!required.accepts(&tok, &calls[..calls.len() - 3]).unwrap());
+        let first = r["expected"][0]["name"].as_str().unwrap();
+        let single = grammar(ToolChoice::Function(first.into()), false);
+        let one_call = r["expected"].as_array().unwrap().len() == 1;
+        assert_eq!(single.accepts(&tok, &calls).unwrap(), one_call, "{calls}");
+        let other = if first == "add" { "get_weather" } else { "add" };
+        let wrong = grammar(ToolChoice::Function(other.into()), true);
+        assert!(!wrong.accepts(&tok, &calls).unwrap(), "{calls}");
+        checked += 1;
+    }
+    eprintln!("{checked} Qwen XML renderings taken by the grammar");
+    assert!(checked == 0 || checked >= 8, "{checked}");
 }
 
 /// What our parser gives for a case where it knowingly differs from llama.cpp.

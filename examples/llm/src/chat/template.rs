@@ -446,6 +446,12 @@ fn environment() -> Environment<'static> {
         Ok::<_, Error>(s)
     });
     env.add_filter("join", join);
+    // jinja2's `iterable` is whether Python's `iter(x)` works: not for `None`, which
+    // minijinja's own test takes as an empty sequence (Qwen3-Coder's template asks
+    // `tools is iterable and tools | length > 0` of `tools=None`).
+    env.add_test("iterable", |value: &Value| {
+        !value.is_none() && value.try_iter().is_ok()
+    });
     // Its output grows with the square of the nesting, uncharged: no chat template uses it.
     env.remove_filter("pprint");
     env

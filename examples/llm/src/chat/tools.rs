@@ -25,6 +25,7 @@ use std::sync::Arc;
 use minijinja::value::Value;
 
 use super::json::{self, Json, JsonError, write_str};
+use super::markup_calls::{self, FUNCTION_OPEN, PARAMETER_OPEN, Reader, Schemas, read_calls};
 use super::message::{Message, ToolCall};
 use crate::tokenizer::Tokenizer;
 
@@ -217,6 +218,16 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` after optional
     /// text.
     Mistral,
+    /// Qwen3.5 and Qwen3-Coder (llama.cpp's "Qwen3-Coder" format): XML inside `<tool_call>`,
+    /// one block per call, after optional text:
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>`.
+    /// A parameter's text is a string or JSON by llama.cpp's rule, from the kinds of values
+    /// its schema in the request's tools allows ([`parse_tool_calls_for`]): a string only,
+    /// the text itself; no string, JSON (and Python's `True` / `False` / `None`, which
+    /// Qwen3.5's template writes); a string among others, JSON when the text is a JSON value
+    /// of an allowed kind other than a string, else the text. Without the tools
+    /// ([`parse_tool_calls`]) every parameter is of any kind.
+    QwenXml,
     /// Phi-4-mini: the tools are given in the system message's `tools` field (JSON text of the
     /// list of functions, which its template writes between `<|tool|>` and `<|/tool|>`), and
     /// the model writes `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`
@@ -233,8 +244,10 @@ pub enum ToolCallFormat {
 
 impl ToolCallFormat {
     /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
-    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen (not with Qwen3.5's XML
-    /// calls, `<function=NAME>`, which take the generic form), `<|python_tag|>` or the
+    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` with `<function=` and `<parameter=`
+    /// Qwen XML (unless the template writes `'<tool_call><function=' ~ tool_call.name ~ '>'`
+    /// without the newlines, as llama.cpp excludes), `<tool_call>` without `<function=`
+    /// Hermes/Qwen (other `<function=` forms take the generic form), `<|python_tag|>` or the
     /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
     /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
     /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
@@ -244,10 +257,13 @@ impl ToolCallFormat {
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
-        } else if source.contains("<tool_call>") && !source.contains("<function=") {
-            // Qwen3.5's and Qwen3-Coder's calls are XML inside `<tool_call>`
-            // (`<function=NAME><parameter=P>…`), which the Hermes reader does not read: they
-            // take the generic form.
+        } else if source.contains(HERMES_OPEN)
+            && source.contains(FUNCTION_OPEN)
+            && source.contains(PARAMETER_OPEN)
+            && !source.contains("'<tool_call><function=' ~ tool_call.name ~ '>'")
+        {
+            ToolCallFormat::QwenXml
+        } else if source.contains(HERMES_OPEN) && !source.contains(FUNCTION_OPEN) {
             ToolCallFormat::Hermes
         } else if source.contains("<|python_tag|>")
             || source.contains("<|start_header_id|>ipython<|end_header_id|>")
@@ -265,7 +281,7 @@ impl ToolCallFormat {
     /// The marker text a call starts with, for the formats that have one.
     pub(super) fn marker(self) -> Option<&'static str> {
         match self {
-            ToolCallFormat::Hermes => Some(HERMES_OPEN),
+            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some(HERMES_OPEN),
             ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
             ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
@@ -278,7 +294,7 @@ impl ToolCallFormat {
     /// `<|python_tag|>`, ...).
     pub fn markers(self) -> &'static [&'static str] {
         match self {
-            ToolCallFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
+            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => &[HERMES_OPEN, HERMES_CLOSE],
             ToolCallFormat::Mistral => &[MISTRAL_OPEN],
             ToolCallFormat::Llama3 => &[PYTHON_TAG],
             ToolCallFormat::Phi4Mini => &[PHI4_OPEN, PHI4_CLOSE],
@@ -322,10 +338,34 @@ pub struct ParsedOutput {
 
 /// Reads the calls in `text`, written in `format`. Output that is not made of well-formed
 /// calls where the format puts them (a cut or malformed call, a call without a name) comes
-/// back whole as `content`, without calls.
+/// back whole as `content`, without calls. Qwen XML's parameters are typed without a schema
+/// (see [`parse_tool_calls_for`]).
 pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
+    parse_calls(format, text, None)
+}
+
+/// [`parse_tool_calls`] for a reply to a request with `tools`: Qwen XML's parameters are
+/// typed by their schemas ([`ToolCallFormat::QwenXml`]); the other formats read the same.
+pub fn parse_tool_calls_for(format: ToolCallFormat, text: &str, tools: &Tools) -> ParsedOutput {
+    parse_calls(format, text, Some(tools))
+}
+
+/// The parameters schema of `tools`' function `name`.
+pub(super) fn schema_of(tools: &Tools, name: &str) -> Option<Json> {
+    json::parse(&tools.function(name)?.parameters).ok()
+}
+
+/// [`parse_tool_calls`], with the request's tools when known.
+pub(super) fn parse_calls(
+    format: ToolCallFormat,
+    text: &str,
+    tools: Option<&Tools>,
+) -> ParsedOutput {
+    let lookup = |name: &str| tools.and_then(|t| schema_of(t, name));
+    let schemas: Schemas<'_> = Some(&lookup);
     let parsed = match format {
         ToolCallFormat::Hermes => parse_hermes(text),
+        ToolCallFormat::QwenXml => parse_markup(text, HERMES_OPEN, Reader::xml, schemas),
         ToolCallFormat::Llama3 => parse_llama3(text),
         ToolCallFormat::Mistral => parse_mistral(text),
         ToolCallFormat::Phi4Mini => parse_phi4mini(text),
@@ -400,6 +440,27 @@ fn parse_hermes(text: &str) -> Option<ParsedOutput> {
         }
         return Some(ParsedOutput { content, calls });
     }
+}
+
+/// The calls of a format read by a [`Reader`] (made by `reader` at the first `marker`), after
+/// the text before them; text after them is kept as content.
+fn parse_markup(
+    text: &str,
+    marker: &str,
+    reader: fn(usize) -> Reader,
+    tools: Schemas<'_>,
+) -> Option<ParsedOutput> {
+    let first = text.find(marker)?;
+    let (calls, end) = read_calls(reader(first), text, tools)?;
+    let mut content = text[..first].trim_end().to_string();
+    let after = text[end..].trim();
+    if !after.is_empty() {
+        if !content.is_empty() {
+            content.push('\n');
+        }
+        content.push_str(after);
+    }
+    Some(ParsedOutput { content, calls })
 }
 
 fn parse_llama3(text: &str) -> Option<ParsedOutput> {
@@ -651,6 +712,14 @@ pub fn tool_constraint(
                 calls_schema(&fns, "arguments", parallel)
             );
         }
+        ToolCallFormat::QwenXml => {
+            let _ = writeln!(
+                g,
+                "start: call{}",
+                if parallel { " (\"\\n\" call)*" } else { "" }
+            );
+            qwen_xml_rules(&fns, &mut g);
+        }
         ToolCallFormat::Phi4Mini => {
             // The list alone: the model's markers are special tokens, which grammar text
             // cannot produce and the reply's text does not carry.
@@ -663,6 +732,104 @@ pub fn tool_constraint(
         ToolCallFormat::Generic => return None,
     }
     Some(ToolConstraint::Lark(g))
+}
+
+/// `text` as a string literal of a Lark grammar.
+fn lark_str(text: &str) -> String {
+    let mut out = String::new();
+    write_str(text, &mut out);
+    out
+}
+
+/// A function's arguments: each property's name and schema (`{}` when it is not an object),
+/// whether the schema requires it, in the schema's order.
+fn properties(f: &Function) -> Vec<(String, String, bool)> {
+    let Ok(schema) = json::parse(&f.parameters) else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = match schema.get("required") {
+        Some(Json::Arr(r)) => r.iter().filter_map(Json::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let Some(Json::Obj(props)) = schema.get("properties") else {
+        return Vec::new();
+    };
+    props
+        .iter()
+        .map(|(name, s)| {
+            let s = match s {
+                Json::Obj(_) => s.to_compact(),
+                _ => "{}".to_string(),
+            };
+            (name.clone(), s, required.contains(&name.as_str()))
+        })
+        .collect()
+}
+
+/// The grammar expression of a call's arguments from the rules of its properties (`args`
+/// holds each one's rule name and whether it is required): the required ones in order, then
+/// any of the optional ones, separated by `sep` (a Lark literal, or empty); empty for none.
+fn args_expr(args: &[(String, bool)], sep: &str) -> String {
+    let pick = |req: bool| -> Vec<&str> {
+        args.iter()
+            .filter(|a| a.1 == req)
+            .map(|a| a.0.as_str())
+            .collect()
+    };
+    let (required, optional) = (pick(true), pick(false));
+    let joint = if sep.is_empty() {
+        " ".to_string()
+    } else {
+        format!(" {sep} ")
+    };
+    let mut out = required.join(&joint);
+    if !optional.is_empty() {
+        let any = format!("({})", optional.join(" | "));
+        let more = format!("({}{any})*", joint.trim_start());
+        if required.is_empty() {
+            out = format!("({any} {more})?");
+        } else {
+            let _ = write!(out, " {more}");
+        }
+    }
+    out
+}
+
+/// Qwen XML's rules of a call of any of `fns` (`call`), as llama.cpp's grammar writes it: each
+/// parameter `<parameter=P>\nVALUE\n</parameter>\n`, the value JSON of its schema unless the
+/// schema allows a string (then any text up to `\n</parameter>\n`).
+fn qwen_xml_rules(fns: &[&Function], g: &mut String) {
+    let calls: Vec<String> = (0..fns.len()).map(|i| format!("fn_{i}")).collect();
+    let _ = writeln!(g, "call: {}", calls.join(" | "));
+    for (i, f) in fns.iter().enumerate() {
+        let _ = writeln!(
+            g,
+            "fn_{i}: {}{} \"</function>\\n</tool_call>\"",
+            lark_str(&format!("<tool_call>\n<function={}>\n", f.name)),
+            if properties(f).is_empty() {
+                String::new()
+            } else {
+                format!(" args_{i}")
+            }
+        );
+        let mut args = Vec::new();
+        for (j, (name, schema, required)) in properties(f).into_iter().enumerate() {
+            let open = lark_str(&format!("<parameter={name}>\n"));
+            let takes_text = json::parse(&schema).map_or(true, |s| markup_calls::allows_string(&s));
+            if takes_text {
+                let _ = writeln!(g, "p_{i}_{j}: {open} text_{i}_{j}");
+                let _ = writeln!(g, "text_{i}_{j}[suffix=\"\\n</parameter>\\n\"]: /(?s:.*)/");
+            } else {
+                let _ = writeln!(g, "p_{i}_{j}: {open} v_{i}_{j} \"\\n</parameter>\\n\"");
+                let _ = writeln!(g, "v_{i}_{j}: %json {schema}");
+            }
+            args.push((format!("p_{i}_{j}"), required));
+        }
+        if args.is_empty() {
+            continue;
+        }
+        let _ = writeln!(g, "args_{i}: {}", args_expr(&args, ""));
+    }
 }
 
 /// The system text of the generic form: the tools, and the JSON the reply must be.
@@ -968,6 +1135,20 @@ mod tests {
             ToolCallFormat::detect("formatted as functools[{\"name\": ...}]"),
             ToolCallFormat::Phi4Mini
         );
+        // Qwen3.5's and Qwen3-Coder's XML calls; a `<function=` form without the newlines
+        // is not theirs.
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + args_name + '>\\n' }}"
+            ),
+            ToolCallFormat::QwenXml
+        );
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{ '<tool_call><function=' ~ tool_call.name ~ '>' }}<parameter="
+            ),
+            ToolCallFormat::Generic
+        );
         // Phi-3.5's template has `<|end|>` but no tool markers.
         assert_eq!(
             ToolCallFormat::detect("{{ '<|user|>\n' + m['content'] + '<|end|>' }}"),
@@ -993,6 +1174,48 @@ mod tests {
         assert_eq!(
             parse_tool_calls(ToolCallFormat::Hermes, cut).calls,
             [call("add", r#"{"a":1}"#)]
+        );
+    }
+
+    /// Qwen3.5's XML calls, typed by the tools' schemas or without them.
+    #[test]
+    fn qwen_xml_calls_and_text() {
+        let t = Tools::from_json(
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                "s": {"type": "string"}, "n": {"type": "integer"}, "b": {"type": "boolean"},
+                "o": {"type": "object"}, "u": {"type": ["number", "string"]}}}}}]"#,
+        )
+        .unwrap();
+        let out = "I'll check.\n\n<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n<parameter=b>\nTrue\n</parameter>\n<parameter=o>\n{\"k\": [1, \"</x>\"]}\n</parameter>\n<parameter=u>\n1.5e3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>";
+        assert_eq!(
+            parse_tool_calls_for(ToolCallFormat::QwenXml, out, &t),
+            ParsedOutput {
+                content: "I'll check.".into(),
+                calls: vec![
+                    call(
+                        "f",
+                        r#"{"s":"42","n":42,"b":true,"o":{"k":[1,"</x>"]},"u":1.5e3}"#
+                    ),
+                    call("g", "{}"),
+                ],
+            }
+        );
+        // Without the tools: JSON that is not a string, else text.
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, out).calls[0].arguments,
+            r#"{"s":42,"n":42,"b":"True","o":{"k":[1,"</x>"]},"u":1.5e3}"#
+        );
+        // A multi-line text keeps its lines; the closing tag may be cut off at the end; text
+        // after the calls is content.
+        let lines = "<tool_call>\n<function=f>\n<parameter=s>\nline 1\n  line \"2\"\n\n</parameter>\n</function>";
+        assert_eq!(
+            parse_tool_calls_for(ToolCallFormat::QwenXml, lines, &t).calls,
+            [call("f", r#"{"s":"line 1\n  line \"2\"\n"}"#)]
+        );
+        let after = format!("{lines}\n</tool_call>\nDone.");
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, &after).content,
+            "Done."
         );
     }
 
@@ -1058,6 +1281,35 @@ mod tests {
                 "<|tool_call|>[{\"name\": \"a\", \"arguments\": {}}",
             ),
             (ToolCallFormat::Phi4Mini, "functools"),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n<parameter=s>\nx cut",
+            ),
+            (ToolCallFormat::QwenXml, "<tool_call>\n<function=f"),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=>\n</function>\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\nstray\n</function>\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n</function>\ntrailing",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=a b>\n</function>\n</tool_call>",
+            ),
         ] {
             assert_eq!(
                 parse_tool_calls(format, text),
@@ -1177,6 +1429,12 @@ mod tests {
                 ToolChoice::Function("add".into()),
                 true,
             ),
+            (ToolCallFormat::QwenXml, ToolChoice::Required, true),
+            (
+                ToolCallFormat::QwenXml,
+                ToolChoice::Function("add".into()),
+                false,
+            ),
         ] {
             let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
             else {
@@ -1193,9 +1451,19 @@ mod tests {
             }
             assert_eq!(
                 g.contains("\\n\" call)*"),
-                format == ToolCallFormat::Hermes && parallel,
+                matches!(format, ToolCallFormat::Hermes | ToolCallFormat::QwenXml) && parallel,
                 "{g}"
             );
+            if format == ToolCallFormat::QwenXml {
+                // A string parameter is text up to its closing tag; the others JSON.
+                assert_eq!(g.contains("get_weather"), choice == ToolChoice::Required);
+                assert_eq!(
+                    g.contains(r#"text_0_0[suffix="\n</parameter>\n"]"#),
+                    choice == ToolChoice::Required,
+                    "{g}"
+                );
+                assert!(g.contains(r#"%json {"type":"integer"}"#), "{g}");
+            }
             if format == ToolCallFormat::Phi4Mini {
                 // The list of calls alone (its markers are special tokens).
                 assert!(g.starts_with("start: %json {\"type\":\"array\""), "{g}");
