@@ -265,6 +265,9 @@ fn the_fixture_covers_tool_calling() {
         "mistralai-Mistral-Nemo-Instruct-2407",
         "Qwen3.5-4B",
         "Qwen3-Coder",
+        "LFM2.5-Instruct",
+        "LFM2-8B-A1B",
+        "LFM2.5-8B-A1B",
     ] {
         for conv in [
             "tools_request",
@@ -327,6 +330,7 @@ fn calls_rendered_by_each_template_parse_back() {
         "mistralai-Mistral-Nemo-Instruct-2407" => ToolCallFormat::Mistral,
         "microsoft-Phi-4-mini-instruct" => ToolCallFormat::Phi4Mini,
         "Qwen3.5-4B" | "Qwen3-Coder" => ToolCallFormat::QwenXml,
+        "LFM2.5-Instruct" | "LFM2-8B-A1B" | "LFM2.5-8B-A1B" => ToolCallFormat::Lfm2,
         _ => ToolCallFormat::Generic,
     };
     let mut checked = 0;
@@ -437,33 +441,59 @@ fn calls_rendered_by_each_template_parse_back() {
             per_format.get("QwenXml").is_some_and(|&n| n >= 8),
             "{per_format:?}"
         );
+        assert!(
+            per_format.get("Lfm2").is_some_and(|&n| n >= 4),
+            "{per_format:?}"
+        );
     }
 }
 
 /// The grammar of `tool_choice: required` (parallel calls) in Qwen XML accepts what Qwen3.5's
 /// and Qwen3-Coder's templates write for calls (the fixture's renderings with their tools),
 /// once their Python `True` / `False` / `None` are JSON's, as llama.cpp's grammar writes them;
-/// a named function's grammar refuses another function's call, and a cut call is refused.
+/// in LFM2's form, what LFM2.5-8B-A1B's template writes without its markers (special tokens)
+/// and with its Python literals written as JSON (`'x'` as `"x"`, `True` as `true`, ...), as
+/// the grammar writes them; a named function's grammar refuses another function's call, and a
+/// cut call is refused.
 #[test]
-fn the_qwen_xml_grammar_takes_what_the_template_writes() {
+fn the_call_grammars_take_what_the_templates_write() {
     let doc = fixture();
     let tok = Arc::new(Tokenizer::from_gguf(&GgufFile::open(tiny_qwen2()).unwrap()).unwrap());
     let compiler = GrammarCompiler::new(&tok).unwrap();
     let mut checked = 0;
     for r in doc["tool_call_renderings"].as_array().unwrap() {
-        if !matches!(r["template"].as_str(), Some("Qwen3.5-4B" | "Qwen3-Coder")) {
-            continue;
-        }
+        let format = match r["template"].as_str() {
+            Some("Qwen3.5-4B" | "Qwen3-Coder") => ToolCallFormat::QwenXml,
+            Some("LFM2.5-8B-A1B") => ToolCallFormat::Lfm2,
+            _ => continue,
+        };
         let tools = Tools::from_json(&r["tools"].to_string()).unwrap();
         let text = r["text"].as_str().unwrap();
-        let calls = &text[text.find("<tool_call>").unwrap()..];
-        let calls = calls
-            .replace("\nTrue\n", "\ntrue\n")
-            .replace("\nFalse\n", "\nfalse\n")
-            .replace("\nNone\n", "\nnull\n");
+        let calls = if format == ToolCallFormat::QwenXml {
+            text[text.find("<tool_call>").unwrap()..]
+                .replace("\nTrue\n", "\ntrue\n")
+                .replace("\nFalse\n", "\nfalse\n")
+                .replace("\nNone\n", "\nnull\n")
+        } else {
+            // The list alone, each argument as the JSON it stands for (the parse's).
+            let parsed = parse_tool_calls(format, text);
+            let list: Vec<String> = parsed
+                .calls
+                .iter()
+                .map(|c| {
+                    let args: serde_json::Map<String, Json> =
+                        serde_json::from_str(&c.arguments).unwrap();
+                    let args: Vec<String> = args
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", serde_json::to_string(v).unwrap()))
+                        .collect();
+                    format!("{}({})", c.name, args.join(", "))
+                })
+                .collect();
+            format!("[{}]", list.join(", "))
+        };
         let grammar = |choice: ToolChoice, parallel: bool| {
-            let Some(ToolConstraint::Lark(g)) =
-                tool_constraint(ToolCallFormat::QwenXml, &tools, &choice, parallel)
+            let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &tools, &choice, parallel)
             else {
                 panic!("no grammar")
             };
@@ -483,8 +513,8 @@ fn the_qwen_xml_grammar_takes_what_the_template_writes() {
         assert!(!wrong.accepts(&tok, &calls).unwrap(), "{calls}");
         checked += 1;
     }
-    eprintln!("{checked} Qwen XML renderings taken by the grammar");
-    assert!(checked == 0 || checked >= 8, "{checked}");
+    eprintln!("{checked} renderings taken by the grammars");
+    assert!(checked == 0 || checked >= 12, "{checked}");
 }
 
 /// What our parser gives for a case where it knowingly differs from llama.cpp.

@@ -1,5 +1,6 @@
 //! Readers of the call formats whose arguments are not a JSON object as written: Qwen3.5's and
-//! Qwen3-Coder's XML calls ([`ToolCallFormat::QwenXml`](super::ToolCallFormat::QwenXml)).
+//! Qwen3-Coder's XML calls ([`ToolCallFormat::QwenXml`](super::ToolCallFormat::QwenXml)) and
+//! LFM2's Python-style calls ([`ToolCallFormat::Lfm2`](super::ToolCallFormat::Lfm2)).
 //!
 //! Each reader walks the text one piece of the format at a time ([`Step`]), from where it
 //! stopped, and takes a piece only when all of it is there: the whole-text parse
@@ -26,6 +27,10 @@ pub(super) const FUNCTION_CLOSE: &str = "</function>";
 /// ... and a parameter (`<parameter=NAME>\nVALUE\n</parameter>`).
 pub(super) const PARAMETER_OPEN: &str = "<parameter=";
 pub(super) const PARAMETER_CLOSE: &str = "</parameter>";
+
+/// LFM2: the markers around a list of calls (special tokens of its vocabulary).
+pub(super) const LFM2_OPEN: &str = "<|tool_call_start|>";
+pub(super) const LFM2_CLOSE: &str = "<|tool_call_end|>";
 
 /// One piece read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +73,8 @@ pub(super) fn skip_at(text: &str, mut i: usize) -> usize {
 pub(super) enum Reader {
     /// Qwen XML.
     Xml(XmlReader),
+    /// LFM2's Python-style calls.
+    Py(PyReader),
 }
 
 impl Reader {
@@ -79,10 +86,19 @@ impl Reader {
         })
     }
 
+    /// An LFM2 reader at `pos`, where its `<|tool_call_start|>` or a list of calls begins.
+    pub(super) fn py(pos: usize) -> Reader {
+        Reader::Py(PyReader {
+            pos,
+            ..PyReader::default()
+        })
+    }
+
     /// Reads the next piece of `text` (the same text, grown, at each call).
     pub(super) fn step(&mut self, text: &str, tools: Schemas<'_>) -> Step {
         match self {
             Reader::Xml(r) => r.step(text, tools),
+            Reader::Py(r) => r.step(text),
         }
     }
 
@@ -90,6 +106,7 @@ impl Reader {
     pub(super) fn pos(&self) -> usize {
         match self {
             Reader::Xml(r) => r.pos,
+            Reader::Py(r) => r.pos,
         }
     }
 
@@ -97,6 +114,7 @@ impl Reader {
     pub(super) fn may_end(&self) -> bool {
         match self {
             Reader::Xml(r) => matches!(r.state, XmlState::Between | XmlState::AfterFunction),
+            Reader::Py(r) => matches!(r.state, PyState::AfterList | PyState::Between),
         }
     }
 }
@@ -249,6 +267,332 @@ impl XmlReader {
     }
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum PyState {
+    /// Before the first `<|tool_call_start|>` (or a list of calls alone).
+    #[default]
+    Start,
+    /// After the marker, before `[`.
+    ListOpen,
+    /// Before a call's name.
+    Name,
+    /// In a call's `(...)`: before an argument or `)`.
+    Arg,
+    /// After an argument: before `,` or `)`.
+    AfterArg,
+    /// After a call: before `,` or `]`.
+    AfterCall,
+    /// After `]`: before `<|tool_call_end|>` (which a list alone has not).
+    AfterList,
+    /// After a block: before another, or the text after the calls.
+    Between,
+}
+
+/// The reader of LFM2's calls: `<|tool_call_start|>[name(arg="v", n=1), other()]<|tool_call_end|>`,
+/// each argument a Python literal ([`py_value`]).
+#[derive(Clone, Debug, Default)]
+pub(super) struct PyReader {
+    pos: usize,
+    state: PyState,
+    /// Arguments of the current call read.
+    args: usize,
+}
+
+/// Whether `c` may be in a function's or an argument's name.
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
+impl PyReader {
+    fn step(&mut self, text: &str) -> Step {
+        loop {
+            let at = skip_at(text, self.pos);
+            let rest = &text[at..];
+            if rest.is_empty() {
+                return Step::More;
+            }
+            match self.state {
+                PyState::Start | PyState::Between => match starts(rest, LFM2_OPEN) {
+                    None => return Step::More,
+                    Some(true) => {
+                        self.pos = at + LFM2_OPEN.len();
+                        self.state = PyState::ListOpen;
+                    }
+                    Some(false) if self.state == PyState::Start && rest.starts_with('[') => {
+                        self.pos = at;
+                        self.state = PyState::ListOpen;
+                    }
+                    Some(false) if self.state == PyState::Start => return Step::Bad,
+                    Some(false) => {
+                        self.pos = at;
+                        return Step::End;
+                    }
+                },
+                PyState::ListOpen => {
+                    if !rest.starts_with('[') {
+                        return Step::Bad;
+                    }
+                    self.pos = at + 1;
+                    self.state = PyState::Name;
+                }
+                PyState::Name => {
+                    let len = rest.find(|c: char| !name_char(c)).unwrap_or(rest.len());
+                    if len == rest.len() {
+                        return Step::More;
+                    }
+                    if len == 0 || !rest[len..].starts_with('(') {
+                        return Step::Bad;
+                    }
+                    self.pos = at + len + 1;
+                    self.state = PyState::Arg;
+                    self.args = 0;
+                    return Step::Call(rest[..len].to_string());
+                }
+                PyState::Arg => {
+                    if rest.starts_with(')') {
+                        self.pos = at + 1;
+                        self.state = PyState::AfterCall;
+                        return Step::Args(if self.args == 0 { "{}" } else { "}" }.into());
+                    }
+                    let len = rest.find(|c: char| !name_char(c)).unwrap_or(rest.len());
+                    if len == rest.len() {
+                        return Step::More;
+                    }
+                    if len == 0 || !rest[len..].starts_with('=') {
+                        return Step::Bad;
+                    }
+                    let value = match py_value(text, at + len + 1, 0) {
+                        Ok(v) => v,
+                        Err(PyError::Incomplete) => return Step::More,
+                        Err(PyError::Invalid) => return Step::Bad,
+                    };
+                    let mut piece = String::from(if self.args == 0 { "{" } else { "," });
+                    write_str(&rest[..len], &mut piece);
+                    piece.push(':');
+                    piece.push_str(&value.0);
+                    self.args += 1;
+                    self.pos = value.1;
+                    self.state = PyState::AfterArg;
+                    return Step::Args(piece);
+                }
+                PyState::AfterArg => {
+                    if rest.starts_with(',') {
+                        self.state = PyState::Arg;
+                    } else if rest.starts_with(')') {
+                        self.state = PyState::AfterCall;
+                        self.pos = at + 1;
+                        return Step::Args("}".into());
+                    } else {
+                        return Step::Bad;
+                    }
+                    self.pos = at + 1;
+                }
+                PyState::AfterCall => {
+                    if rest.starts_with(',') {
+                        self.state = PyState::Name;
+                    } else if rest.starts_with(']') {
+                        self.state = PyState::AfterList;
+                    } else {
+                        return Step::Bad;
+                    }
+                    self.pos = at + 1;
+                }
+                PyState::AfterList => match starts(rest, LFM2_CLOSE) {
+                    None => return Step::More,
+                    Some(true) => {
+                        self.pos = at + LFM2_CLOSE.len();
+                        self.state = PyState::Between;
+                    }
+                    // The closing marker left out (a list alone): what follows is read as
+                    // after a block.
+                    Some(false) => self.state = PyState::Between,
+                },
+            }
+        }
+    }
+}
+
+/// Why a Python literal was not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PyError {
+    /// The text ends inside it (or where more text could change it, as after digits).
+    Incomplete,
+    /// Not a literal of those read.
+    Invalid,
+}
+
+/// The Python literal at byte `i` of `text` as compact JSON text, and the offset after it, as
+/// llama.cpp's LFM2 grammar takes them: strings in either quote with JSON's escapes (and
+/// `\'`), numbers as JSON writes them (kept as written), `True` / `False` / `None` and JSON's
+/// `true` / `false` / `null`, lists and dicts (string keys) of them.
+fn py_value(text: &str, i: usize, depth: usize) -> Result<(String, usize), PyError> {
+    if depth > json::MAX_DEPTH {
+        return Err(PyError::Invalid);
+    }
+    let b = text.as_bytes();
+    let Some(&c) = b.get(i) else {
+        return Err(PyError::Incomplete);
+    };
+    match c {
+        b'"' | b'\'' => {
+            let (s, end) = py_string(text, i)?;
+            let mut out = String::new();
+            write_str(&s, &mut out);
+            Ok((out, end))
+        }
+        b'[' | b'{' => {
+            let dict = c == b'{';
+            let close = if dict { b'}' } else { b']' };
+            let mut out = String::from(if dict { "{" } else { "[" });
+            let mut j = skip_at(text, i + 1);
+            let mut first = true;
+            loop {
+                let Some(&d) = b.get(j) else {
+                    return Err(PyError::Incomplete);
+                };
+                if d == close {
+                    out.push(close as char);
+                    return Ok((out, j + 1));
+                }
+                if !first {
+                    if d != b',' {
+                        return Err(PyError::Invalid);
+                    }
+                    out.push(',');
+                    j = skip_at(text, j + 1);
+                }
+                first = false;
+                if dict {
+                    if !matches!(b.get(j), Some(b'"' | b'\'') | None) {
+                        return Err(PyError::Invalid);
+                    }
+                    let (key, end) = py_string(text, j)?;
+                    write_str(&key, &mut out);
+                    j = skip_at(text, end);
+                    match b.get(j) {
+                        None => return Err(PyError::Incomplete),
+                        Some(b':') => out.push(':'),
+                        Some(_) => return Err(PyError::Invalid),
+                    }
+                    j = skip_at(text, j + 1);
+                }
+                let (v, end) = py_value(text, j, depth + 1)?;
+                out.push_str(&v);
+                j = skip_at(text, end);
+            }
+        }
+        b'-' | b'0'..=b'9' => {
+            let mut j = i + usize::from(c == b'-');
+            let digits = |j: &mut usize| {
+                let from = *j;
+                while b.get(*j).is_some_and(u8::is_ascii_digit) {
+                    *j += 1;
+                }
+                *j - from
+            };
+            let int_start = j;
+            if digits(&mut j) == 0 {
+                return Err(if j == b.len() {
+                    PyError::Incomplete
+                } else {
+                    PyError::Invalid
+                });
+            }
+            if b[int_start] == b'0' && j - int_start > 1 {
+                return Err(PyError::Invalid);
+            }
+            if b.get(j) == Some(&b'.') {
+                j += 1;
+                if digits(&mut j) == 0 && j < b.len() {
+                    return Err(PyError::Invalid);
+                }
+            }
+            if matches!(b.get(j), Some(b'e' | b'E')) {
+                j += 1;
+                if matches!(b.get(j), Some(b'+' | b'-')) {
+                    j += 1;
+                }
+                if digits(&mut j) == 0 && j < b.len() {
+                    return Err(PyError::Invalid);
+                }
+            }
+            match b.get(j) {
+                // More digits, a fraction or an exponent may follow.
+                None => Err(PyError::Incomplete),
+                Some(b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') => Err(PyError::Invalid),
+                Some(_) => Ok((text[i..j].to_string(), j)),
+            }
+        }
+        b'A'..=b'Z' | b'a'..=b'z' => {
+            let len = text[i..]
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .ok_or(PyError::Incomplete)?;
+            let word = match &text[i..i + len] {
+                "True" | "true" => "true",
+                "False" | "false" => "false",
+                "None" | "null" => "null",
+                _ => return Err(PyError::Invalid),
+            };
+            Ok((word.to_string(), i + len))
+        }
+        _ => Err(PyError::Invalid),
+    }
+}
+
+/// The string literal at byte `i` of `text` (in `"` or `'`), decoded, and the offset after it.
+fn py_string(text: &str, i: usize) -> Result<(String, usize), PyError> {
+    let quote = text.as_bytes().get(i).copied().ok_or(PyError::Incomplete)? as char;
+    let mut out = String::new();
+    let mut chars = text[i + 1..].char_indices();
+    let hex4 = |chars: &mut std::str::CharIndices| -> Result<u32, PyError> {
+        let mut n = 0;
+        for _ in 0..4 {
+            let (_, h) = chars.next().ok_or(PyError::Incomplete)?;
+            n = n * 16 + h.to_digit(16).ok_or(PyError::Invalid)?;
+        }
+        Ok(n)
+    };
+    loop {
+        let (k, c) = chars.next().ok_or(PyError::Incomplete)?;
+        if c == quote {
+            return Ok((out, i + 1 + k + 1));
+        }
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let (_, e) = chars.next().ok_or(PyError::Incomplete)?;
+        out.push(match e {
+            '"' | '\'' | '\\' | '/' => e,
+            'b' => '\x08',
+            'f' => '\x0c',
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            'u' => {
+                let hi = hex4(&mut chars)?;
+                let code = if (0xD800..0xDC00).contains(&hi) {
+                    // A surrogate pair: `\uD83D\uDE42`.
+                    for want in ['\\', 'u'] {
+                        if chars.next().ok_or(PyError::Incomplete)?.1 != want {
+                            return Err(PyError::Invalid);
+                        }
+                    }
+                    let lo = hex4(&mut chars)?;
+                    if !(0xDC00..0xE000).contains(&lo) {
+                        return Err(PyError::Invalid);
+                    }
+                    0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                } else {
+                    hi
+                };
+                char::from_u32(code).ok_or(PyError::Invalid)?
+            }
+            _ => return Err(PyError::Invalid),
+        });
+    }
+}
+
 /// The kinds of JSON values a schema allows (a set of the `T_*` bits).
 type Types = u8;
 const T_OBJ: Types = 1;
@@ -391,6 +735,39 @@ mod tests {
             ("{}", T_ALL),
         ] {
             assert_eq!(schema_types(&schema(s), 0), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn python_literals_as_json() {
+        for (text, want) in [
+            ("'it\\'s \"x\"\nok' ", Ok(r#""it's \"x\"\nok""#)),
+            ("\"a\\u00e9\\ud83d\\ude42\\\\\" ", Ok(r#""aé🙂\\""#)),
+            ("'two\nlines' ", Ok(r#""two\nlines""#)),
+            ("-12.50e+3)", Ok("-12.50e+3")),
+            ("0,", Ok("0")),
+            ("True)", Ok("true")),
+            ("null)", Ok("null")),
+            ("None,", Ok("null")),
+            (
+                "{'a': [1, {\"b\": None}], 'c': false})",
+                Ok(r#"{"a":[1,{"b":null}],"c":false}"#),
+            ),
+            ("[ ])", Ok("[]")),
+            ("12", Err(PyError::Incomplete)),
+            ("'open", Err(PyError::Incomplete)),
+            ("[1, 2", Err(PyError::Incomplete)),
+            ("Tru", Err(PyError::Incomplete)),
+            ("01)", Err(PyError::Invalid)),
+            ("'\\x41')", Err(PyError::Invalid)),
+            ("Yes)", Err(PyError::Invalid)),
+            ("{1: 2})", Err(PyError::Invalid)),
+            ("[1 2])", Err(PyError::Invalid)),
+            ("'\\ud83d')", Err(PyError::Invalid)),
+            ("(1, 2))", Err(PyError::Invalid)),
+        ] {
+            let got = py_value(text, 0, 0).map(|(v, _)| v);
+            assert_eq!(got.as_deref().map_err(|e| *e), want, "{text:?}");
         }
     }
 

@@ -54,7 +54,7 @@
 //! Where things are: the template, its environment and its errors in `template.rs`; Python's
 //! printing and string methods in `python.rs`; `tojson` (Python's `json.dumps`) in
 //! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`; the render
-//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`, the readers of the formats whose arguments are not written as JSON (Qwen XML) in `markup_calls.rs`, the streaming reader of calls in `tool_stream.rs`,
+//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`, the readers of the formats whose arguments are not written as JSON (Qwen XML, LFM2) in `markup_calls.rs`, the streaming reader of calls in `tool_stream.rs`,
 //! on the small JSON reader of `json.rs`.
 
 mod datetime;

@@ -127,8 +127,11 @@ impl ToolCallStream {
         }
         if self.holding {
             match self.format {
-                ToolCallFormat::QwenXml => {
-                    let reader = self.markup.get_or_insert_with(|| Reader::xml(0));
+                ToolCallFormat::QwenXml | ToolCallFormat::Lfm2 => {
+                    let reader = self.markup.get_or_insert_with(|| match self.format {
+                        ToolCallFormat::Lfm2 => Reader::py(0),
+                        _ => Reader::xml(0),
+                    });
                     let tools = self.tools.as_ref();
                     let lookup = |name: &str| tools.and_then(|t| schema_of(t, name));
                     self.scan.advance_markup(
@@ -159,12 +162,13 @@ impl ToolCallStream {
         if self.holding {
             return String::new();
         }
-        if self.plain && self.format != ToolCallFormat::Phi4Mini {
+        if self.plain && !matches!(self.format, ToolCallFormat::Phi4Mini | ToolCallFormat::Lfm2) {
             return std::mem::take(&mut self.held);
         }
         let reply_start: &[&str] = match self.format {
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => &["{", PYTHON_TAG],
             ToolCallFormat::Phi4Mini => &["[", FUNCTOOLS],
+            ToolCallFormat::Lfm2 => &["["],
             _ => &[],
         };
         if !reply_start.is_empty() && !self.plain {
@@ -434,7 +438,7 @@ impl Scanner {
                     return false;
                 };
                 let ok = match format {
-                    F::Hermes | F::Llama3 | F::Generic | F::QwenXml => c == b'{',
+                    F::Hermes | F::Llama3 | F::Generic | F::QwenXml | F::Lfm2 => c == b'{',
                     F::Mistral => c == b'[',
                     F::Phi4Mini => c == b'[' || c == b'{',
                 };
@@ -521,7 +525,7 @@ impl Scanner {
         use ToolCallFormat as F;
         let s = &self.stack;
         match format {
-            F::Hermes | F::Llama3 | F::QwenXml => s.is_empty(),
+            F::Hermes | F::Llama3 | F::QwenXml | F::Lfm2 => s.is_empty(),
             F::Mistral => s.len() == 1 && !s[0].obj,
             F::Phi4Mini => s.is_empty() || (s.len() == 1 && !s[0].obj),
             F::Generic => {
@@ -908,6 +912,13 @@ mod tests {
             ),
             (ToolCallFormat::QwenXml, "a <tool_ call"),
             (
+                ToolCallFormat::Lfm2,
+                "Sure. <|tool_call_start|>[add(a=1)]<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "[1] is a note <|tool_call"),
+            (ToolCallFormat::Lfm2, " [add(a=1)] then"),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[add(a=1), 2]"),
+            (
                 ToolCallFormat::QwenXml,
                 "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\nstray",
             ),
@@ -1102,6 +1113,25 @@ mod tests {
                 ],
                 "Let me look.",
             ),
+            (
+                ToolCallFormat::Lfm2,
+                "Let me look.<|tool_call_start|>[get_weather(city='Paris, \"FR\"\nline 2', days=[1, 2.50], when=None), add(a=1e3, b={\"k\": [True, 'x']}), now()]<|tool_call_end|>",
+                vec![
+                    c(
+                        "get_weather",
+                        r#"{"city":"Paris, \"FR\"\nline 2","days":[1,2.50],"when":null}"#,
+                    ),
+                    c("add", r#"{"a":1e3,"b":{"k":[true,"x"]}}"#),
+                    c("now", "{}"),
+                ],
+                "Let me look.",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "[add(a=2)]",
+                vec![c("add", r#"{"a":2}"#)],
+                "",
+            ),
         ]
     }
 
@@ -1143,10 +1173,13 @@ mod tests {
                 assert_eq!(passed.trim(), content, "{text} cut at {cuts:?}");
                 if k == 0 {
                     for (name, pieces) in &seen.calls {
-                        // (Qwen XML sends a call without arguments as `{}` at once.)
+                        // (Qwen XML and LFM2 send a call without arguments as `{}` at once.)
                         assert!(
                             pieces.len() > 1
-                                || (format == ToolCallFormat::QwenXml && pieces == &["{}"]),
+                                || (matches!(
+                                    format,
+                                    ToolCallFormat::QwenXml | ToolCallFormat::Lfm2
+                                ) && pieces == &["{}"]),
                             "{text}: {name} in {pieces:?}"
                         );
                     }

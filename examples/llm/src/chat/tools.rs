@@ -25,7 +25,9 @@ use std::sync::Arc;
 use minijinja::value::Value;
 
 use super::json::{self, Json, JsonError, write_str};
-use super::markup_calls::{self, FUNCTION_OPEN, PARAMETER_OPEN, Reader, Schemas, read_calls};
+use super::markup_calls::{
+    self, FUNCTION_OPEN, LFM2_CLOSE, LFM2_OPEN, PARAMETER_OPEN, Reader, Schemas, read_calls,
+};
 use super::message::{Message, ToolCall};
 use crate::tokenizer::Tokenizer;
 
@@ -228,6 +230,14 @@ pub enum ToolCallFormat {
     /// of an allowed kind other than a string, else the text. Without the tools
     /// ([`parse_tool_calls`]) every parameter is of any kind.
     QwenXml,
+    /// LFM2, LFM2.5 (Liquid AI): `<|tool_call_start|>[name(arg="v", n=1), other()]<|tool_call_end|>`
+    /// after optional text, a Python-style list of calls with keyword arguments. An argument is
+    /// a Python literal, as llama.cpp's LFM2 parser takes them: a string in either quote with
+    /// JSON's escapes (and `\'`), a number as JSON writes it, `True` / `False` / `None` (or
+    /// JSON's `true` / `false` / `null`: LFM2.5's template writes a dict as JSON), a list or a
+    /// dict of them. The markers are special tokens; a reply that begins with the list is read
+    /// as calls too (the closing marker may be left out), as for Phi-4-mini.
+    Lfm2,
     /// Phi-4-mini: the tools are given in the system message's `tools` field (JSON text of the
     /// list of functions, which its template writes between `<|tool|>` and `<|/tool|>`), and
     /// the model writes `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`
@@ -247,7 +257,9 @@ impl ToolCallFormat {
     /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` with `<function=` and `<parameter=`
     /// Qwen XML (unless the template writes `'<tool_call><function=' ~ tool_call.name ~ '>'`
     /// without the newlines, as llama.cpp excludes), `<tool_call>` without `<function=`
-    /// Hermes/Qwen (other `<function=` forms take the generic form), `<|python_tag|>` or the
+    /// Hermes/Qwen (other `<function=` forms take the generic form), `<|tool_list_start|>`
+    /// and `<|tool_list_end|>` (LFM2), or `List of tools: [` without them (LFM2.5) LFM2's
+    /// Python-style calls, `<|python_tag|>` or the
     /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
     /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
     /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
@@ -257,6 +269,10 @@ impl ToolCallFormat {
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
+        } else if (source.contains("<|tool_list_start|>") && source.contains("<|tool_list_end|>"))
+            || (source.contains("List of tools: [") && !source.contains("<|tool_list_start|>"))
+        {
+            ToolCallFormat::Lfm2
         } else if source.contains(HERMES_OPEN)
             && source.contains(FUNCTION_OPEN)
             && source.contains(PARAMETER_OPEN)
@@ -284,6 +300,7 @@ impl ToolCallFormat {
             ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some(HERMES_OPEN),
             ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
             ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
+            ToolCallFormat::Lfm2 => Some(LFM2_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
         }
     }
@@ -298,6 +315,7 @@ impl ToolCallFormat {
             ToolCallFormat::Mistral => &[MISTRAL_OPEN],
             ToolCallFormat::Llama3 => &[PYTHON_TAG],
             ToolCallFormat::Phi4Mini => &[PHI4_OPEN, PHI4_CLOSE],
+            ToolCallFormat::Lfm2 => &[LFM2_OPEN, LFM2_CLOSE],
             ToolCallFormat::Generic => &[],
         }
     }
@@ -306,7 +324,7 @@ impl ToolCallFormat {
     /// a model writes them as one token, which a decoder renders as nothing unless told to
     /// keep it ([`GenerateParams::preserve`](crate::session::GenerateParams::preserve)), and
     /// the reader must see them (Mistral's `[TOOL_CALLS]`, Llama 3.x's `<|python_tag|>`,
-    /// Phi-4-mini's `<|tool_call|>`).
+    /// Phi-4-mini's `<|tool_call|>`, LFM2's `<|tool_call_start|>`).
     pub fn preserved_tokens(self, tokenizer: &Tokenizer) -> Vec<u32> {
         self.markers()
             .iter()
@@ -366,6 +384,7 @@ pub(super) fn parse_calls(
     let parsed = match format {
         ToolCallFormat::Hermes => parse_hermes(text),
         ToolCallFormat::QwenXml => parse_markup(text, HERMES_OPEN, Reader::xml, schemas),
+        ToolCallFormat::Lfm2 => parse_lfm2(text),
         ToolCallFormat::Llama3 => parse_llama3(text),
         ToolCallFormat::Mistral => parse_mistral(text),
         ToolCallFormat::Phi4Mini => parse_phi4mini(text),
@@ -461,6 +480,18 @@ fn parse_markup(
         content.push_str(after);
     }
     Some(ParsedOutput { content, calls })
+}
+
+fn parse_lfm2(text: &str) -> Option<ParsedOutput> {
+    // The list alone: the markers are special tokens, which a constrained reply has not.
+    if skip_ws(text).starts_with('[') {
+        let (calls, end) = read_calls(Reader::py(0), text, None)?;
+        return Some(ParsedOutput {
+            content: text[end..].trim().to_string(),
+            calls,
+        });
+    }
+    parse_markup(text, LFM2_OPEN, Reader::py, None)
 }
 
 fn parse_llama3(text: &str) -> Option<ParsedOutput> {
@@ -674,8 +705,10 @@ pub enum ToolConstraint {
 ///   `required` and a named function;
 /// * a model's own format: nothing under `auto` (the model chooses, its output is parsed), a
 ///   Lark grammar of the format's calls (of the allowed functions, one unless `parallel`;
-///   Llama 3.x: one; Phi-4-mini: the list of calls without its markers, special tokens that
-///   grammar text cannot produce) under `required` and a named function;
+///   Llama 3.x: one; Qwen XML: each parameter JSON of its schema, or any text where the schema
+///   allows a string, as llama.cpp's grammar; Phi-4-mini and LFM2: the list of calls without
+///   the markers, special tokens that grammar text cannot produce; LFM2's arguments JSON of
+///   their schemas) under `required` and a named function;
 /// * nothing under `none`, nor when the named function is not in `tools`.
 pub fn tool_constraint(
     format: ToolCallFormat,
@@ -719,6 +752,12 @@ pub fn tool_constraint(
                 if parallel { " (\"\\n\" call)*" } else { "" }
             );
             qwen_xml_rules(&fns, &mut g);
+        }
+        ToolCallFormat::Lfm2 => {
+            // The list alone, as for Phi-4-mini: the markers are special tokens.
+            let sep = if parallel { " (\", \" call)*" } else { "" };
+            let _ = writeln!(g, "start: \"[\" call{sep} \"]\"");
+            lfm2_rules(&fns, &mut g);
         }
         ToolCallFormat::Phi4Mini => {
             // The list alone: the model's markers are special tokens, which grammar text
@@ -829,6 +868,28 @@ fn qwen_xml_rules(fns: &[&Function], g: &mut String) {
             continue;
         }
         let _ = writeln!(g, "args_{i}: {}", args_expr(&args, ""));
+    }
+}
+
+/// LFM2's rules of a call of any of `fns` (`call`): `name(arg=value, ...)`, each value JSON
+/// of its schema (a Python literal LFM2's parser reads: strings in double quotes, `true`,
+/// `false`, `null`), as llama.cpp's grammar has them.
+fn lfm2_rules(fns: &[&Function], g: &mut String) {
+    let calls: Vec<String> = (0..fns.len()).map(|i| format!("fn_{i}")).collect();
+    let _ = writeln!(g, "call: {}", calls.join(" | "));
+    for (i, f) in fns.iter().enumerate() {
+        let mut args = Vec::new();
+        for (j, (name, schema, required)) in properties(f).into_iter().enumerate() {
+            let _ = writeln!(g, "p_{i}_{j}: {} v_{i}_{j}", lark_str(&format!("{name}=")));
+            let _ = writeln!(g, "v_{i}_{j}: %json {schema}");
+            args.push((format!("p_{i}_{j}"), required));
+        }
+        let _ = writeln!(
+            g,
+            "fn_{i}: {} {} \")\"",
+            lark_str(&format!("{}(", f.name)),
+            args_expr(&args, "\", \"")
+        );
     }
 }
 
@@ -1149,6 +1210,21 @@ mod tests {
             ),
             ToolCallFormat::Generic
         );
+        // LFM2 lists its tools between markers, LFM2.5 after `List of tools: [`.
+        assert_eq!(
+            ToolCallFormat::detect(
+                "\"List of tools: <|tool_list_start|>[\" + tools + \"]<|tool_list_end|>\""
+            ),
+            ToolCallFormat::Lfm2
+        );
+        assert_eq!(
+            ToolCallFormat::detect("\"List of tools: [\" + tools + \"]\""),
+            ToolCallFormat::Lfm2
+        );
+        assert_eq!(
+            ToolCallFormat::detect("List of tools: [<|tool_list_start|>"),
+            ToolCallFormat::Generic
+        );
         // Phi-3.5's template has `<|end|>` but no tool markers.
         assert_eq!(
             ToolCallFormat::detect("{{ '<|user|>\n' + m['content'] + '<|end|>' }}"),
@@ -1217,6 +1293,36 @@ mod tests {
             parse_tool_calls(ToolCallFormat::QwenXml, &after).content,
             "Done."
         );
+    }
+
+    /// LFM2's Python-style calls.
+    #[test]
+    fn lfm2_calls_and_text() {
+        let out = "Let me see.<|tool_call_start|>[get_weather(city='Paris, \"FR\"', days=[1, 2.50]), add(a=-1, b={'x': None, \"y\": true}), now()]<|tool_call_end|>";
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Lfm2, out),
+            ParsedOutput {
+                content: "Let me see.".into(),
+                calls: vec![
+                    call("get_weather", r#"{"city":"Paris, \"FR\"","days":[1,2.50]}"#),
+                    call("add", r#"{"a":-1,"b":{"x":null,"y":true}}"#),
+                    call("now", "{}"),
+                ],
+            }
+        );
+        // The list alone (a constrained reply), spaces around its parts; text after it.
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Lfm2, " [ add( a=1 ,b=2 ) ,now() ] and more"),
+            ParsedOutput {
+                content: "and more".into(),
+                calls: vec![call("add", r#"{"a":1,"b":2}"#), call("now", "{}")],
+            }
+        );
+        // Two blocks; text after them.
+        let two = "<|tool_call_start|>[a(x=\"\\u00e9\\n\")]<|tool_call_end|><|tool_call_start|>[b()]<|tool_call_end|>\nDone.";
+        let p = parse_tool_calls(ToolCallFormat::Lfm2, two);
+        assert_eq!(p.calls, [call("a", r#"{"x":"é\n"}"#), call("b", "{}")]);
+        assert_eq!(p.content, "Done.");
     }
 
     #[test]
@@ -1310,6 +1416,31 @@ mod tests {
                 ToolCallFormat::QwenXml,
                 "<tool_call>\n<function=a b>\n</function>\n</tool_call>",
             ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[]<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a=1"),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a='x)]"),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f(1)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f(a=x)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f (a=1)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>f(a=1)<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a=1) g()]"),
+            (ToolCallFormat::Lfm2, "[1, 2] are numbers"),
+            (ToolCallFormat::Lfm2, "[f(a=01)]"),
         ] {
             assert_eq!(
                 parse_tool_calls(format, text),
@@ -1435,6 +1566,12 @@ mod tests {
                 ToolChoice::Function("add".into()),
                 false,
             ),
+            (ToolCallFormat::Lfm2, ToolChoice::Required, true),
+            (
+                ToolCallFormat::Lfm2,
+                ToolChoice::Function("add".into()),
+                false,
+            ),
         ] {
             let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
             else {
@@ -1463,6 +1600,15 @@ mod tests {
                     "{g}"
                 );
                 assert!(g.contains(r#"%json {"type":"integer"}"#), "{g}");
+            }
+            if format == ToolCallFormat::Lfm2 {
+                // The list alone; each argument `name=` JSON of its schema.
+                assert!(g.starts_with("start: \"[\" call"), "{g}");
+                assert_eq!(g.contains("(\", \" call)*"), parallel, "{g}");
+                assert!(
+                    g.contains(r#"p_0_0: "a=" v_0_0"#) || g.contains(r#""city=""#),
+                    "{g}"
+                );
             }
             if format == ToolCallFormat::Phi4Mini {
                 // The list of calls alone (its markers are special tokens).

@@ -82,7 +82,7 @@ pub fn plan(
         });
     }
     // A template that renders `tools` but whose call format we cannot tell (no known marker:
-    // Granite's `<|tool_call|>` list, LFM2's) takes the generic form, so that the reply's
+    // Granite's `<|tool_call|>` list) takes the generic form, so that the reply's
     // constraint and the instructions the model reads are the same.
     let native = template.renders_tools()
         && ToolCallFormat::detect(template.source()) != ToolCallFormat::Generic;
@@ -387,6 +387,28 @@ mod tests {
         assert_eq!(
             a.calls[0]["function"],
             json!({"name": "get_weather", "arguments": "{\"city\":\"42\"}"})
+        );
+    }
+
+    /// An LFM2.5-style template (its tools after `List of tools: [`): the tools go to the
+    /// template, the reply is read as LFM2's calls, `required` has its grammar.
+    #[test]
+    fn a_plan_for_an_lfm2_template() {
+        let lfm2 = ChatTemplate::new(
+            "lfm2",
+            "{% if tools %}List of tools: [{% for t in tools %}{{ t | tojson }}{% endfor %}]{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}",
+        )
+        .unwrap();
+        let msgs = vec![Message::user("weather?")];
+        let p = plan(&lfm2, msgs, Some(req(ToolChoice::Required))).unwrap();
+        assert!(p.options.tools.is_some());
+        let out = p.output.unwrap();
+        assert_eq!(out.format, ToolCallFormat::Lfm2);
+        assert!(matches!(p.constraint, Some(ToolConstraint::Lark(_))));
+        let a = answer_text(&out, "[get_weather(city='Paris')]");
+        assert_eq!(
+            a.calls[0]["function"],
+            json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"})
         );
     }
 
