@@ -132,8 +132,9 @@ pub(super) fn read_calls(
             Step::Call(name) => calls.push(ToolCall::new(name, String::new())),
             Step::Args(piece) => calls.last_mut()?.arguments.push_str(&piece),
             Step::End => return (!calls.is_empty()).then_some((calls, reader.pos())),
+            // The text may end here (what is left, a cut closing tag, is text after them).
             Step::More => {
-                return (reader.may_end() && !calls.is_empty()).then_some((calls, text.len()));
+                return (reader.may_end() && !calls.is_empty()).then_some((calls, reader.pos()));
             }
             Step::Bad => return None,
         }

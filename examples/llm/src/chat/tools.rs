@@ -1293,6 +1293,15 @@ mod tests {
             parse_tool_calls(ToolCallFormat::QwenXml, &after).content,
             "Done."
         );
+        // A closing tag cut short is not dropped.
+        let cut = format!("{lines}\n</tool_ca");
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, &cut),
+            ParsedOutput {
+                content: "</tool_ca".into(),
+                calls: vec![call("f", r#"{"s":"line 1\n  line \"2\"\n"}"#)],
+            }
+        );
     }
 
     /// LFM2's Python-style calls.
