@@ -15,8 +15,10 @@ use rknn_llm::chat::{
     parse_tool_calls, tool_constraint,
 };
 
-const FORMATS: [ToolCallFormat; 5] = [
+const FORMATS: [ToolCallFormat; 7] = [
     ToolCallFormat::Hermes,
+    ToolCallFormat::QwenXml,
+    ToolCallFormat::Lfm2,
     ToolCallFormat::Llama3,
     ToolCallFormat::Mistral,
     ToolCallFormat::Phi4Mini,

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use rknn_llm::chat::{
     ChatError, ChatOptions, ChatTemplate, DateTime, Message, ParsedOutput, ToolCall,
-    ToolCallFormat, ToolChoice, Tools, encode_prompt, parse_tool_calls, phi4mini_messages,
+    ToolCallFormat, ToolChoice, ToolConstraint, ToolStreamEvent, Tools, encode_prompt,
+    parse_tool_calls, parse_tool_calls_for, phi4mini_messages, tool_constraint,
 };
+use rknn_llm::constraint::{GrammarCompiler, GrammarSpec};
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::session::{GenerateParams, Session};
@@ -261,6 +263,11 @@ fn the_fixture_covers_tool_calling() {
         "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
         "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
         "mistralai-Mistral-Nemo-Instruct-2407",
+        "Qwen3.5-4B",
+        "Qwen3-Coder",
+        "LFM2.5-Instruct",
+        "LFM2-8B-A1B",
+        "LFM2.5-8B-A1B",
     ] {
         for conv in [
             "tools_request",
@@ -322,9 +329,12 @@ fn calls_rendered_by_each_template_parse_back() {
         }
         "mistralai-Mistral-Nemo-Instruct-2407" => ToolCallFormat::Mistral,
         "microsoft-Phi-4-mini-instruct" => ToolCallFormat::Phi4Mini,
+        "Qwen3.5-4B" | "Qwen3-Coder" => ToolCallFormat::QwenXml,
+        "LFM2.5-Instruct" | "LFM2-8B-A1B" | "LFM2.5-8B-A1B" => ToolCallFormat::Lfm2,
         _ => ToolCallFormat::Generic,
     };
     let mut checked = 0;
+    let mut per_format = std::collections::BTreeMap::<String, usize>::new();
     let mut templates = 0;
     for (name, t) in doc["templates"].as_object().unwrap() {
         let Some(src) = source(name, t) else {
@@ -359,7 +369,15 @@ fn calls_rendered_by_each_template_parse_back() {
                 );
                 continue;
             }
-            let parsed = parse_tool_calls(format, text);
+            // Typed by the tools the template was given (Qwen XML's parameters).
+            let parsed = match r.get("tools") {
+                Some(tools) => parse_tool_calls_for(
+                    format,
+                    text,
+                    &Tools::from_json(&tools.to_string()).unwrap(),
+                ),
+                None => parse_tool_calls(format, text),
+            };
             let expected = r["expected"].as_array().unwrap();
             assert_eq!(
                 parsed.calls.len(),
@@ -374,17 +392,129 @@ fn calls_rendered_by_each_template_parse_back() {
                     assert_eq!(got.id.as_deref(), want["id"].as_str(), "{name}");
                 }
             }
-            // Qwen 3 writes an empty reasoning block before the calls: it stays as content.
+            // Qwen 3 writes an empty reasoning block before the calls (Qwen3.5 its end, after
+            // the `<think>` of the generation prompt): it stays as content.
             assert!(
-                parsed.content.is_empty() || parsed.content == "<think>\n\n</think>",
+                ["", "<think>\n\n</think>", "</think>"].contains(&parsed.content.trim()),
                 "{name}: {:?}",
                 parsed.content
             );
+            // Streamed a character at a time, the calls are the same.
+            let mut stream = rknn_llm::chat::ToolCallStream::new(format);
+            if let Some(tools) = r.get("tools") {
+                stream = stream.with_tools(Tools::from_json(&tools.to_string()).unwrap());
+            }
+            let mut streamed: Vec<(String, String)> = Vec::new();
+            for c in text.chars() {
+                for e in stream.feed(c.encode_utf8(&mut [0; 4])) {
+                    match e {
+                        ToolStreamEvent::CallStart { name, .. } => {
+                            streamed.push((name, String::new()))
+                        }
+                        ToolStreamEvent::CallArguments { index, fragment } => {
+                            streamed[index].1.push_str(&fragment)
+                        }
+                        ToolStreamEvent::Text(_) => {}
+                    }
+                }
+            }
+            let end = stream.finish();
+            assert_eq!(end.calls, parsed.calls, "{name}");
+            assert!(
+                streamed
+                    .iter()
+                    .map(|(n, a)| (n.as_str(), a.as_str()))
+                    .eq(parsed
+                        .calls
+                        .iter()
+                        .map(|c| (c.name.as_str(), c.arguments.as_str()))),
+                "{name}: streamed {streamed:?}"
+            );
             checked += 1;
+            *per_format.entry(format!("{format:?}")).or_default() += 1;
         }
     }
-    eprintln!("{checked} tool-call renderings parsed back, {templates} templates");
+    eprintln!("{checked} tool-call renderings parsed back, {templates} templates: {per_format:?}");
     assert!(templates == 0 || checked >= 10, "{checked}");
+    if templates > 0 {
+        assert!(
+            per_format.get("QwenXml").is_some_and(|&n| n >= 8),
+            "{per_format:?}"
+        );
+        assert!(
+            per_format.get("Lfm2").is_some_and(|&n| n >= 4),
+            "{per_format:?}"
+        );
+    }
+}
+
+/// The grammar of `tool_choice: required` (parallel calls) in Qwen XML accepts what Qwen3.5's
+/// and Qwen3-Coder's templates write for calls (the fixture's renderings with their tools),
+/// once their Python `True` / `False` / `None` are JSON's, as llama.cpp's grammar writes them;
+/// in LFM2's form, what LFM2.5-8B-A1B's template writes without its markers (special tokens)
+/// and with its Python literals written as JSON (`'x'` as `"x"`, `True` as `true`, ...), as
+/// the grammar writes them; a named function's grammar refuses another function's call, and a
+/// cut call is refused.
+#[test]
+fn the_call_grammars_take_what_the_templates_write() {
+    let doc = fixture();
+    let tok = Arc::new(Tokenizer::from_gguf(&GgufFile::open(tiny_qwen2()).unwrap()).unwrap());
+    let compiler = GrammarCompiler::new(&tok).unwrap();
+    let mut checked = 0;
+    for r in doc["tool_call_renderings"].as_array().unwrap() {
+        let format = match r["template"].as_str() {
+            Some("Qwen3.5-4B" | "Qwen3-Coder") => ToolCallFormat::QwenXml,
+            Some("LFM2.5-8B-A1B") => ToolCallFormat::Lfm2,
+            _ => continue,
+        };
+        let tools = Tools::from_json(&r["tools"].to_string()).unwrap();
+        let text = r["text"].as_str().unwrap();
+        let calls = if format == ToolCallFormat::QwenXml {
+            text[text.find("<tool_call>").unwrap()..]
+                .replace("\nTrue\n", "\ntrue\n")
+                .replace("\nFalse\n", "\nfalse\n")
+                .replace("\nNone\n", "\nnull\n")
+        } else {
+            // The list alone, each argument as the JSON it stands for (the parse's).
+            let parsed = parse_tool_calls(format, text);
+            let list: Vec<String> = parsed
+                .calls
+                .iter()
+                .map(|c| {
+                    let args: serde_json::Map<String, Json> =
+                        serde_json::from_str(&c.arguments).unwrap();
+                    let args: Vec<String> = args
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", serde_json::to_string(v).unwrap()))
+                        .collect();
+                    format!("{}({})", c.name, args.join(", "))
+                })
+                .collect();
+            format!("[{}]", list.join(", "))
+        };
+        let grammar = |choice: ToolChoice, parallel: bool| {
+            let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &tools, &choice, parallel)
+            else {
+                panic!("no grammar")
+            };
+            compiler
+                .compile(&GrammarSpec::Lark(g.clone()))
+                .unwrap_or_else(|e| panic!("{e}\n{g}"))
+        };
+        let required = grammar(ToolChoice::Required, true);
+        assert!(required.accepts(&tok, &calls).unwrap(), "{calls}");
+        assert!(!required.accepts(&tok, &calls[..calls.len() - 3]).unwrap());
+        let first = r["expected"][0]["name"].as_str().unwrap();
+        let single = grammar(ToolChoice::Function(first.into()), false);
+        let one_call = r["expected"].as_array().unwrap().len() == 1;
+        assert_eq!(single.accepts(&tok, &calls).unwrap(), one_call, "{calls}");
+        let other = if first == "add" { "get_weather" } else { "add" };
+        let wrong = grammar(ToolChoice::Function(other.into()), true);
+        assert!(!wrong.accepts(&tok, &calls).unwrap(), "{calls}");
+        checked += 1;
+    }
+    eprintln!("{checked} renderings taken by the grammars");
+    assert!(checked == 0 || checked >= 12, "{checked}");
 }
 
 /// What our parser gives for a case where it knowingly differs from llama.cpp.
@@ -479,6 +609,81 @@ const KNOWN_DIFFERENCES: &[(&str, &str, Ours, &str)] = &[
          call; llama.cpp accepts only `parameters` and throws",
     ),
     (
+        "qwen_xml",
+        "python_true",
+        Ours::Calls(&["create_event"]),
+        "a boolean parameter written `True`, as Qwen3.5's and Qwen3-Coder's templates write \
+         `true` (Python's `str`), is taken for `true`; llama.cpp wants JSON there and drops the \
+         reply",
+    ),
+    (
+        "qwen_xml",
+        "cut_call",
+        Ours::Text,
+        "as for hermes: llama.cpp returns the cut arguments, not JSON",
+    ),
+    (
+        "qwen_xml",
+        "no_closing_tag",
+        Ours::Calls(&["get_weather"]),
+        "a call whole up to `</function>` with only `</tool_call>` missing is a call, as for \
+         Hermes; llama.cpp returns its arguments without the closing `}`, not JSON",
+    ),
+    (
+        "qwen_xml",
+        "missing_required",
+        Ours::Calls(&["get_weather"]),
+        "the readers do not check a call against its schema (no format's does; `required` \
+         and a named function are constrained by the schema); llama.cpp's parser is built from \
+         the schemas and drops the reply",
+    ),
+    (
+        "qwen_xml",
+        "unknown_function",
+        Ours::Calls(&["send_email"]),
+        "as for hermes: llm-server drops it to text, llama.cpp drops the reply",
+    ),
+    (
+        "qwen_xml",
+        "bad_number",
+        Ours::Text,
+        "a number parameter that is not JSON makes the call malformed in both; llama.cpp \
+         returns an empty message, here the text is the content",
+    ),
+    (
+        "lfm2",
+        "empty_arguments",
+        Ours::Calls(&["get_weather"]),
+        "`name()` is a well-formed call; llama.cpp's grammar wants an argument when the \
+         function has parameters, and throws",
+    ),
+    (
+        "lfm2",
+        "cut_call",
+        Ours::Text,
+        "as for hermes: llama.cpp returns the cut arguments, not JSON",
+    ),
+    (
+        "lfm2",
+        "list_alone",
+        Ours::Calls(&["get_weather"]),
+        "the markers are special tokens that a constrained reply cannot write (as for \
+         Phi-4-mini), so a reply that begins with the list is read as calls",
+    ),
+    (
+        "lfm2",
+        "unknown_function",
+        Ours::Calls(&["send_email"]),
+        "as for hermes: llm-server drops it to text, llama.cpp throws",
+    ),
+    (
+        "lfm2",
+        "two_calls_template_without_calls",
+        Ours::Calls(&["get_weather", "add"]),
+        "LFM2-8B-A1B's template renders no calls, which llama.cpp takes for a model without \
+         parallel calls; the reader takes what the model wrote",
+    ),
+    (
         "mistral",
         "no_id",
         Ours::Calls(&["get_weather"]),
@@ -535,10 +740,16 @@ fn disagreement(ours: &ParsedOutput, theirs: &Json) -> Option<String> {
     let content = theirs["content"].as_str().unwrap().trim();
     let reasoning = theirs["reasoning_content"].as_str().unwrap().trim();
     let ok = if !reasoning.is_empty() || ours.content.starts_with("<think>") {
-        ours.content
+        // The `<think>` may be the prompt's (Qwen3.5's generation prompt opens the block), and
+        // the calls may end the reasoning without `</think>`.
+        let body = ours
+            .content
             .strip_prefix("<think>")
-            .and_then(|rest| rest.split_once("</think>"))
-            .is_some_and(|(think, rest)| think.trim() == reasoning && rest.trim() == content)
+            .unwrap_or(&ours.content);
+        match body.split_once("</think>") {
+            Some((think, rest)) => think.trim() == reasoning && rest.trim() == content,
+            None => body.trim() == reasoning && content.is_empty(),
+        }
     } else {
         ours.content.trim() == content
     };
@@ -566,8 +777,11 @@ fn tool_calls_are_parsed_as_llama_cpp_parses_them() {
         "hermes" => ToolCallFormat::Hermes,
         "llama3" => ToolCallFormat::Llama3,
         "mistral" => ToolCallFormat::Mistral,
+        "qwen_xml" => ToolCallFormat::QwenXml,
+        "lfm2" => ToolCallFormat::Lfm2,
         f => panic!("{name}: unknown format {f}"),
     };
+    let tools = Tools::from_json(&doc["tools"].to_string()).unwrap();
     for (name, t) in doc["templates"].as_object().unwrap() {
         if let Some(src) = source(name, t) {
             assert_eq!(ToolCallFormat::detect(&src), format_of(name), "{name}");
@@ -582,7 +796,7 @@ fn tool_calls_are_parsed_as_llama_cpp_parses_them() {
         let fmt = doc["templates"][template]["format"].as_str().unwrap();
         *per_format.entry(fmt).or_default() += 1;
         let output = case["output"].as_str().unwrap();
-        let ours = parse_tool_calls(format_of(template), output);
+        let ours = parse_tool_calls_for(format_of(template), output, &tools);
         let differs = disagreement(&ours, &case["llama_cpp"]);
         let what = format!(
             "{template} / {name}: {output:?}\n  ours {ours:?}\n  llama.cpp {}",

@@ -1092,6 +1092,107 @@ fn phi4_minis_template_takes_tools_in_its_system_message() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Qwen XML's and LFM2's forms on the demo model, each through a small template that renders
+/// `tools` and holds the format's markers (so the server picks the format): `tool_choice:
+/// required` gives a call in the format, constrained by its grammar, read back as `tool_calls`
+/// with an integer argument within its schema's bounds, and streamed in pieces that put
+/// together are the non-streamed arguments.
+#[test]
+fn qwen_xml_and_lfm2_calls_under_required() {
+    use rknn_llm::chat::{ChatOptions, ChatTemplate, Message, Tools};
+    let Some(model) = common::demo_model_forward() else {
+        return;
+    };
+    let templates = [
+        (
+            "qwen-xml",
+            "{% if tools %}Tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\
+             Call as <tool_call>\n<function=NAME>\n<parameter=P>\nV\n</parameter>\n</function>\n</tool_call>\n\
+             {% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+             <|im_start|>assistant\n",
+        ),
+        (
+            "lfm2",
+            "{% if tools %}List of tools: [{% for t in tools %}{{ t | tojson }}{% endfor %}]\n{% endif %}\
+             {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+             <|im_start|>assistant\n",
+        ),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_forecast",
+        "description": "The forecast for the next days.",
+        "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["days"], "additionalProperties": false}}}]);
+    let body = json!({
+        "messages": [{"role": "user", "content": "Forecast for 3 days?"}],
+        "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+        "max_tokens": 40, "temperature": 0,
+    });
+    let _serial = server::serial();
+    for (name, source) in templates {
+        let path =
+            std::env::temp_dir().join(format!("llm-server-{name}-{}.jinja", std::process::id()));
+        std::fs::write(&path, source).unwrap();
+        let s = f32_server(&model, Some(&path), "-c 1024 --parallel 1");
+        let r = s.post(CHAT, &body);
+        assert_eq!(r.status, 200, "{name}: {}", r.text());
+        let a = r.json();
+        // The template got the tools itself (not the generic form's system message).
+        let rendered = ChatTemplate::new(name, source)
+            .unwrap()
+            .render(
+                &[Message::user("Forecast for 3 days?")],
+                true,
+                &ChatOptions {
+                    tools: Some(Tools::from_json(&tools.to_string()).unwrap()),
+                    ..ChatOptions::default()
+                },
+            )
+            .unwrap();
+        assert!(rendered.contains("get_forecast"), "{rendered}");
+        assert_eq!(
+            a["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+            tokenize(&s, &rendered).len(),
+            "{name}: the prompt is the template's rendering with the tools"
+        );
+        let choice = &a["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{name}: {a}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{name}: {a}");
+        assert_eq!(calls[0]["function"]["name"], "get_forecast");
+        let args = calls[0]["function"]["arguments"].as_str().unwrap();
+        let parsed: Json = serde_json::from_str(args).unwrap();
+        let days = parsed["days"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{name}: {args}"));
+        assert!((1..=7).contains(&days), "{name}: {args}");
+        let mut stream_body = body.clone();
+        stream_body["stream"] = json!(true);
+        let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
+        let mut pieces = Vec::new();
+        let mut finish = Json::Null;
+        while let Some(d) = st.next_data().expect("event") {
+            if d == "[DONE]" {
+                break;
+            }
+            let e: Json = serde_json::from_str(&d).unwrap();
+            let c = &e["choices"][0];
+            if let Some(tc) = c["delta"].get("tool_calls") {
+                pieces.push(tc[0]["function"]["arguments"].as_str().unwrap().to_string());
+            }
+            if !c["finish_reason"].is_null() {
+                finish = c["finish_reason"].clone();
+            }
+        }
+        assert!(pieces.len() > 2, "{name}: {pieces:?}");
+        assert_eq!(pieces[0], "", "{name}");
+        assert_eq!(pieces.concat(), args, "{name}");
+        assert_eq!(finish, "tool_calls", "{name}");
+        drop(s);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// Tools reach a template that renders them as its `tools`, and calls and results as the
 /// messages' `tool_calls` (arguments as objects) and `tool` messages: the chat answers as the
 /// completion of the library's rendering with those tools; the tiny model writes no

@@ -54,11 +54,12 @@
 //! Where things are: the template, its environment and its errors in `template.rs`; Python's
 //! printing and string methods in `python.rs`; `tojson` (Python's `json.dumps`) in
 //! `tojson.rs`; the calendar of `strftime_now` (C's `strftime`) in `datetime.rs`; the render
-//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`, the streaming reader of calls in `tool_stream.rs`,
+//! workers, and why they are so, in `worker.rs`; messages and their calls in `message.rs`; tools, call formats and parsers in `tools.rs`, the readers of the formats whose arguments are not written as JSON (Qwen XML, LFM2) in `markup_calls.rs`, the streaming reader of calls in `tool_stream.rs`,
 //! on the small JSON reader of `json.rs`.
 
 mod datetime;
 mod json;
+mod markup_calls;
 mod message;
 mod python;
 mod template;
@@ -73,6 +74,6 @@ pub use template::{ChatError, ChatOptions, ChatTemplate, GGUF_KEY, Kwarg, encode
 pub use tool_stream::{ToolCallStream, ToolStreamEvent};
 pub use tools::{
     Function, PHI4MINI_SYSTEM, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint, Tools,
-    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, phi4mini_messages,
-    tool_constraint,
+    ToolsError, generic_messages, generic_reply_schema, parse_tool_calls, parse_tool_calls_for,
+    phi4mini_messages, tool_constraint,
 };

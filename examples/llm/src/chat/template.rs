@@ -178,7 +178,7 @@ impl ChatTemplate {
         let source: Arc<str> = source.into().into();
         let mut env = environment();
         env.set_fuel(Some(Self::DEFAULT_FUEL));
-        env.add_template_owned(name.clone(), source.to_string())
+        env.add_template_owned(name.clone(), generation_blocks(&source))
             .map_err(|e| ChatError::Compile {
                 name: name.clone(),
                 message: e.to_string(),
@@ -407,6 +407,51 @@ pub fn encode_prompt(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, Toke
     tokenizer.encode(text, !has_bos, true)
 }
 
+/// `source` with transformers' `{% generation %}` ... `{% endgeneration %}` tags (its
+/// `AssistantTracker` extension, which renders the block's body as it is and only marks where
+/// the assistant's text is; LFM2.5-8B-A1B's template has them), which minijinja does not know,
+/// written as `{% if true %}` ... `{% endif %}` with the same whitespace control.
+fn generation_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &inner[inner.len() - 1..]),
+            None => (body, ""),
+        };
+        let word = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match word {
+            Some(w) => {
+                out.push_str("{%");
+                out.push_str(open);
+                out.push(' ');
+                out.push_str(w);
+                out.push(' ');
+                out.push_str(close);
+                out.push_str("%}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The environment of transformers' `apply_chat_template`.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
@@ -446,6 +491,12 @@ fn environment() -> Environment<'static> {
         Ok::<_, Error>(s)
     });
     env.add_filter("join", join);
+    // jinja2's `iterable` is whether Python's `iter(x)` works: not for `None`, which
+    // minijinja's own test takes as an empty sequence (Qwen3-Coder's template asks
+    // `tools is iterable and tools | length > 0` of `tools=None`).
+    env.add_test("iterable", |value: &Value| {
+        !value.is_none() && value.try_iter().is_ok()
+    });
     // Its output grows with the square of the nesting, uncharged: no chat template uses it.
     env.remove_filter("pprint");
     env
@@ -457,6 +508,24 @@ mod tests {
 
     use super::*;
     use crate::chat::worker::RENDER_WORKERS;
+
+    /// transformers' `{% generation %}` blocks render their body, with their whitespace
+    /// control (as jinja2 renders LFM2.5-8B-A1B's, in the fixture).
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let src = "{%- for m in messages %}<{{ m.role }}>\n  {%- generation -%}\n  {{ m.content }}\n  {% endgeneration %}|{%+ generation %} x{%endgeneration-%}  {% endfor %}";
+        assert_eq!(
+            generation_blocks(src),
+            "{%- for m in messages %}<{{ m.role }}>\n  {%- if true -%}\n  {{ m.content }}\n  {% endif %}|{%+ if true %} x{% endif -%}  {% endfor %}"
+        );
+        let t = ChatTemplate::new("g", src).unwrap();
+        let out = t
+            .render(&[Message::user("hi")], false, &ChatOptions::default())
+            .unwrap();
+        // What jinja2 renders with transformers' extension.
+        assert_eq!(out, "<user>hi\n| x");
+        assert!(t.source().contains("generation"));
+    }
 
     /// Fuel for seconds of looping, far past the deadlines below.
     const SLOW_FUEL: u64 = 20_000_000;

@@ -7,9 +7,10 @@
 //! without the whitespace outside strings).
 
 use super::json::{self, Json};
+use super::markup_calls::{Reader, Schemas, Step};
 use super::tools::{
     FUNCTOOLS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PHI4_CLOSE, PHI4_OPEN, PYTHON_TAG,
-    ParsedOutput, ToolCallFormat, parse_tool_calls, skip_ws,
+    ParsedOutput, ToolCallFormat, Tools, parse_calls, schema_of, skip_ws,
 };
 
 /// What a [`ToolCallStream`] reports of the output as it arrives.
@@ -68,8 +69,12 @@ pub struct ToolCallStream {
     plain: bool,
     /// The functions a call may be of (`None`: any).
     names: Option<Vec<String>>,
-    /// The reader of the held text.
+    /// The request's tools, for the formats that type arguments by their schemas.
+    tools: Option<Tools>,
+    /// The reader of the held text (JSON formats).
     scan: Scanner,
+    /// The reader of the held text (Qwen XML), once it holds text.
+    markup: Option<Reader>,
 }
 
 impl ToolCallStream {
@@ -81,8 +86,17 @@ impl ToolCallStream {
             holding: false,
             plain: false,
             names: None,
+            tools: None,
             scan: Scanner::default(),
+            markup: None,
         }
+    }
+
+    /// The request's tools: Qwen XML's parameters are typed by their schemas, as
+    /// [`parse_tool_calls_for`](super::parse_tool_calls_for) types them.
+    pub fn with_tools(mut self, tools: Tools) -> ToolCallStream {
+        self.tools = Some(tools);
+        self
     }
 
     /// Only calls of these functions are started as they stream.
@@ -112,8 +126,27 @@ impl ToolCallStream {
             events.push(ToolStreamEvent::Text(passed));
         }
         if self.holding {
-            self.scan
-                .advance(self.format, &self.held, self.names.as_deref(), &mut events);
+            match self.format {
+                ToolCallFormat::QwenXml | ToolCallFormat::Lfm2 => {
+                    let reader = self.markup.get_or_insert_with(|| match self.format {
+                        ToolCallFormat::Lfm2 => Reader::py(0),
+                        _ => Reader::xml(0),
+                    });
+                    let tools = self.tools.as_ref();
+                    let lookup = |name: &str| tools.and_then(|t| schema_of(t, name));
+                    self.scan.advance_markup(
+                        reader,
+                        &self.held,
+                        self.names.as_deref(),
+                        Some(&lookup),
+                        &mut events,
+                    );
+                }
+                _ => {
+                    self.scan
+                        .advance(self.format, &self.held, self.names.as_deref(), &mut events);
+                }
+            }
         }
         events
     }
@@ -129,12 +162,13 @@ impl ToolCallStream {
         if self.holding {
             return String::new();
         }
-        if self.plain && self.format != ToolCallFormat::Phi4Mini {
+        if self.plain && !matches!(self.format, ToolCallFormat::Phi4Mini | ToolCallFormat::Lfm2) {
             return std::mem::take(&mut self.held);
         }
         let reply_start: &[&str] = match self.format {
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => &["{", PYTHON_TAG],
             ToolCallFormat::Phi4Mini => &["[", FUNCTOOLS],
+            ToolCallFormat::Lfm2 => &["["],
             _ => &[],
         };
         if !reply_start.is_empty() && !self.plain {
@@ -180,7 +214,7 @@ impl ToolCallStream {
     /// well-formed call).
     pub fn finish(self) -> ParsedOutput {
         if self.holding {
-            parse_tool_calls(self.format, &self.held)
+            parse_calls(self.format, &self.held, self.tools.as_ref())
         } else {
             ParsedOutput {
                 content: self.held,
@@ -303,6 +337,39 @@ fn skip_at(text: &str, mut i: usize) -> usize {
 }
 
 impl Scanner {
+    /// Reads `held` on with `reader` (a format of [`Reader`]s), reporting into `events`: each
+    /// call once its function is read, each piece of its arguments once read whole.
+    fn advance_markup(
+        &mut self,
+        reader: &mut Reader,
+        held: &str,
+        names: Option<&[String]>,
+        tools: Schemas<'_>,
+        events: &mut Vec<ToolStreamEvent>,
+    ) {
+        while !self.stopped {
+            match reader.step(held, tools) {
+                Step::Call(name) => {
+                    if names.is_some_and(|n| !n.contains(&name)) {
+                        self.stopped = true;
+                        return;
+                    }
+                    events.push(ToolStreamEvent::CallStart {
+                        index: self.started,
+                        name,
+                    });
+                    self.started += 1;
+                }
+                Step::Args(fragment) => match self.started.checked_sub(1) {
+                    Some(index) => events.push(ToolStreamEvent::CallArguments { index, fragment }),
+                    None => self.stopped = true,
+                },
+                Step::More => return,
+                Step::End | Step::Bad => self.stopped = true,
+            }
+        }
+    }
+
     /// Reads `held` on from where it stopped, reporting into `events`.
     fn advance(
         &mut self,
@@ -371,7 +438,7 @@ impl Scanner {
                     return false;
                 };
                 let ok = match format {
-                    F::Hermes | F::Llama3 | F::Generic => c == b'{',
+                    F::Hermes | F::Llama3 | F::Generic | F::QwenXml | F::Lfm2 => c == b'{',
                     F::Mistral => c == b'[',
                     F::Phi4Mini => c == b'[' || c == b'{',
                 };
@@ -458,7 +525,7 @@ impl Scanner {
         use ToolCallFormat as F;
         let s = &self.stack;
         match format {
-            F::Hermes | F::Llama3 => s.is_empty(),
+            F::Hermes | F::Llama3 | F::QwenXml | F::Lfm2 => s.is_empty(),
             F::Mistral => s.len() == 1 && !s[0].obj,
             F::Phi4Mini => s.is_empty() || (s.len() == 1 && !s[0].obj),
             F::Generic => {
@@ -796,6 +863,7 @@ impl Scanner {
 mod tests {
     use super::*;
     use crate::chat::ToolCall;
+    use crate::chat::parse_tool_calls;
 
     /// Every way of cutting the output into pieces streams the same: the text passed on plus
     /// the final content and calls equal the whole output's parse, and nothing of a call is
@@ -838,6 +906,22 @@ mod tests {
             ),
             (ToolCallFormat::Phi4Mini, "[1] is a note <|tool"),
             (ToolCallFormat::Phi4Mini, "func tools"),
+            (
+                ToolCallFormat::QwenXml,
+                "Sure.\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+            ),
+            (ToolCallFormat::QwenXml, "a <tool_ call"),
+            (
+                ToolCallFormat::Lfm2,
+                "Sure. <|tool_call_start|>[add(a=1)]<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "[1] is a note <|tool_call"),
+            (ToolCallFormat::Lfm2, " [add(a=1)] then"),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[add(a=1), 2]"),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\nstray",
+            ),
         ];
         for (format, text) in cases {
             let whole = parse_tool_calls(format, text);
@@ -1016,6 +1100,38 @@ mod tests {
                 vec![c("add", r#"{"a":4}"#), c("get_weather", "{}")],
                 "Ok.\nDone.",
             ),
+            (
+                ToolCallFormat::QwenXml,
+                "Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, \"FR\"\nline 2\n</parameter>\n<parameter=days>\n[1, 2.50]\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1e3\n</parameter>\n<parameter=b>\n{}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>",
+                vec![
+                    c(
+                        "get_weather",
+                        r#"{"city":"Paris, \"FR\"\nline 2","days":[1,2.50]}"#,
+                    ),
+                    c("add", r#"{"a":1e3,"b":{}}"#),
+                    c("now", "{}"),
+                ],
+                "Let me look.",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "Let me look.<|tool_call_start|>[get_weather(city='Paris, \"FR\"\nline 2', days=[1, 2.50], when=None), add(a=1e3, b={\"k\": [True, 'x']}), now()]<|tool_call_end|>",
+                vec![
+                    c(
+                        "get_weather",
+                        r#"{"city":"Paris, \"FR\"\nline 2","days":[1,2.50],"when":null}"#,
+                    ),
+                    c("add", r#"{"a":1e3,"b":{"k":[true,"x"]}}"#),
+                    c("now", "{}"),
+                ],
+                "Let me look.",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "[add(a=2)]",
+                vec![c("add", r#"{"a":2}"#)],
+                "",
+            ),
         ]
     }
 
@@ -1057,11 +1173,44 @@ mod tests {
                 assert_eq!(passed.trim(), content, "{text} cut at {cuts:?}");
                 if k == 0 {
                     for (name, pieces) in &seen.calls {
-                        assert!(pieces.len() > 1, "{text}: {name} in {pieces:?}");
+                        // (Qwen XML and LFM2 send a call without arguments as `{}` at once.)
+                        assert!(
+                            pieces.len() > 1
+                                || (matches!(
+                                    format,
+                                    ToolCallFormat::QwenXml | ToolCallFormat::Lfm2
+                                ) && pieces == &["{}"]),
+                            "{text}: {name} in {pieces:?}"
+                        );
                     }
                 }
             }
         }
+    }
+
+    /// Qwen XML's parameters streamed with the request's tools are typed as the whole
+    /// reply's parse types them.
+    #[test]
+    fn qwen_xml_streams_typed_by_the_tools() {
+        let tools = crate::chat::Tools::from_json(
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                "properties": {"s": {"type": "string"}, "n": {"type": "number"}}}}}]"#,
+        )
+        .unwrap();
+        let text = "<tool_call>\n<function=f>\n<parameter=s>\n12\n</parameter>\n<parameter=n>\n12\n</parameter>\n</function>\n</tool_call>";
+        let mut s = ToolCallStream::new(ToolCallFormat::QwenXml).with_tools(tools.clone());
+        let mut args = String::new();
+        for c in text.chars() {
+            for e in s.feed(&c.to_string()) {
+                if let ToolStreamEvent::CallArguments { fragment, .. } = e {
+                    args.push_str(&fragment);
+                }
+            }
+        }
+        assert_eq!(args, r#"{"s":"12","n":12}"#);
+        let whole = crate::chat::parse_tool_calls_for(ToolCallFormat::QwenXml, text, &tools);
+        assert_eq!(s.finish().calls, whole.calls);
+        assert_eq!(whole.calls[0].arguments, args);
     }
 
     /// Arguments before the name, or written as a JSON string: the call is reported whole
@@ -1113,6 +1262,18 @@ mod tests {
         assert_eq!(seen.calls[0].1.concat(), r#"{"a":1}"#);
         assert!(end.calls.is_empty());
         assert_eq!(end.content, broken);
+        // Qwen XML: the same; a parameter broken after the call started stops the reading,
+        // and the parse has no calls.
+        let xml = "<tool_call>\n<function=add>\n</function>\n</tool_call>\n<tool_call>\n<function=rm>\n</function>\n</tool_call>";
+        let (seen, started, end) = stream(ToolCallFormat::QwenXml, Some(&["add"]), xml, &[]);
+        assert_eq!((started, seen.calls.len(), end.calls.len()), (1, 1, 2));
+        let broken = "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<oops>";
+        let (seen, started, end) = stream(ToolCallFormat::QwenXml, None, broken, &[40]);
+        assert_eq!(
+            (started, seen.calls[0].1.concat().as_str()),
+            (1, r#"{"a":1"#)
+        );
+        assert_eq!((end.calls.len(), end.content.as_str()), (0, broken));
         // A list item that is no object stops the reading before any call.
         let (_, started, _) = stream(
             ToolCallFormat::Mistral,

@@ -25,6 +25,9 @@ use std::sync::Arc;
 use minijinja::value::Value;
 
 use super::json::{self, Json, JsonError, write_str};
+use super::markup_calls::{
+    self, FUNCTION_OPEN, LFM2_CLOSE, LFM2_OPEN, PARAMETER_OPEN, Reader, Schemas, read_calls,
+};
 use super::message::{Message, ToolCall};
 use crate::tokenizer::Tokenizer;
 
@@ -217,6 +220,24 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` after optional
     /// text.
     Mistral,
+    /// Qwen3.5 and Qwen3-Coder (llama.cpp's "Qwen3-Coder" format): XML inside `<tool_call>`,
+    /// one block per call, after optional text:
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>`.
+    /// A parameter's text is a string or JSON by llama.cpp's rule, from the kinds of values
+    /// its schema in the request's tools allows ([`parse_tool_calls_for`]): a string only,
+    /// the text itself; no string, JSON (and Python's `True` / `False` / `None`, which
+    /// Qwen3.5's template writes); a string among others, JSON when the text is a JSON value
+    /// of an allowed kind other than a string, else the text. Without the tools
+    /// ([`parse_tool_calls`]) every parameter is of any kind.
+    QwenXml,
+    /// LFM2, LFM2.5 (Liquid AI): `<|tool_call_start|>[name(arg="v", n=1), other()]<|tool_call_end|>`
+    /// after optional text, a Python-style list of calls with keyword arguments. An argument is
+    /// a Python literal, as llama.cpp's LFM2 parser takes them: a string in either quote with
+    /// JSON's escapes (and `\'`), a number as JSON writes it, `True` / `False` / `None` (or
+    /// JSON's `true` / `false` / `null`: LFM2.5's template writes a dict as JSON), a list or a
+    /// dict of them. The markers are special tokens; a reply that begins with the list is read
+    /// as calls too (the closing marker may be left out), as for Phi-4-mini.
+    Lfm2,
     /// Phi-4-mini: the tools are given in the system message's `tools` field (JSON text of the
     /// list of functions, which its template writes between `<|tool|>` and `<|/tool|>`), and
     /// the model writes `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`
@@ -233,8 +254,12 @@ pub enum ToolCallFormat {
 
 impl ToolCallFormat {
     /// The format a template's source asks for, by its markers, as llama.cpp's `chat.cpp`
-    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` Hermes/Qwen (not with Qwen3.5's XML
-    /// calls, `<function=NAME>`, which take the generic form), `<|python_tag|>` or the
+    /// tells them: `[TOOL_CALLS]` Mistral, `<tool_call>` with `<function=` and `<parameter=`
+    /// Qwen XML (unless the template writes `'<tool_call><function=' ~ tool_call.name ~ '>'`
+    /// without the newlines, as llama.cpp excludes), `<tool_call>` without `<function=`
+    /// Hermes/Qwen (other `<function=` forms take the generic form), `<|tool_list_start|>`
+    /// and `<|tool_list_end|>` (LFM2), or `List of tools: [` without them (LFM2.5) LFM2's
+    /// Python-style calls, `<|python_tag|>` or the
     /// `ipython` header Llama 3.x, `<|tool|>` and `<|/tool|>` (or vLLM's `functools[`)
     /// Phi-4-mini, else [`Generic`](Self::Generic). Use it only for a template that renders
     /// `tools` ([`ChatTemplate::renders_tools`](super::ChatTemplate::renders_tools)), or a
@@ -244,10 +269,17 @@ impl ToolCallFormat {
     pub fn detect(source: &str) -> ToolCallFormat {
         if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
-        } else if source.contains("<tool_call>") && !source.contains("<function=") {
-            // Qwen3.5's and Qwen3-Coder's calls are XML inside `<tool_call>`
-            // (`<function=NAME><parameter=P>…`), which the Hermes reader does not read: they
-            // take the generic form.
+        } else if (source.contains("<|tool_list_start|>") && source.contains("<|tool_list_end|>"))
+            || (source.contains("List of tools: [") && !source.contains("<|tool_list_start|>"))
+        {
+            ToolCallFormat::Lfm2
+        } else if source.contains(HERMES_OPEN)
+            && source.contains(FUNCTION_OPEN)
+            && source.contains(PARAMETER_OPEN)
+            && !source.contains("'<tool_call><function=' ~ tool_call.name ~ '>'")
+        {
+            ToolCallFormat::QwenXml
+        } else if source.contains(HERMES_OPEN) && !source.contains(FUNCTION_OPEN) {
             ToolCallFormat::Hermes
         } else if source.contains("<|python_tag|>")
             || source.contains("<|start_header_id|>ipython<|end_header_id|>")
@@ -265,9 +297,10 @@ impl ToolCallFormat {
     /// The marker text a call starts with, for the formats that have one.
     pub(super) fn marker(self) -> Option<&'static str> {
         match self {
-            ToolCallFormat::Hermes => Some(HERMES_OPEN),
+            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some(HERMES_OPEN),
             ToolCallFormat::Mistral => Some(MISTRAL_OPEN),
             ToolCallFormat::Phi4Mini => Some(PHI4_OPEN),
+            ToolCallFormat::Lfm2 => Some(LFM2_OPEN),
             ToolCallFormat::Llama3 | ToolCallFormat::Generic => None,
         }
     }
@@ -278,10 +311,11 @@ impl ToolCallFormat {
     /// `<|python_tag|>`, ...).
     pub fn markers(self) -> &'static [&'static str] {
         match self {
-            ToolCallFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
+            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => &[HERMES_OPEN, HERMES_CLOSE],
             ToolCallFormat::Mistral => &[MISTRAL_OPEN],
             ToolCallFormat::Llama3 => &[PYTHON_TAG],
             ToolCallFormat::Phi4Mini => &[PHI4_OPEN, PHI4_CLOSE],
+            ToolCallFormat::Lfm2 => &[LFM2_OPEN, LFM2_CLOSE],
             ToolCallFormat::Generic => &[],
         }
     }
@@ -290,7 +324,7 @@ impl ToolCallFormat {
     /// a model writes them as one token, which a decoder renders as nothing unless told to
     /// keep it ([`GenerateParams::preserve`](crate::session::GenerateParams::preserve)), and
     /// the reader must see them (Mistral's `[TOOL_CALLS]`, Llama 3.x's `<|python_tag|>`,
-    /// Phi-4-mini's `<|tool_call|>`).
+    /// Phi-4-mini's `<|tool_call|>`, LFM2's `<|tool_call_start|>`).
     pub fn preserved_tokens(self, tokenizer: &Tokenizer) -> Vec<u32> {
         self.markers()
             .iter()
@@ -322,10 +356,35 @@ pub struct ParsedOutput {
 
 /// Reads the calls in `text`, written in `format`. Output that is not made of well-formed
 /// calls where the format puts them (a cut or malformed call, a call without a name) comes
-/// back whole as `content`, without calls.
+/// back whole as `content`, without calls. Qwen XML's parameters are typed without a schema
+/// (see [`parse_tool_calls_for`]).
 pub fn parse_tool_calls(format: ToolCallFormat, text: &str) -> ParsedOutput {
+    parse_calls(format, text, None)
+}
+
+/// [`parse_tool_calls`] for a reply to a request with `tools`: Qwen XML's parameters are
+/// typed by their schemas ([`ToolCallFormat::QwenXml`]); the other formats read the same.
+pub fn parse_tool_calls_for(format: ToolCallFormat, text: &str, tools: &Tools) -> ParsedOutput {
+    parse_calls(format, text, Some(tools))
+}
+
+/// The parameters schema of `tools`' function `name`.
+pub(super) fn schema_of(tools: &Tools, name: &str) -> Option<Json> {
+    json::parse(&tools.function(name)?.parameters).ok()
+}
+
+/// [`parse_tool_calls`], with the request's tools when known.
+pub(super) fn parse_calls(
+    format: ToolCallFormat,
+    text: &str,
+    tools: Option<&Tools>,
+) -> ParsedOutput {
+    let lookup = |name: &str| tools.and_then(|t| schema_of(t, name));
+    let schemas: Schemas<'_> = Some(&lookup);
     let parsed = match format {
         ToolCallFormat::Hermes => parse_hermes(text),
+        ToolCallFormat::QwenXml => parse_markup(text, HERMES_OPEN, Reader::xml, schemas),
+        ToolCallFormat::Lfm2 => parse_lfm2(text),
         ToolCallFormat::Llama3 => parse_llama3(text),
         ToolCallFormat::Mistral => parse_mistral(text),
         ToolCallFormat::Phi4Mini => parse_phi4mini(text),
@@ -400,6 +459,39 @@ fn parse_hermes(text: &str) -> Option<ParsedOutput> {
         }
         return Some(ParsedOutput { content, calls });
     }
+}
+
+/// The calls of a format read by a [`Reader`] (made by `reader` at the first `marker`), after
+/// the text before them; text after them is kept as content.
+fn parse_markup(
+    text: &str,
+    marker: &str,
+    reader: fn(usize) -> Reader,
+    tools: Schemas<'_>,
+) -> Option<ParsedOutput> {
+    let first = text.find(marker)?;
+    let (calls, end) = read_calls(reader(first), text, tools)?;
+    let mut content = text[..first].trim_end().to_string();
+    let after = text[end..].trim();
+    if !after.is_empty() {
+        if !content.is_empty() {
+            content.push('\n');
+        }
+        content.push_str(after);
+    }
+    Some(ParsedOutput { content, calls })
+}
+
+fn parse_lfm2(text: &str) -> Option<ParsedOutput> {
+    // The list alone: the markers are special tokens, which a constrained reply has not.
+    if skip_ws(text).starts_with('[') {
+        let (calls, end) = read_calls(Reader::py(0), text, None)?;
+        return Some(ParsedOutput {
+            content: text[end..].trim().to_string(),
+            calls,
+        });
+    }
+    parse_markup(text, LFM2_OPEN, Reader::py, None)
 }
 
 fn parse_llama3(text: &str) -> Option<ParsedOutput> {
@@ -613,8 +705,10 @@ pub enum ToolConstraint {
 ///   `required` and a named function;
 /// * a model's own format: nothing under `auto` (the model chooses, its output is parsed), a
 ///   Lark grammar of the format's calls (of the allowed functions, one unless `parallel`;
-///   Llama 3.x: one; Phi-4-mini: the list of calls without its markers, special tokens that
-///   grammar text cannot produce) under `required` and a named function;
+///   Llama 3.x: one; Qwen XML: each parameter JSON of its schema, or any text where the schema
+///   allows a string, as llama.cpp's grammar; Phi-4-mini and LFM2: the list of calls without
+///   the markers, special tokens that grammar text cannot produce; LFM2's arguments JSON of
+///   their schemas) under `required` and a named function;
 /// * nothing under `none`, nor when the named function is not in `tools`.
 pub fn tool_constraint(
     format: ToolCallFormat,
@@ -651,6 +745,20 @@ pub fn tool_constraint(
                 calls_schema(&fns, "arguments", parallel)
             );
         }
+        ToolCallFormat::QwenXml => {
+            let _ = writeln!(
+                g,
+                "start: call{}",
+                if parallel { " (\"\\n\" call)*" } else { "" }
+            );
+            qwen_xml_rules(&fns, &mut g);
+        }
+        ToolCallFormat::Lfm2 => {
+            // The list alone, as for Phi-4-mini: the markers are special tokens.
+            let sep = if parallel { " (\", \" call)*" } else { "" };
+            let _ = writeln!(g, "start: \"[\" call{sep} \"]\"");
+            lfm2_rules(&fns, &mut g);
+        }
         ToolCallFormat::Phi4Mini => {
             // The list alone: the model's markers are special tokens, which grammar text
             // cannot produce and the reply's text does not carry.
@@ -663,6 +771,126 @@ pub fn tool_constraint(
         ToolCallFormat::Generic => return None,
     }
     Some(ToolConstraint::Lark(g))
+}
+
+/// `text` as a string literal of a Lark grammar.
+fn lark_str(text: &str) -> String {
+    let mut out = String::new();
+    write_str(text, &mut out);
+    out
+}
+
+/// A function's arguments: each property's name and schema (`{}` when it is not an object),
+/// whether the schema requires it, in the schema's order.
+fn properties(f: &Function) -> Vec<(String, String, bool)> {
+    let Ok(schema) = json::parse(&f.parameters) else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = match schema.get("required") {
+        Some(Json::Arr(r)) => r.iter().filter_map(Json::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let Some(Json::Obj(props)) = schema.get("properties") else {
+        return Vec::new();
+    };
+    props
+        .iter()
+        .map(|(name, s)| {
+            let s = match s {
+                Json::Obj(_) => s.to_compact(),
+                _ => "{}".to_string(),
+            };
+            (name.clone(), s, required.contains(&name.as_str()))
+        })
+        .collect()
+}
+
+/// The grammar expression of a call's arguments from the rules of its properties (`args`
+/// holds each one's rule name and whether it is required): the required ones in order, then
+/// any of the optional ones, separated by `sep` (a Lark literal, or empty); empty for none.
+fn args_expr(args: &[(String, bool)], sep: &str) -> String {
+    let pick = |req: bool| -> Vec<&str> {
+        args.iter()
+            .filter(|a| a.1 == req)
+            .map(|a| a.0.as_str())
+            .collect()
+    };
+    let (required, optional) = (pick(true), pick(false));
+    let joint = if sep.is_empty() {
+        " ".to_string()
+    } else {
+        format!(" {sep} ")
+    };
+    let mut out = required.join(&joint);
+    if !optional.is_empty() {
+        let any = format!("({})", optional.join(" | "));
+        let more = format!("({}{any})*", joint.trim_start());
+        if required.is_empty() {
+            out = format!("({any} {more})?");
+        } else {
+            let _ = write!(out, " {more}");
+        }
+    }
+    out
+}
+
+/// Qwen XML's rules of a call of any of `fns` (`call`), as llama.cpp's grammar writes it: each
+/// parameter `<parameter=P>\nVALUE\n</parameter>\n`, the value JSON of its schema unless the
+/// schema allows a string (then any text up to `\n</parameter>\n`).
+fn qwen_xml_rules(fns: &[&Function], g: &mut String) {
+    let calls: Vec<String> = (0..fns.len()).map(|i| format!("fn_{i}")).collect();
+    let _ = writeln!(g, "call: {}", calls.join(" | "));
+    for (i, f) in fns.iter().enumerate() {
+        let _ = writeln!(
+            g,
+            "fn_{i}: {}{} \"</function>\\n</tool_call>\"",
+            lark_str(&format!("<tool_call>\n<function={}>\n", f.name)),
+            if properties(f).is_empty() {
+                String::new()
+            } else {
+                format!(" args_{i}")
+            }
+        );
+        let mut args = Vec::new();
+        for (j, (name, schema, required)) in properties(f).into_iter().enumerate() {
+            let open = lark_str(&format!("<parameter={name}>\n"));
+            let takes_text = json::parse(&schema).map_or(true, |s| markup_calls::allows_string(&s));
+            if takes_text {
+                let _ = writeln!(g, "p_{i}_{j}: {open} text_{i}_{j}");
+                let _ = writeln!(g, "text_{i}_{j}[suffix=\"\\n</parameter>\\n\"]: /(?s:.*)/");
+            } else {
+                let _ = writeln!(g, "p_{i}_{j}: {open} v_{i}_{j} \"\\n</parameter>\\n\"");
+                let _ = writeln!(g, "v_{i}_{j}: %json {schema}");
+            }
+            args.push((format!("p_{i}_{j}"), required));
+        }
+        if args.is_empty() {
+            continue;
+        }
+        let _ = writeln!(g, "args_{i}: {}", args_expr(&args, ""));
+    }
+}
+
+/// LFM2's rules of a call of any of `fns` (`call`): `name(arg=value, ...)`, each value JSON
+/// of its schema (a Python literal LFM2's parser reads: strings in double quotes, `true`,
+/// `false`, `null`), as llama.cpp's grammar has them.
+fn lfm2_rules(fns: &[&Function], g: &mut String) {
+    let calls: Vec<String> = (0..fns.len()).map(|i| format!("fn_{i}")).collect();
+    let _ = writeln!(g, "call: {}", calls.join(" | "));
+    for (i, f) in fns.iter().enumerate() {
+        let mut args = Vec::new();
+        for (j, (name, schema, required)) in properties(f).into_iter().enumerate() {
+            let _ = writeln!(g, "p_{i}_{j}: {} v_{i}_{j}", lark_str(&format!("{name}=")));
+            let _ = writeln!(g, "v_{i}_{j}: %json {schema}");
+            args.push((format!("p_{i}_{j}"), required));
+        }
+        let _ = writeln!(
+            g,
+            "fn_{i}: {} {} \")\"",
+            lark_str(&format!("{}(", f.name)),
+            args_expr(&args, "\", \"")
+        );
+    }
 }
 
 /// The system text of the generic form: the tools, and the JSON the reply must be.
@@ -968,6 +1196,35 @@ mod tests {
             ToolCallFormat::detect("formatted as functools[{\"name\": ...}]"),
             ToolCallFormat::Phi4Mini
         );
+        // Qwen3.5's and Qwen3-Coder's XML calls; a `<function=` form without the newlines
+        // is not theirs.
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + args_name + '>\\n' }}"
+            ),
+            ToolCallFormat::QwenXml
+        );
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{ '<tool_call><function=' ~ tool_call.name ~ '>' }}<parameter="
+            ),
+            ToolCallFormat::Generic
+        );
+        // LFM2 lists its tools between markers, LFM2.5 after `List of tools: [`.
+        assert_eq!(
+            ToolCallFormat::detect(
+                "\"List of tools: <|tool_list_start|>[\" + tools + \"]<|tool_list_end|>\""
+            ),
+            ToolCallFormat::Lfm2
+        );
+        assert_eq!(
+            ToolCallFormat::detect("\"List of tools: [\" + tools + \"]\""),
+            ToolCallFormat::Lfm2
+        );
+        assert_eq!(
+            ToolCallFormat::detect("List of tools: [<|tool_list_start|>"),
+            ToolCallFormat::Generic
+        );
         // Phi-3.5's template has `<|end|>` but no tool markers.
         assert_eq!(
             ToolCallFormat::detect("{{ '<|user|>\n' + m['content'] + '<|end|>' }}"),
@@ -994,6 +1251,87 @@ mod tests {
             parse_tool_calls(ToolCallFormat::Hermes, cut).calls,
             [call("add", r#"{"a":1}"#)]
         );
+    }
+
+    /// Qwen3.5's XML calls, typed by the tools' schemas or without them.
+    #[test]
+    fn qwen_xml_calls_and_text() {
+        let t = Tools::from_json(
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                "s": {"type": "string"}, "n": {"type": "integer"}, "b": {"type": "boolean"},
+                "o": {"type": "object"}, "u": {"type": ["number", "string"]}}}}}]"#,
+        )
+        .unwrap();
+        let out = "I'll check.\n\n<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n<parameter=b>\nTrue\n</parameter>\n<parameter=o>\n{\"k\": [1, \"</x>\"]}\n</parameter>\n<parameter=u>\n1.5e3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>";
+        assert_eq!(
+            parse_tool_calls_for(ToolCallFormat::QwenXml, out, &t),
+            ParsedOutput {
+                content: "I'll check.".into(),
+                calls: vec![
+                    call(
+                        "f",
+                        r#"{"s":"42","n":42,"b":true,"o":{"k":[1,"</x>"]},"u":1.5e3}"#
+                    ),
+                    call("g", "{}"),
+                ],
+            }
+        );
+        // Without the tools: JSON that is not a string, else text.
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, out).calls[0].arguments,
+            r#"{"s":42,"n":42,"b":"True","o":{"k":[1,"</x>"]},"u":1.5e3}"#
+        );
+        // A multi-line text keeps its lines; the closing tag may be cut off at the end; text
+        // after the calls is content.
+        let lines = "<tool_call>\n<function=f>\n<parameter=s>\nline 1\n  line \"2\"\n\n</parameter>\n</function>";
+        assert_eq!(
+            parse_tool_calls_for(ToolCallFormat::QwenXml, lines, &t).calls,
+            [call("f", r#"{"s":"line 1\n  line \"2\"\n"}"#)]
+        );
+        let after = format!("{lines}\n</tool_call>\nDone.");
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, &after).content,
+            "Done."
+        );
+        // A closing tag cut short is not dropped.
+        let cut = format!("{lines}\n</tool_ca");
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::QwenXml, &cut),
+            ParsedOutput {
+                content: "</tool_ca".into(),
+                calls: vec![call("f", r#"{"s":"line 1\n  line \"2\"\n"}"#)],
+            }
+        );
+    }
+
+    /// LFM2's Python-style calls.
+    #[test]
+    fn lfm2_calls_and_text() {
+        let out = "Let me see.<|tool_call_start|>[get_weather(city='Paris, \"FR\"', days=[1, 2.50]), add(a=-1, b={'x': None, \"y\": true}), now()]<|tool_call_end|>";
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Lfm2, out),
+            ParsedOutput {
+                content: "Let me see.".into(),
+                calls: vec![
+                    call("get_weather", r#"{"city":"Paris, \"FR\"","days":[1,2.50]}"#),
+                    call("add", r#"{"a":-1,"b":{"x":null,"y":true}}"#),
+                    call("now", "{}"),
+                ],
+            }
+        );
+        // The list alone (a constrained reply), spaces around its parts; text after it.
+        assert_eq!(
+            parse_tool_calls(ToolCallFormat::Lfm2, " [ add( a=1 ,b=2 ) ,now() ] and more"),
+            ParsedOutput {
+                content: "and more".into(),
+                calls: vec![call("add", r#"{"a":1,"b":2}"#), call("now", "{}")],
+            }
+        );
+        // Two blocks; text after them.
+        let two = "<|tool_call_start|>[a(x=\"\\u00e9\\n\")]<|tool_call_end|><|tool_call_start|>[b()]<|tool_call_end|>\nDone.";
+        let p = parse_tool_calls(ToolCallFormat::Lfm2, two);
+        assert_eq!(p.calls, [call("a", r#"{"x":"é\n"}"#), call("b", "{}")]);
+        assert_eq!(p.content, "Done.");
     }
 
     #[test]
@@ -1058,6 +1396,60 @@ mod tests {
                 "<|tool_call|>[{\"name\": \"a\", \"arguments\": {}}",
             ),
             (ToolCallFormat::Phi4Mini, "functools"),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n<parameter=s>\nx cut",
+            ),
+            (ToolCallFormat::QwenXml, "<tool_call>\n<function=f"),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=>\n</function>\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\nstray\n</function>\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=f>\n</function>\ntrailing",
+            ),
+            (
+                ToolCallFormat::QwenXml,
+                "<tool_call>\n<function=a b>\n</function>\n</tool_call>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[]<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a=1"),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a='x)]"),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f(1)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f(a=x)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>[f (a=1)]<|tool_call_end|>",
+            ),
+            (
+                ToolCallFormat::Lfm2,
+                "<|tool_call_start|>f(a=1)<|tool_call_end|>",
+            ),
+            (ToolCallFormat::Lfm2, "<|tool_call_start|>[f(a=1) g()]"),
+            (ToolCallFormat::Lfm2, "[1, 2] are numbers"),
+            (ToolCallFormat::Lfm2, "[f(a=01)]"),
         ] {
             assert_eq!(
                 parse_tool_calls(format, text),
@@ -1177,6 +1569,18 @@ mod tests {
                 ToolChoice::Function("add".into()),
                 true,
             ),
+            (ToolCallFormat::QwenXml, ToolChoice::Required, true),
+            (
+                ToolCallFormat::QwenXml,
+                ToolChoice::Function("add".into()),
+                false,
+            ),
+            (ToolCallFormat::Lfm2, ToolChoice::Required, true),
+            (
+                ToolCallFormat::Lfm2,
+                ToolChoice::Function("add".into()),
+                false,
+            ),
         ] {
             let Some(ToolConstraint::Lark(g)) = tool_constraint(format, &t, &choice, parallel)
             else {
@@ -1193,9 +1597,28 @@ mod tests {
             }
             assert_eq!(
                 g.contains("\\n\" call)*"),
-                format == ToolCallFormat::Hermes && parallel,
+                matches!(format, ToolCallFormat::Hermes | ToolCallFormat::QwenXml) && parallel,
                 "{g}"
             );
+            if format == ToolCallFormat::QwenXml {
+                // A string parameter is text up to its closing tag; the others JSON.
+                assert_eq!(g.contains("get_weather"), choice == ToolChoice::Required);
+                assert_eq!(
+                    g.contains(r#"text_0_0[suffix="\n</parameter>\n"]"#),
+                    choice == ToolChoice::Required,
+                    "{g}"
+                );
+                assert!(g.contains(r#"%json {"type":"integer"}"#), "{g}");
+            }
+            if format == ToolCallFormat::Lfm2 {
+                // The list alone; each argument `name=` JSON of its schema.
+                assert!(g.starts_with("start: \"[\" call"), "{g}");
+                assert_eq!(g.contains("(\", \" call)*"), parallel, "{g}");
+                assert!(
+                    g.contains(r#"p_0_0: "a=" v_0_0"#) || g.contains(r#""city=""#),
+                    "{g}"
+                );
+            }
             if format == ToolCallFormat::Phi4Mini {
                 // The list of calls alone (its markers are special tokens).
                 assert!(g.starts_with("start: %json {\"type\":\"array\""), "{g}");

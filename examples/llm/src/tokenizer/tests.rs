@@ -295,10 +295,17 @@ fn eog_set_and_eot_by_name() {
 #[test]
 fn tool_markers_that_are_control_tokens_are_preserved() {
     use crate::chat::ToolCallFormat;
-    let extra = ["[TOOL_CALLS]", "<tool_call>", "</tool_call>", "<|im_end|>"];
+    let extra = [
+        "[TOOL_CALLS]",
+        "<tool_call>",
+        "</tool_call>",
+        "<|im_end|>",
+        "<|tool_call_start|>",
+        "<|tool_call_end|>",
+    ];
     let mut spec = bpe_spec(&extra, &[], "gpt-2");
     let mut types = vec![1; 256];
-    types.extend([3, 4, 4, 3]);
+    types.extend([3, 4, 4, 3, 3, 3]);
     spec.token_types = Some(types);
     let tok = Tokenizer::from_spec(spec).expect("vocab");
     let calls = id_of(&tok, "[TOOL_CALLS]");
@@ -307,6 +314,18 @@ fn tool_markers_that_are_control_tokens_are_preserved() {
     assert_eq!(
         ToolCallFormat::Hermes.preserved_tokens(&tok),
         Vec::<u32>::new()
+    );
+    assert_eq!(
+        ToolCallFormat::QwenXml.preserved_tokens(&tok),
+        Vec::<u32>::new()
+    );
+    // LFM2's markers, both control tokens of its vocabulary.
+    assert_eq!(
+        ToolCallFormat::Lfm2.preserved_tokens(&tok),
+        vec![
+            id_of(&tok, "<|tool_call_start|>"),
+            id_of(&tok, "<|tool_call_end|>")
+        ]
     );
     assert_eq!(
         ToolCallFormat::Generic.preserved_tokens(&tok),

@@ -648,9 +648,12 @@ async fn generate(
             .map_err(|e| ApiError::from_serve(e, kind.prompt_param()))?;
         choices.push(ChoiceStream {
             rx,
-            tools: tools
-                .clone()
-                .map(|t| (ToolCallStream::new(t.format).offering(t.names.clone()), t)),
+            tools: tools.clone().map(|t| {
+                let stream = ToolCallStream::new(t.format)
+                    .offering(t.names.clone())
+                    .with_tools(t.tools.clone());
+                (stream, t)
+            }),
             pending: None,
             logprobs: logprobs.map(|top| LogprobsOut {
                 kind,

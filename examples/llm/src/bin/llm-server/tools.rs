@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use rknn_llm::chat::{
     ChatOptions, ChatTemplate, Message, ParsedOutput, ToolCallFormat, ToolChoice, ToolConstraint,
-    Tools, generic_messages, parse_tool_calls, phi4mini_messages, tool_constraint,
+    Tools, generic_messages, parse_tool_calls_for, phi4mini_messages, tool_constraint,
 };
 
 use crate::api::random_seed;
@@ -22,6 +22,8 @@ pub struct ToolOutput {
     pub format: ToolCallFormat,
     /// The functions it may call: a call of another is not a call (its text is content).
     pub names: Vec<String>,
+    /// The request's tools (Qwen XML's parameters are typed by their schemas).
+    pub tools: Tools,
 }
 
 /// What to render and how to read the reply.
@@ -80,7 +82,7 @@ pub fn plan(
         });
     }
     // A template that renders `tools` but whose call format we cannot tell (no known marker:
-    // Granite's `<|tool_call|>` list, LFM2's) takes the generic form, so that the reply's
+    // Granite's `<|tool_call|>` list) takes the generic form, so that the reply's
     // constraint and the instructions the model reads are the same.
     let native = template.renders_tools()
         && ToolCallFormat::detect(template.source()) != ToolCallFormat::Generic;
@@ -134,7 +136,11 @@ pub fn plan(
     Ok(ToolPlan {
         messages,
         options,
-        output: Some(ToolOutput { format, names }),
+        output: Some(ToolOutput {
+            format,
+            names,
+            tools: req.tools.clone(),
+        }),
         constraint,
     })
 }
@@ -181,7 +187,11 @@ pub fn answer(output: &ToolOutput, parsed: ParsedOutput, raw: &str) -> Answer {
 
 /// The answer of a whole reply.
 pub fn answer_text(output: &ToolOutput, text: &str) -> Answer {
-    answer(output, parse_tool_calls(output.format, text), text)
+    answer(
+        output,
+        parse_tool_calls_for(output.format, text, &output.tools),
+        text,
+    )
 }
 
 /// A fresh call id: `call_` and 24 letters or digits; 9 letters or digits for Mistral's format,
@@ -269,7 +279,8 @@ mod tests {
             p.output,
             Some(ToolOutput {
                 format: ToolCallFormat::Hermes,
-                names: vec!["get_weather".into()]
+                names: vec!["get_weather".into()],
+                tools: req(ToolChoice::Auto).tools,
             })
         );
         assert_eq!(p.constraint, None, "auto on the model's own format");
@@ -326,7 +337,8 @@ mod tests {
             p.output,
             Some(ToolOutput {
                 format: ToolCallFormat::Phi4Mini,
-                names: vec!["get_weather".into()]
+                names: vec!["get_weather".into()],
+                tools: req(ToolChoice::Auto).tools,
             })
         );
         assert!(p.options.tools.is_none());
@@ -358,11 +370,54 @@ mod tests {
         assert_eq!((p.messages, p.output), (msgs, None));
     }
 
+    /// Qwen XML's parameters are typed by the request's schemas: a string parameter stays a
+    /// string even when its text is a number.
+    #[test]
+    fn qwen_xml_answers_are_typed_by_the_tools() {
+        let out = ToolOutput {
+            format: ToolCallFormat::QwenXml,
+            names: vec!["get_weather".into()],
+            tools: req(ToolChoice::Auto).tools,
+        };
+        let a = answer_text(
+            &out,
+            "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>",
+        );
+        assert_eq!(a.content.as_deref(), Some("Checking."));
+        assert_eq!(
+            a.calls[0]["function"],
+            json!({"name": "get_weather", "arguments": "{\"city\":\"42\"}"})
+        );
+    }
+
+    /// An LFM2.5-style template (its tools after `List of tools: [`): the tools go to the
+    /// template, the reply is read as LFM2's calls, `required` has its grammar.
+    #[test]
+    fn a_plan_for_an_lfm2_template() {
+        let lfm2 = ChatTemplate::new(
+            "lfm2",
+            "{% if tools %}List of tools: [{% for t in tools %}{{ t | tojson }}{% endfor %}]{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}",
+        )
+        .unwrap();
+        let msgs = vec![Message::user("weather?")];
+        let p = plan(&lfm2, msgs, Some(req(ToolChoice::Required))).unwrap();
+        assert!(p.options.tools.is_some());
+        let out = p.output.unwrap();
+        assert_eq!(out.format, ToolCallFormat::Lfm2);
+        assert!(matches!(p.constraint, Some(ToolConstraint::Lark(_))));
+        let a = answer_text(&out, "[get_weather(city='Paris')]");
+        assert_eq!(
+            a.calls[0]["function"],
+            json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"})
+        );
+    }
+
     #[test]
     fn answers_in_openais_shape() {
         let out = ToolOutput {
             format: ToolCallFormat::Hermes,
             names: vec!["get_weather".into()],
+            tools: req(ToolChoice::Auto).tools,
         };
         let a = answer_text(
             &out,
