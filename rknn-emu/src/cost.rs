@@ -1258,12 +1258,38 @@ pub mod host {
         PREFILL_512_S * (d.activations(rows, 1) / CAMPAIGN_9B.activations(512, 1))
     }
 
-    /// [`prefill_s`] for `d` laid out as the engine `e` lays it out: the campaign's rate per
-    /// activation element, times the elements of the engine's linears
-    /// ([`EngineLayout::activations`]: fused inputs quantised once, residual ones twice). The
-    /// engine's own glue per element has not been measured on a board: this is the
-    /// campaign's.
+    /// The engine's host glue (rotating and quantising the inputs, packing A, collecting C
+    /// with the scales) per activation element of a 128-token prefill, in nanoseconds of
+    /// thread time, measured on an AMD EPYC (Zen 3) guest of 2 vCPUs
+    /// (`scripts/bench/host_cost.py`, the emulator, W8A8, random real-size GGUFs): Qwen2-0.5B
+    /// 1.19, TinyLlama-1.1B 1.14, Qwen2.5-1.5B 1.15; the median.
+    pub const ENGINE_GLUE_NS_HERE: f64 = 1.15;
+    /// How much longer one Cortex-A76 thread of the campaign's board takes than one thread of
+    /// that machine at GEMM-like host work: llama.cpp's CPU path on the campaign's 9B shapes
+    /// (random Q8_0), pp512 12.64 tok/s on 2 threads there against the campaign's 13.65 on four
+    /// A76 threads (6.32 against 3.41 tok/s a thread). The streaming rate (tg128: 2.93 against
+    /// 2.78) gives 2.11: the glue carried by it is 14 % dearer.
+    pub const A76_THREAD_SLOWDOWN: f64 = 1.85;
+    /// Threads the engine's prefill glue spreads over on RK3588: its three lanes (a prompt
+    /// chunk is prepared, packed and collected on every lane, as on the 2 lanes measured).
+    pub const BOARD_GLUE_THREADS: f64 = 3.0;
+    /// The engine's prefill glue per activation element on RK3588, wall nanoseconds:
+    /// [`ENGINE_GLUE_NS_HERE`] × [`A76_THREAD_SLOWDOWN`] / [`BOARD_GLUE_THREADS`] = 0.71 (the
+    /// campaign's llama.cpp backend: 3.6).
+    pub const ENGINE_GLUE_NS: f64 = ENGINE_GLUE_NS_HERE * A76_THREAD_SLOWDOWN / BOARD_GLUE_THREADS;
+
+    /// Host seconds of the engine's glue around a prefill pass of `rows` tokens of `d` laid
+    /// out as `e` lays it out: [`ENGINE_GLUE_NS`] per activation element of the engine's
+    /// linears ([`EngineLayout::activations`]: fused inputs quantised once, residual ones
+    /// twice, the head over the last row). This engine's measured glue, carried to the board;
+    /// [`prefill_engine_campaign_s`] is the same elements at the campaign's rate.
     pub fn prefill_engine_s(d: &DecoderShape, rows: usize, e: &EngineLayout) -> f64 {
+        ENGINE_GLUE_NS * 1e-9 * e.activations(d, rows, 1)
+    }
+
+    /// [`prefill_s`]'s rate per element (the campaign's llama.cpp backend, 3.6 ns) over the
+    /// engine layout's elements: what the engine's TTFT would be with the campaign's glue.
+    pub fn prefill_engine_campaign_s(d: &DecoderShape, rows: usize, e: &EngineLayout) -> f64 {
         PREFILL_512_S * (e.activations(d, rows, 1) / CAMPAIGN_9B.activations(512, 1))
     }
 
