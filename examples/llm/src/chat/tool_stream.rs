@@ -41,7 +41,7 @@ pub enum ToolStreamEvent {
 /// or a part of it at the end of the text so far; for Llama 3.x and the generic form, a
 /// reply that begins with `{` or `<|python_tag|>`; for Phi-4-mini also a reply that begins
 /// with `[` or `functools`), the text is held back, and read at the end
-/// ([`finish`](Self::finish)) as [`parse_tool_calls`] reads it.
+/// ([`finish`](Self::finish)) as [`parse_tool_calls`](super::parse_tool_calls) reads it.
 ///
 /// Meanwhile the held text is followed as it grows: a call is started
 /// ([`ToolStreamEvent::CallStart`]) once its `name` is read and its arguments object has
