@@ -5,10 +5,11 @@
 //! cargo run -p rknn-emu --example rkllm_table --release
 //! ```
 //!
-//! Every "ours" figure is a MODEL (`rknn_emu::cost`, calibrated to the field campaign's 9B),
-//! not a measurement: three NPU cores, W8A8, the NPU at 1 GHz, decode at M = 1, TTFT the
-//! prefill pass of the prompt (the first token comes out of its last row's logits) with the
-//! campaign's host glue, unpinned and with the campaign's A76-pinned speed-up. The first
+//! Every "ours" figure but memory is a MODEL (`rknn_emu::cost`, calibrated to the field
+//! campaign's 9B), not a measurement; memory is the peak RSS measured on the emulator
+//! ([`MEASURED_RSS`]), beside RKLLM's published memory. The model assumes three NPU cores,
+//! W8A8, the NPU at 1 GHz, decode at M = 1, TTFT the prefill pass of the prompt (the first
+//! token comes out of its last row's logits) with the campaign's host glue, unpinned and with the campaign's A76-pinned speed-up. The first
 //! columns cost the campaign's layout (the calibrated one); the "engine layout" columns cost
 //! the same shapes laid out as this project's engine lays them out
 //! (`DecoderLayout::Engine`: fused qkv and gate-up, contexts of at most 8192 columns, residual
@@ -25,49 +26,109 @@
 //! to per-token) and at higher, assumed ones, each at its best draft length.
 
 use rknn_emu::cost::{
-    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, LLAMA3_2_1B, LLAMA3_8B,
-    LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, QWEN2_0_5B, QWEN2_5_0_5B,
-    QWEN2_5_1_5B, RK3588, Residual, TINYLLAMA_1_1B, host, spec_acceptance_rate,
-    spec_alpha_from_acceptance,
+    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, GEMMA2_2B, LLAMA3_2_1B,
+    LLAMA3_8B, LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, PHI3_3_8B, QWEN2_0_5B,
+    QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN3_0_6B, RK3588, Residual, TINYLLAMA_1_1B, host,
+    spec_acceptance_rate, spec_alpha_from_acceptance,
 };
 use rknn_emu::rknn_chip::MatmulType;
 
-/// A row: the shape, RKLLM's prompt length, and RKLLM's published decode tok/s and TTFT (ms).
+/// A row: the shape, RKLLM's prompt length, and RKLLM's published decode tok/s, TTFT (ms) and
+/// memory (bytes; `None` where it publishes none).
 struct Published {
     shape: DecoderShape,
     prompt: usize,
     decode_tok_s: f64,
     ttft_ms: f64,
+    memory: Option<f64>,
+}
+
+/// RKLLM's "memory(MB)" column in bytes (it does not say whether its MB are 10⁶ or 2²⁰ bytes,
+/// 4.9 % apart; read as 10⁶, the way the table prints them back).
+const fn mb(m: f64) -> Option<f64> {
+    Some(m * 1e6)
 }
 
 /// RKLLM's RK3588 W8A8 figures: airockchip/rknn-llm `benchmark.md` (release 1.3.0, seqlen 128,
-/// 64 new tokens) for the first three, its README (releases 1.1–1.2.1, seqlen 64, 256 new
-/// tokens) for Llama-3-8B; CPU and NPU at their maximum frequencies.
-const ROWS: [Published; 4] = [
+/// 64 new tokens, with its memory column; the file at commit 878f9361) for every row but
+/// Llama-3-8B, which that table does not list: its figures are the README's (releases
+/// 1.1–1.2.1, seqlen 64, 256 new tokens; no memory). CPU and NPU at their maximum frequencies.
+const ROWS: [Published; 7] = [
     Published {
         shape: QWEN2_0_5B,
         prompt: 128,
         decode_tok_s: 41.58,
         ttft_ms: 145.90,
+        memory: mb(669.56),
+    },
+    Published {
+        shape: QWEN3_0_6B,
+        prompt: 128,
+        decode_tok_s: 32.91,
+        ttft_ms: 199.09,
+        memory: mb(791.11),
     },
     Published {
         shape: TINYLLAMA_1_1B,
         prompt: 128,
         decode_tok_s: 24.43,
         ttft_ms: 243.93,
+        memory: mb(1093.66),
     },
     Published {
         shape: QWEN2_5_1_5B,
         prompt: 128,
         decode_tok_s: 16.69,
         ttft_ms: 378.31,
+        memory: mb(1689.21),
+    },
+    Published {
+        shape: GEMMA2_2B,
+        prompt: 128,
+        decode_tok_s: 10.37,
+        ttft_ms: 598.41,
+        memory: mb(2779.22),
+    },
+    Published {
+        shape: PHI3_3_8B,
+        prompt: 128,
+        decode_tok_s: 7.45,
+        ttft_ms: 1017.28,
+        memory: mb(3758.34),
     },
     Published {
         shape: LLAMA3_8B,
         prompt: 64,
         decode_tok_s: 3.79,
         ttft_ms: 1128.0,
+        memory: None,
     },
+];
+
+/// Peak RSS measured here, in MiB (GNU time's KiB / 1024, as `scripts/bench/real_size.py`
+/// prints it), with the context (`-c`) it ran at: `llm-decode` on the emulator backend over
+/// random-weight Q8_0 GGUFs of each shape (`scripts/bench/gen_random_gguf.py`), the weights
+/// converted at load (`--no-weight-cache`), 2 threads, 16 greedy tokens after the prompt "The
+/// capital of France is" (5 or 6 tokens), under GNU time (`Maximum resident set size`):
+///
+/// ```sh
+/// python3 scripts/bench/real_size.py qwen2-0.5b qwen2.5-1.5b --modes convert --ctx 4096
+/// python3 scripts/bench/real_size.py qwen3-0.6b --modes convert --ctx 4096
+/// python3 scripts/bench/real_size.py tinyllama-1.1b --modes convert --ctx 2048
+/// ```
+///
+/// on an AMD EPYC (Zen 3) with 2 vCPUs and 24 GiB. The context is `llm-decode`'s default: 4096
+/// positions, TinyLlama's trained 2048 where that is shorter. The RSS holds the emulator's copy
+/// of the NPU weights (int8, padded; anonymous memory here, dma-bufs of the NPU driver on a
+/// board), the host tensors (the token embedding as the file's Q8_0 rows, norms, biases), the
+/// GGUF pages touched while converting, and the KV cache (f32) of the positions written: the
+/// cache grows with them, so the context sets the most it can hold, not what is resident.
+/// Shapes not run here print "—".
+const MEASURED_RSS: [(&str, f64, usize); 4] = [
+    ("Qwen2-0.5B", 743.0, 4096),
+    ("Qwen3-0.6B", 869.0, 4096),
+    ("TinyLlama-1.1B", 1134.0, 2048),
+    ("Qwen2.5-1.5B", 1904.0, 4096),
 ];
 
 /// The two largest terms of an NPU pass plus its host glue, with their shares of the total.
@@ -86,18 +147,26 @@ fn dominant(terms: &NpuTerms, host_s: f64) -> String {
 fn main() {
     println!(
         "| model | prompt | decode tok/s: ours (A76-pinned) | RKLLM | TTFT ms: ours (A76-pinned) \
-         | RKLLM | decode: largest terms | TTFT: largest terms | runs per core per token \
+         | RKLLM | memory: ours, MiB (peak RSS, emulator; -c) | RKLLM, MB \
+         | decode: largest terms | TTFT: largest terms | runs per core per token \
          | engine layout: decode tok/s (A76-pinned) | engine layout: TTFT ms (A76-pinned) \
          | engine layout: runs per core per token |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
     let engine = DecoderLayout::Engine(ENGINE_LAYOUT);
     for r in &ROWS {
         let p: LlmPrediction = RK3588.predict_llm_prompt(&r.shape, r.prompt);
         let e: LlmPrediction = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &engine);
+        let ours = MEASURED_RSS
+            .iter()
+            .find(|(name, ..)| *name == r.shape.name)
+            .map_or("—".to_string(), |(_, mb, ctx)| format!("{mb:.0} ({ctx})"));
+        let theirs = r
+            .memory
+            .map_or("—".to_string(), |b| format!("{:.0}", b / 1e6));
         println!(
-            "| {} | {} | {:.2} ({:.2}) | {:.2} | {:.0} ({:.0}) | {:.0} | {} | {} | {} \
-             | {:.2} ({:.2}) | {:.0} ({:.0}) | {} |",
+            "| {} | {} | {:.2} ({:.2}) | {:.2} | {:.0} ({:.0}) | {:.0} | {ours} | {theirs} \
+             | {} | {} | {} | {:.2} ({:.2}) | {:.0} ({:.0}) | {} |",
             r.shape.name,
             r.prompt,
             p.decode_tok_s,

@@ -40,7 +40,8 @@
 //!
 //! [`CostModel::decoder_pass`] costs every linear of a decoder ([`DecoderShape`]: the
 //! campaign's 9B stand-in [`CAMPAIGN_9B`], and the public shapes [`QWEN2_0_5B`],
-//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`LLAMA3_8B`], the drafts [`LLAMA3_2_1B`] and
+//! [`TINYLLAMA_1_1B`], [`QWEN2_5_1_5B`], [`QWEN3_0_6B`], [`GEMMA2_2B`], [`PHI3_3_8B`],
+//! [`LLAMA3_8B`], the drafts [`LLAMA3_2_1B`] and
 //! [`QWEN2_5_0_5B`], the mixture of experts
 //! [`OLMOE_1B_7B`] and its dense twin [`OLMOE_1B_7B_DENSE`]) term by term ([`NpuTerms`]);
 //! [`CostModel::predict_llm_prompt`] adds the campaign's host time ([`host`]) for decode and
@@ -937,6 +938,59 @@ pub const QWEN2_5_1_5B: DecoderShape = DecoderShape {
     kv_dim: 2 * 128,
     vocab: 151_936,
     tied_embeddings: true,
+    moe: None,
+};
+
+/// Qwen3-0.6B (`Qwen/Qwen3-0.6B`), from its `config.json`: hidden 1024, 28 layers, 16 heads
+/// and 8 key/value heads of 128 (`head_dim` 128, wider than hidden / heads = 64: the query
+/// projection has 2048 columns, twice the hidden size), intermediate 3072, vocabulary 151 936,
+/// tied embeddings (596.0 M parameters, Qwen's "0.6B"). Its per-head q and k norms are host
+/// work over vectors; the NPU sees the same seven linears as Qwen2's, without biases.
+pub const QWEN3_0_6B: DecoderShape = DecoderShape {
+    name: "Qwen3-0.6B",
+    layers: 28,
+    hidden: 1024,
+    n_ff: 3072,
+    q_dim: 16 * 128,
+    kv_dim: 8 * 128,
+    vocab: 151_936,
+    tied_embeddings: true,
+    moe: None,
+};
+
+/// Gemma-2-2B (`google/gemma-2-2b`), from its `config.json`: hidden 2304, 26 layers, 8 heads
+/// and 4 key/value heads of 256 (`head_dim` 256: 2048 query and 1024 key and value columns),
+/// intermediate 9216 (above RK3588's 8192-row K segment: the down projection runs in two
+/// segments), vocabulary 256 000, tied embeddings (2.61 G parameters, Google's "2.6B"). What
+/// sets Gemma 2 apart costs the host, not the NPU, and is not in the shape: the soft-capping
+/// of attention scores (50) and of the final logits (30), the sliding window (4096) of every
+/// other layer's attention, the two extra norms per block and the scaled embedding.
+pub const GEMMA2_2B: DecoderShape = DecoderShape {
+    name: "Gemma2-2B",
+    layers: 26,
+    hidden: 2304,
+    n_ff: 9216,
+    q_dim: 8 * 256,
+    kv_dim: 4 * 256,
+    vocab: 256_000,
+    tied_embeddings: true,
+    moe: None,
+};
+
+/// Phi-3-mini (`microsoft/Phi-3-mini-4k-instruct`), from its `config.json`: hidden 3072, 32
+/// layers, 32 heads of 96 and as many key/value heads (no grouped-query attention: key and
+/// value have 3072 columns each), intermediate 8192, vocabulary 32 064, separate embedding and
+/// output projection (3.82 G parameters, Microsoft's "3.8B"). Its checkpoint stores q, k, v as
+/// one `qkv_proj` and gate, up as one `gate_up_proj`: the same matrices as the shape's.
+pub const PHI3_3_8B: DecoderShape = DecoderShape {
+    name: "Phi3-3.8B",
+    layers: 32,
+    hidden: 3072,
+    n_ff: 8192,
+    q_dim: 32 * 96,
+    kv_dim: 32 * 96,
+    vocab: 32_064,
+    tied_embeddings: false,
     moe: None,
 };
 

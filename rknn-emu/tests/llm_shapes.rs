@@ -5,8 +5,8 @@
 use rknn_chip::MatmulType;
 use rknn_emu::cost::{
     self, CAMPAIGN_9B, CostModel, DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout,
-    EngineLinear, LLAMA3_8B, LinearRole, QWEN2_0_5B, QWEN2_5_1_5B, RK3588, Residual,
-    TINYLLAMA_1_1B,
+    EngineLinear, GEMMA2_2B, LLAMA3_8B, LinearRole, PHI3_3_8B, QWEN2_0_5B, QWEN2_5_1_5B,
+    QWEN3_0_6B, RK3588, Residual, TINYLLAMA_1_1B,
 };
 
 /// A model's `config.json` values, as published.
@@ -22,11 +22,19 @@ struct Config {
     tied: bool,
     /// q, k and v biases (Qwen2).
     qkv_bias: bool,
-    /// The parameter count of the published checkpoint (its safetensors index).
+    /// Norms of the hidden size per block: 2 (before attention and before the feed-forward),
+    /// 4 in Gemma 2 (also after each).
+    block_norms: usize,
+    /// Per-head q and k norms of the head size (Qwen3).
+    qk_norm: bool,
+    /// The parameter count the `config.json` gives (the published checkpoint's, its
+    /// safetensors index, where one is stored).
     parameters: u64,
+    /// The size the publisher names the model by, in billions ("0.6" for Qwen3-0.6B).
+    published: &'static str,
 }
 
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 7] = [
     Config {
         shape: QWEN2_0_5B,
         hidden: 896,
@@ -38,7 +46,10 @@ const CONFIGS: [Config; 4] = [
         vocab: 151_936,
         tied: true,
         qkv_bias: true,
+        block_norms: 2,
+        qk_norm: false,
         parameters: 494_032_768,
+        published: "0.5",
     },
     Config {
         shape: TINYLLAMA_1_1B,
@@ -51,7 +62,10 @@ const CONFIGS: [Config; 4] = [
         vocab: 32_000,
         tied: false,
         qkv_bias: false,
+        block_norms: 2,
+        qk_norm: false,
         parameters: 1_100_048_384,
+        published: "1.1",
     },
     Config {
         shape: QWEN2_5_1_5B,
@@ -64,7 +78,10 @@ const CONFIGS: [Config; 4] = [
         vocab: 151_936,
         tied: true,
         qkv_bias: true,
+        block_norms: 2,
+        qk_norm: false,
         parameters: 1_543_714_304,
+        published: "1.5",
     },
     Config {
         shape: LLAMA3_8B,
@@ -77,7 +94,60 @@ const CONFIGS: [Config; 4] = [
         vocab: 128_256,
         tied: false,
         qkv_bias: false,
+        block_norms: 2,
+        qk_norm: false,
         parameters: 8_030_261_248,
+        published: "8",
+    },
+    // Qwen3-0.6B: 151.6 M of embedding and 440.5 M of blocks ("0.44B" non-embedding on its
+    // model card).
+    Config {
+        shape: QWEN3_0_6B,
+        hidden: 1024,
+        layers: 28,
+        heads: 16,
+        kv_heads: 8,
+        head_dim: 128,
+        n_ff: 3072,
+        vocab: 151_936,
+        tied: true,
+        qkv_bias: false,
+        block_norms: 2,
+        qk_norm: true,
+        parameters: 596_049_920,
+        published: "0.6",
+    },
+    Config {
+        shape: GEMMA2_2B,
+        hidden: 2304,
+        layers: 26,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 256,
+        n_ff: 9216,
+        vocab: 256_000,
+        tied: true,
+        qkv_bias: false,
+        block_norms: 4,
+        qk_norm: false,
+        parameters: 2_614_341_888,
+        published: "2.6",
+    },
+    Config {
+        shape: PHI3_3_8B,
+        hidden: 3072,
+        layers: 32,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 96,
+        n_ff: 8192,
+        vocab: 32_064,
+        tied: false,
+        qkv_bias: false,
+        block_norms: 2,
+        qk_norm: false,
+        parameters: 3_821_079_552,
+        published: "3.8",
     },
 ];
 
@@ -95,12 +165,24 @@ fn the_shapes_are_the_published_configs() {
             d.name
         );
         assert_eq!((d.q_dim, d.kv_dim), (q, kv), "{}", d.name);
-        // The matrices, norms (two per block and the final one) and biases add up to the
-        // published checkpoint's parameter count: the shape is the model, and the embedding is
-        // counted once exactly when it is tied.
+        // The matrices, norms (two per block, four in Gemma 2, Qwen3's per-head q and k norms,
+        // and the final one) and biases add up to the published checkpoint's parameter count:
+        // the shape is the model, and the embedding is counted once exactly when it is tied.
         let bias = if c.qkv_bias { q + 2 * kv } else { 0 };
-        let small = (c.layers * (2 * c.hidden + bias) + c.hidden) as u64;
+        let qk_norm = if c.qk_norm { 2 * c.head_dim } else { 0 };
+        let per_block = c.block_norms * c.hidden + bias + qk_norm;
+        let small = (c.layers * per_block + c.hidden) as u64;
         assert_eq!(d.parameters() + small, c.parameters, "{}", d.name);
+        // ... which rounds to the size the model is published under, at its precision.
+        let digits = c.published.split('.').nth(1).map_or(0, str::len);
+        let unit = 10f64.powi(-(digits as i32));
+        let named: f64 = c.published.parse().unwrap();
+        let billions = c.parameters as f64 / 1e9;
+        assert!(
+            (billions - named).abs() <= unit / 2.0,
+            "{}: {billions:.3} B is not {named} B",
+            d.name
+        );
     }
 }
 
@@ -157,13 +239,14 @@ fn runs_per_token_follow_the_k_segments() {
         let (a, b) = (pass.terms.total(), pass.npu_s);
         assert!((a - b).abs() <= 1e-9 * b, "{}: {a} vs {b}", d.name);
     }
-    // Qwen2.5-1.5B's and Llama-3-8B's down projections (K = 8960, 14336) are the ones split.
+    // Qwen2.5-1.5B's, Llama-3-8B's and Gemma2-2B's down projections (K = 8960, 14336, 9216)
+    // are the ones split.
     let split: Vec<_> = CONFIGS
         .iter()
         .filter(|c| c.n_ff > seg)
         .map(|c| c.shape.name)
         .collect();
-    assert_eq!(split, ["Qwen2.5-1.5B", "Llama-3-8B"]);
+    assert_eq!(split, ["Qwen2.5-1.5B", "Llama-3-8B", "Gemma2-2B"]);
 }
 
 #[test]

@@ -95,6 +95,16 @@ PRESETS = {
         n_ff=8960, n_vocab=151936, n_ctx=32768, rope_base=1e6, rms_eps=1e-6, tied=True,
         qkv_bias=True, vocab="ggml-vocab-qwen2.gguf",
         tok_overrides={"tokenizer.ggml.add_bos_token": False}),
+    # Qwen/Qwen3-0.6B's config.json: hidden 1024, 28 layers, 16 heads and 8 KV heads of
+    # head_dim 128 (wider than 1024 / 16: the converter writes qwen3.attention.key_length and
+    # value_length), intermediate 3072, vocab 151936, tied, rope_theta 1e6, rms eps 1e-6, max
+    # positions 40960, no q/k/v biases, per-head q and k norms (attn_q_norm / attn_k_norm of
+    # head_dim). The tokenizer is Qwen2's.
+    "qwen3-0.6b": dict(
+        arch="qwen3", label="Qwen3 0.6B", n_embd=1024, n_layer=28, n_head=16, n_head_kv=8,
+        head_dim=128, n_ff=3072, n_vocab=151936, n_ctx=40960, rope_base=1e6, rms_eps=1e-6,
+        tied=True, qkv_bias=False, qk_norm_head=True, vocab="ggml-vocab-qwen2.gguf",
+        tok_overrides={"tokenizer.ggml.add_bos_token": False}),
     # allenai/OLMoE-1B-7B-0924's config.json: 16 layers, hidden 2048, 16 heads (16 KV) of 128,
     # 64 experts, top 8 (no renormalisation), experts' intermediate 1024, vocab 50304, untied,
     # rope_theta 10000, rms eps 1e-5, max positions 4096. llama.cpp's olmoe keeps the experts'
@@ -173,10 +183,16 @@ LFM2_ARCHS = ("lfm2", "lfm2moe")
 F32_KINDS = ("router", "conv")  # matrices the converter keeps in F32
 
 
+def head_dim(p):
+    """The attention head's width: the preset's head_dim (Qwen3's 128 over 1024 / 16), else
+    n_embd / n_head."""
+    return p.get("head_dim", p["n_embd"] // p["n_head"])
+
+
 def tensor_plan(p):
     """(name, numpy shape (outputs, inputs) or (n,), kind) in the converter's order; kind is
     'embd', 'linear', 'norm' or 'bias'."""
-    e, hd = p["n_embd"], p["n_embd"] // p["n_head"]
+    e, hd = p["n_embd"], head_dim(p)
     q, kv, ff = p["n_head"] * hd, p["n_head_kv"] * hd, p["n_ff"]
     plan = [("token_embd.weight", (p["n_vocab"], e), "embd")]
     if p["arch"] in LFM2_ARCHS:
@@ -196,6 +212,9 @@ def tensor_plan(p):
         if p.get("qk_norm_whole"):
             plan += [(b + "attn_q_norm.weight", (q,), "norm"),
                      (b + "attn_k_norm.weight", (kv,), "norm")]
+        if p.get("qk_norm_head"):
+            plan += [(b + "attn_q_norm.weight", (hd,), "norm"),
+                     (b + "attn_k_norm.weight", (hd,), "norm")]
         plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if p.get("n_expert"):
             # The router (F32: llama.cpp's converter never quantises ffn_gate_inp), then the
@@ -386,7 +405,7 @@ def build_header(name, p, plan):
     w.add_name(f"random-weight {p['label']} (scripts/bench/gen_random_gguf.py {name})")
     w.add_uint32("general.file_type", FILE_TYPE_Q8_0)
     w.add_uint32("general.quantization_version", 2)
-    hd = p["n_embd"] // p["n_head"]
+    hd = head_dim(p)
     w.add_uint32(f"{arch}.vocab_size", p["n_vocab"])
     w.add_uint32(f"{arch}.context_length", p["n_ctx"])
     w.add_uint32(f"{arch}.embedding_length", p["n_embd"])
@@ -404,6 +423,9 @@ def build_header(name, p, plan):
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", p["rms_eps"])
     if arch not in LFM2_ARCHS:  # lfm2's converter writes none (the whole head rotates)
         w.add_uint32(f"{arch}.rope.dimension_count", hd)
+    if "head_dim" in p:
+        w.add_uint32(f"{arch}.attention.key_length", hd)
+        w.add_uint32(f"{arch}.attention.value_length", hd)
     fields, n_tok = read_vocab(p)
     for key, val, vt, st in fields:
         w.add_key_value(key, val, vt, sub_type=st)
