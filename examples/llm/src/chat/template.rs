@@ -417,7 +417,9 @@ fn generation_blocks(source: &str) -> String {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` after the opening `{%` (in `{%}` they share the `%`).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
+            rest = tag;
             break;
         };
         let inner = &tag[2..end];
@@ -525,6 +527,13 @@ mod tests {
         // What jinja2 renders with transformers' extension.
         assert_eq!(out, "<user>hi\n| x");
         assert!(t.source().contains("generation"));
+        // A `{%}` whose `%` is both the opening's and a closing's, and text that is not
+        // ASCII after it (found by the chat_template fuzz target): no panic, nothing changed
+        // but the tags.
+        for src in ["t~{%}\t,-\u{da}{{\u{ac}{", "{%}", "a{%", "{%-%}é{% generation %}é"] {
+            let out = generation_blocks(src);
+            assert_eq!(out.replace("if true", "generation"), src);
+        }
     }
 
     /// Fuel for seconds of looping, far past the deadlines below.
