@@ -530,7 +530,12 @@ mod tests {
         // A `{%}` whose `%` is both the opening's and a closing's, and text that is not
         // ASCII after it (found by the chat_template fuzz target): no panic, nothing changed
         // but the tags.
-        for src in ["t~{%}\t,-\u{da}{{\u{ac}{", "{%}", "a{%", "{%-%}é{% generation %}é"] {
+        for src in [
+            "t~{%}\t,-\u{da}{{\u{ac}{",
+            "{%}",
+            "a{%",
+            "{%-%}é{% generation %}é",
+        ] {
             let out = generation_blocks(src);
             assert_eq!(out.replace("if true", "generation"), src);
         }
