@@ -113,8 +113,9 @@ pub struct LoadArgs {
     /// Where a mixture of experts' experts go on the NPU cores: each whole on one core (a third
     /// of the contexts and memory handles on three cores, one run per expert linear), or split
     /// over every core like a dense linear.
-    #[arg(long, value_enum, default_value_t = ExpertsArg::PerCore)]
-    pub npu_experts: ExpertsArg,
+    /// (default per-core).
+    #[arg(long, value_enum)]
+    pub npu_experts: Option<ExpertsArg>,
     /// How the KV cache stores keys and values.
     #[arg(long, value_enum, default_value_t = CacheTypeArg::F32)]
     pub cache_type: CacheTypeArg,
@@ -142,6 +143,33 @@ impl LoadArgs {
                 rule: "must be a size in GiB",
             });
         }
+        if self.backend == BackendArg::F32 {
+            // The NPU's settings mean nothing on the host's f32 path: refused, not ignored.
+            let npu_only = [
+                (
+                    "--npu-experts",
+                    self.npu_experts
+                        .and_then(|e| Some(e.to_possible_value()?.get_name().to_string())),
+                ),
+                ("--npu-cores", self.npu_cores.map(|n| n.to_string())),
+                ("--npu-max-n", self.npu_max_n.map(|n| n.to_string())),
+                (
+                    "--npu-domain-mib",
+                    self.npu_domain_mib.map(|n| n.to_string()),
+                ),
+                (
+                    "--npu-no-shared-io",
+                    self.npu_no_shared_io.then(String::new),
+                ),
+            ];
+            if let Some((flag, Some(value))) = npu_only.into_iter().find(|(_, v)| v.is_some()) {
+                return Err(LoadError::Setting {
+                    setting: flag,
+                    value,
+                    rule: "sets the NPU engine, which --backend f32 does not use",
+                });
+            }
+        }
         let mut b = builder
             .backend(match self.backend {
                 BackendArg::Auto => Backend::Auto,
@@ -157,8 +185,8 @@ impl LoadArgs {
             .rotation_seed(self.rotation_seed)
             .share_io_memories(!self.npu_no_shared_io)
             .expert_placement(match self.npu_experts {
-                ExpertsArg::PerCore => ExpertPlacement::PerCore,
-                ExpertsArg::Split => ExpertPlacement::Split,
+                Some(ExpertsArg::PerCore) | None => ExpertPlacement::PerCore,
+                Some(ExpertsArg::Split) => ExpertPlacement::Split,
             })
             .kv_cache(match self.cache_type {
                 CacheTypeArg::F32 => CacheType::F32,

@@ -426,6 +426,40 @@ fn perplexity_flags_are_refused_without_perplexity() {
     }
 }
 
+/// The NPU engine's flags are refused on the f32 backend, which would ignore them; on the
+/// emulator `--npu-experts` loads (the demo model has no experts to place).
+#[test]
+fn npu_flags_are_refused_on_the_f32_backend() {
+    let model = tiny();
+    for (flag, value) in [
+        ("--npu-experts", Some("split")),
+        ("--npu-cores", Some("2")),
+        ("--npu-max-n", Some("4096")),
+        ("--npu-domain-mib", Some("64")),
+        ("--npu-no-shared-io", None),
+    ] {
+        let mut args = vec!["-m", &model, "-p", "x", "-n", "1", "--backend", "f32", flag];
+        args.extend(value);
+        one_line_error(&llm_decode(&args), &format!("{flag}"));
+        let o = llm_decode(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--backend f32"), "{err}");
+    }
+    let o = llm_decode(&[
+        "-m",
+        &model,
+        "-p",
+        "x",
+        "-n",
+        "1",
+        "--backend",
+        "emulator",
+        "--npu-experts",
+        "split",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn one_line_error(o: &Output, needle: &str) {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
