@@ -440,7 +440,7 @@ fn npu_flags_are_refused_on_the_f32_backend() {
     ] {
         let mut args = vec!["-m", &model, "-p", "x", "-n", "1", "--backend", "f32", flag];
         args.extend(value);
-        one_line_error(&llm_decode(&args), &format!("{flag}"));
+        one_line_error(&llm_decode(&args), flag);
         let o = llm_decode(&args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("--backend f32"), "{err}");
