@@ -1067,6 +1067,17 @@ fn phi4_minis_template_takes_tools_in_its_system_message() {
     let args = calls[0]["function"]["arguments"].as_str().unwrap();
     let parsed: Json = serde_json::from_str(args).unwrap();
     assert!(parsed["city"].is_string(), "{args}");
+    let (pieces, finish) = streamed_call(&s, &body);
+    assert!(pieces.len() > 2, "{pieces:?}");
+    assert_eq!(pieces[0], "");
+    assert_eq!(pieces.concat(), args);
+    assert_eq!(finish, "tool_calls");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `body` sent streamed: the pieces of the first call's arguments, in order, and the finish
+/// reason.
+fn streamed_call(s: &Server, body: &Json) -> (Vec<String>, Json) {
     let mut stream_body = body.clone();
     stream_body["stream"] = json!(true);
     let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
@@ -1085,11 +1096,7 @@ fn phi4_minis_template_takes_tools_in_its_system_message() {
             finish = c["finish_reason"].clone();
         }
     }
-    assert!(pieces.len() > 2, "{pieces:?}");
-    assert_eq!(pieces[0], "");
-    assert_eq!(pieces.concat(), args);
-    assert_eq!(finish, "tool_calls");
-    let _ = std::fs::remove_file(&path);
+    (pieces, finish)
 }
 
 /// Qwen XML's and LFM2's forms on the demo model, each through a small template that renders
@@ -1166,24 +1173,7 @@ fn qwen_xml_and_lfm2_calls_under_required() {
             .as_i64()
             .unwrap_or_else(|| panic!("{name}: {args}"));
         assert!((1..=7).contains(&days), "{name}: {args}");
-        let mut stream_body = body.clone();
-        stream_body["stream"] = json!(true);
-        let mut st = s.open_stream(CHAT, &stream_body).expect("stream");
-        let mut pieces = Vec::new();
-        let mut finish = Json::Null;
-        while let Some(d) = st.next_data().expect("event") {
-            if d == "[DONE]" {
-                break;
-            }
-            let e: Json = serde_json::from_str(&d).unwrap();
-            let c = &e["choices"][0];
-            if let Some(tc) = c["delta"].get("tool_calls") {
-                pieces.push(tc[0]["function"]["arguments"].as_str().unwrap().to_string());
-            }
-            if !c["finish_reason"].is_null() {
-                finish = c["finish_reason"].clone();
-            }
-        }
+        let (pieces, finish) = streamed_call(&s, &body);
         assert!(pieces.len() > 2, "{name}: {pieces:?}");
         assert_eq!(pieces[0], "", "{name}");
         assert_eq!(pieces.concat(), args, "{name}");

@@ -7,7 +7,7 @@
 //! without the whitespace outside strings).
 
 use super::json::{self, Json};
-use super::markup_calls::{Reader, Schemas, Step};
+use super::markup_calls::{Reader, Schemas, Step, skip_at, starts};
 use super::tools::{
     FUNCTOOLS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN, PHI4_CLOSE, PHI4_OPEN, PYTHON_TAG,
     ParsedOutput, ToolCallFormat, Tools, parse_calls, schema_of, skip_ws,
@@ -313,27 +313,6 @@ struct Scanner {
     /// Nothing more is reported (the text broke the format, or a call is of a function not
     /// offered).
     stopped: bool,
-}
-
-/// Whether `text` starts with `lit`: `Some(true)`, `Some(false)` when it cannot, `None` when
-/// `text` is a proper beginning of `lit` (more text will tell).
-fn starts(text: &str, lit: &str) -> Option<bool> {
-    if text.starts_with(lit) {
-        Some(true)
-    } else if lit.starts_with(text) {
-        None
-    } else {
-        Some(false)
-    }
-}
-
-/// The offset of the first byte at or after `i` that is not JSON whitespace.
-fn skip_at(text: &str, mut i: usize) -> usize {
-    let b = text.as_bytes();
-    while i < b.len() && json::is_ws(b[i]) {
-        i += 1;
-    }
-    i
 }
 
 impl Scanner {
