@@ -9,13 +9,16 @@
 //! campaign's 9B), not a measurement; memory is the peak RSS measured on the emulator
 //! ([`MEASURED_RSS`]), beside RKLLM's published memory. The model assumes three NPU cores,
 //! W8A8, the NPU at 1 GHz, decode at M = 1, TTFT the prefill pass of the prompt (the first
-//! token comes out of its last row's logits) with the campaign's host glue, unpinned and with the campaign's A76-pinned speed-up. The first
-//! columns cost the campaign's layout (the calibrated one); the "engine layout" columns cost
-//! the same shapes laid out as this project's engine lays them out
-//! (`DecoderLayout::Engine`: fused qkv and gate-up, contexts of at most 8192 columns, residual
-//! activations on the down projections and the head), with the same per-run cost. A second
-//! table splits the engine layout's TTFT into NPU and host glue, with and without the down
-//! projections' residual rows. A third sets the mixture of experts OLMoE-1B-7B beside its
+//! token comes out of its last row's logits), unpinned and with the campaign's A76-pinned
+//! speed-up. The first columns cost the campaign's layout (the calibrated one, its host
+//! terms the campaign's, end to end); the "engine layout" columns cost the same shapes laid
+//! out as this project's engine lays them out (`DecoderLayout::Engine`: fused qkv and
+//! gate-up, contexts of at most 8192 columns, residual activations on the down projections
+//! and the head), with the same per-run cost, the engine's own host glue and the model's
+//! host ops between the linears (`host::prefill_ops_s`, `host::decode_ops_s`), both measured
+//! here and carried to the A76. A second table splits the engine layout's TTFT into NPU, host
+//! glue and host ops, with and without the down projections' residual rows, and its decoded
+//! token the same way. A third sets the mixture of experts OLMoE-1B-7B beside its
 //! dense twin (the same attention and head, one feed-forward as wide as its 8 active experts:
 //! the weights a decoded token reads are the same), at RKLLM's prompt of 128 tokens: decode,
 //! TTFT, runs per core, the largest terms, and what the engine holds (contexts, each one
@@ -194,18 +197,20 @@ fn main() {
     println!();
     println!(
         "| model | RKLLM TTFT ms | engine layout, the campaign's glue (3.6 ns/element): TTFT ms \
-         | host glue ms | engine layout, its own glue ({:.2} ns/element): TTFT ms | NPU ms \
-         | host glue ms | residual on the head only: TTFT ms | NPU ms | host glue ms |",
+         | host glue ms | engine layout, its own glue ({:.2} ns/element) and host ops: TTFT ms \
+         | NPU ms | host glue ms | host ops ms | residual on the head only: TTFT ms | NPU ms \
+         | host glue ms | decode: NPU / host glue / host ops ms per token |",
         host::ENGINE_GLUE_NS
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in &ROWS {
         let e = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &engine);
         let h = RK3588.predict_llm_prompt_in(&r.shape, r.prompt, &head_only);
         let campaign_glue = host::prefill_engine_campaign_s(&r.shape, r.prompt, &ENGINE_LAYOUT)
             + host::router_s(&r.shape, r.prompt);
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} \
+             | {:.1} / {:.1} / {:.1} |",
             r.shape.name,
             r.ttft_ms,
             1e3 * (e.prefill_npu_s + campaign_glue),
@@ -213,9 +218,13 @@ fn main() {
             1e3 * e.ttft_s(),
             1e3 * e.prefill_npu_s,
             1e3 * e.prefill_host_s,
+            1e3 * e.prefill_ops_s,
             1e3 * h.ttft_s(),
             1e3 * h.prefill_npu_s,
             1e3 * h.prefill_host_s,
+            1e3 * e.decode_npu_s,
+            1e3 * e.decode_host_s,
+            1e3 * e.decode_ops_s,
         );
     }
     moe_section();

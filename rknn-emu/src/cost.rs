@@ -1347,6 +1347,62 @@ pub mod host {
         PREFILL_512_S * (e.activations(d, rows, 1) / CAMPAIGN_9B.activations(512, 1))
     }
 
+    /// The model's own host ops between the linears in a prefill (norms, RoPE, activations,
+    /// residual adds, the embedding rows and the last row's sampling), nanoseconds of wall time
+    /// per token, block and element of the block's width (`hidden + n_ff`), on the 2 threads of
+    /// the host pool of the machine [`ENGINE_GLUE_NS_HERE`] was measured on, by the same run
+    /// (`scripts/bench/host_cost.py`, `llm-decode --json`'s `other_s` of a 128-token prompt):
+    /// Qwen2-0.5B 1.71, TinyLlama-1.1B 1.52, Qwen2.5-1.5B 1.31; the median.
+    pub const PREFILL_OPS_NS_HERE: f64 = 1.52;
+    /// The prefill's attention (the prompt's rows over the positions before them), nanoseconds
+    /// of wall time per multiply-add (`2 × q_dim` per attended position: the scores and the
+    /// values), on those 2 threads, by the same run (`attention_s`): Qwen2-0.5B 0.0400,
+    /// TinyLlama-1.1B 0.0403, Qwen2.5-1.5B 0.0321; the median.
+    pub const PREFILL_ATTENTION_NS_HERE: f64 = 0.0400;
+    /// A decoded token's host ops other than attention, microseconds of wall time per block:
+    /// Qwen2-0.5B 16.3, TinyLlama-1.1B 16.3, Qwen2.5-1.5B 16.3 (the same run, 32 tokens after
+    /// the prompt: a fixed cost per block, not per element, at these widths).
+    pub const DECODE_OPS_US_PER_BLOCK_HERE: f64 = 16.3;
+    /// A decoded token's attention, nanoseconds of wall time per multiply-add, on one thread
+    /// (one row's attention stays on the calling thread): Qwen2-0.5B 0.110, TinyLlama-1.1B
+    /// 0.099, Qwen2.5-1.5B 0.095; the median.
+    pub const DECODE_ATTENTION_NS_HERE: f64 = 0.099;
+    /// Threads of the host pool the prefill ops were measured on.
+    pub const OPS_THREADS_HERE: f64 = 2.0;
+    /// Threads of the host pool on RK3588: its four Cortex-A76 cores (the lanes wait on the NPU,
+    /// which is idle while the host ops run).
+    pub const BOARD_OPS_THREADS: f64 = 4.0;
+    /// Positions after the prompt at which [`decode_ops_s`] is priced in the tables: the middle
+    /// of the 64 tokens RKLLM's benchmark generates after its 128-token prompt.
+    pub const DECODE_POSITIONS_AFTER_PROMPT: usize = 32;
+
+    /// Host seconds of the model's own ops between the linears in a prefill of `rows` tokens
+    /// of `d` from an empty cache, on RK3588: per block, [`PREFILL_OPS_NS_HERE`] per token and
+    /// element of `hidden + n_ff`, and [`PREFILL_ATTENTION_NS_HERE`] per multiply-add of the
+    /// causal attention (`2 × q_dim × rows (rows + 1) / 2`), carried to the board as the glue
+    /// is ([`A76_THREAD_SLOWDOWN`]) and spread from the [`OPS_THREADS_HERE`] threads measured
+    /// to the board's [`BOARD_OPS_THREADS`]. Neither the campaign's host term nor the glue
+    /// counts them; RKLLM's measured TTFT does.
+    pub fn prefill_ops_s(d: &DecoderShape, rows: usize) -> f64 {
+        let r = rows as f64;
+        let per_block = r * (d.hidden + d.n_ff) as f64 * PREFILL_OPS_NS_HERE
+            + PREFILL_ATTENTION_NS_HERE * d.q_dim as f64 * r * (r + 1.0);
+        1e-9 * d.layers as f64 * per_block * A76_THREAD_SLOWDOWN * OPS_THREADS_HERE
+            / BOARD_OPS_THREADS
+    }
+
+    /// Host seconds of the model's own ops in a decode pass of `rows` rows of `d` each
+    /// attending to about `positions` positions, on RK3588: per block,
+    /// [`DECODE_OPS_US_PER_BLOCK_HERE`] and [`DECODE_ATTENTION_NS_HERE`] per multiply-add of
+    /// attention (`2 × q_dim × positions` a row), on one thread carried by
+    /// [`A76_THREAD_SLOWDOWN`]. The pessimistic side: the host pool may take a wide model's
+    /// attention over more threads.
+    pub fn decode_ops_s(d: &DecoderShape, rows: usize, positions: usize) -> f64 {
+        let per_block = 1e3 * DECODE_OPS_US_PER_BLOCK_HERE
+            + DECODE_ATTENTION_NS_HERE * 2.0 * d.q_dim as f64 * (rows * positions) as f64;
+        1e-9 * d.layers as f64 * per_block * A76_THREAD_SLOWDOWN
+    }
+
     /// Bytes per second one host core streams the router's f32 weights from DDR at. An
     /// assumption, not measured on a board: a Cortex-A76 reading a 512 KB matrix that the
     /// previous token's 15 other routers pushed out of its caches.
@@ -1399,6 +1455,13 @@ pub struct LlmPrediction {
     /// Host seconds of the prefill pass ([`host::prefill_s`], and [`host::router_s`] of the
     /// prompt in a mixture of experts).
     pub prefill_host_s: f64,
+    /// Host seconds of the model's own ops per decoded token ([`host::decode_ops_s`] at
+    /// [`host::DECODE_POSITIONS_AFTER_PROMPT`] positions after the prompt): in the engine's
+    /// layout; 0 in the campaign's, whose host share is calibrated end to end.
+    pub decode_ops_s: f64,
+    /// Host seconds of the model's own ops in the prefill pass ([`host::prefill_ops_s`]): in
+    /// the engine's layout; 0 in the campaign's.
+    pub prefill_ops_s: f64,
     /// Prefill tokens per second if the NPU were all there is.
     pub prefill_npu_only_tok_s: f64,
     /// Prefill tokens per second with the host time ([`host::prefill_s`]).
@@ -1409,10 +1472,11 @@ pub struct LlmPrediction {
 }
 
 impl LlmPrediction {
-    /// Time to the first token, seconds: the prefill pass, NPU and host. The first token comes
-    /// out of the prefill's logits (of the last prompt row), so no decode step is added.
+    /// Time to the first token, seconds: the prefill pass, NPU, host glue and host ops. The
+    /// first token comes out of the prefill's logits (of the last prompt row), so no decode
+    /// step is added.
     pub fn ttft_s(&self) -> f64 {
-        self.prefill_npu_s + self.prefill_host_s
+        self.prefill_npu_s + self.prefill_host_s + self.prefill_ops_s
     }
 
     /// Time to the first token with the host threads pinned to the A76 cores.
@@ -1433,14 +1497,24 @@ impl CostModel {
         let t = MatmulType::I8_I8_I32;
         let decode = self.decoder_pass(d, 1, 1, self.cores, t);
         let prefill = self.decoder_pass(d, prompt, 1, self.cores, t);
-        LlmPrediction::new(prompt, decode, prefill, host::prefill_s(d, prompt), d)
+        LlmPrediction::new(
+            prompt,
+            decode,
+            prefill,
+            host::prefill_s(d, prompt),
+            (0.0, 0.0),
+            d,
+        )
     }
 
     /// [`CostModel::predict_llm_prompt`] with the decoder laid out as `layout` says: the
     /// campaign's (the same figures, bit for bit) or this project's engine's, whose prompt
     /// runs in forwards of [`EngineLayout::prefill_batch`] tokens (the last one computing the
-    /// logits of its last row) and whose host glue is the campaign's rate per activation
-    /// element of its own linears ([`host::prefill_engine_s`]).
+    /// logits of its last row), whose host glue is its own, measured rate per activation
+    /// element of its linears ([`host::prefill_engine_s`]), and whose host ops between the
+    /// linears are priced too ([`host::prefill_ops_s`], [`host::decode_ops_s`]): the campaign's
+    /// host terms are calibrated end to end, the engine's are built from parts, so the parts
+    /// must all be there.
     pub fn predict_llm_prompt_in(
         &self,
         d: &DecoderShape,
@@ -1465,31 +1539,38 @@ impl CostModel {
                 1,
             );
         }
+        let ops = (
+            host::decode_ops_s(d, 1, prompt + host::DECODE_POSITIONS_AFTER_PROMPT),
+            host::prefill_ops_s(d, prompt),
+        );
         LlmPrediction::new(
             prompt,
             decode,
             prefill,
             host::prefill_engine_s(d, prompt, e),
+            ops,
             d,
         )
     }
 }
 
 impl LlmPrediction {
-    /// The prediction from the NPU cost of a decoded token and of the prefill pass and the
-    /// prefill's host glue seconds: decode host time is [`host::decode_s`], the routers of `d`
-    /// ([`host::router_s`]) are added to both phases' host time, the pinned rates are the
-    /// campaign's speed-ups.
+    /// The prediction from the NPU cost of a decoded token and of the prefill pass, the
+    /// prefill's host glue seconds and the host ops' seconds (decode, prefill): decode host
+    /// time is [`host::decode_s`], the routers of `d` ([`host::router_s`]) are added to both
+    /// phases' host time, the pinned rates are the campaign's speed-ups.
     fn new(
         prompt: usize,
         decode: PassCost,
         prefill: PassCost,
         glue: f64,
+        (decode_ops_s, prefill_ops_s): (f64, f64),
         d: &DecoderShape,
     ) -> LlmPrediction {
         let (dn, pn) = (decode.npu_s, prefill.npu_s);
         let dh = host::decode_s(dn) + host::router_s(d, 1);
         let ph = glue + host::router_s(d, prompt);
+        let (dt, pt) = (dn + dh + decode_ops_s, pn + ph + prefill_ops_s);
         let rows = prompt as f64;
         LlmPrediction {
             prompt,
@@ -1498,13 +1579,15 @@ impl LlmPrediction {
             decode_npu_s: dn,
             decode_host_s: dh,
             decode_npu_only_tok_s: 1.0 / dn,
-            decode_tok_s: 1.0 / (dn + dh),
-            decode_pinned_tok_s: host::A76_PINNED_DECODE_SPEEDUP / (dn + dh),
+            decode_tok_s: 1.0 / dt,
+            decode_pinned_tok_s: host::A76_PINNED_DECODE_SPEEDUP / dt,
             prefill_npu_s: pn,
             prefill_host_s: ph,
+            decode_ops_s,
+            prefill_ops_s,
             prefill_npu_only_tok_s: rows / pn,
-            prefill_tok_s: rows / (pn + ph),
-            prefill_pinned_tok_s: host::A76_PINNED_PREFILL_SPEEDUP * rows / (pn + ph),
+            prefill_tok_s: rows / pt,
+            prefill_pinned_tok_s: host::A76_PINNED_PREFILL_SPEEDUP * rows / pt,
         }
     }
 }
@@ -1638,17 +1721,23 @@ impl SpecDecode {
     }
 }
 
+/// Positions a pass of [`CostModel::spec_decode`] attends to, for its host ops in the engine's
+/// layout: a token [`host::DECODE_POSITIONS_AFTER_PROMPT`] after a 128-token prompt, as the
+/// decode of [`CostModel::predict_llm_prompt_in`] at RKLLM's prompt.
+pub const SPEC_POSITIONS: usize = 128 + host::DECODE_POSITIONS_AFTER_PROMPT;
+
 impl CostModel {
     /// Speculative decoding of `target` with `draft` (W8A8, all cores, laid out as `layout`
     /// says), draft lengths 0 to `max_k`: every pass priced by [`CostModel::decoder_pass_in`]
     /// (the draft's over one row and its logits, the target's over `k + 1` rows and all their
     /// logits) plus the host time the model gives a decoded token of that NPU time
-    /// ([`host::decode_s`], and [`host::router_s`] of the pass's rows in a mixture). Plain
+    /// ([`host::decode_s`], [`host::router_s`] of the pass's rows in a mixture, and in the
+    /// engine's layout the host ops of its rows at [`SPEC_POSITIONS`]). Plain
     /// decode is the single-row pass, as in [`CostModel::predict_llm_prompt_in`].
     ///
     /// The draft's first pass of a cycle after all `k` drafts were accepted runs two rows (the
     /// last draft, never fed, and the model's next token); it is priced as one row, which a
-    /// pass bound by its weight reads barely notices. Attention is not in the model.
+    /// pass bound by its weight reads barely notices.
     pub fn spec_decode(
         &self,
         target: &DecoderShape,
@@ -1661,7 +1750,11 @@ impl CostModel {
             let npu = self
                 .decoder_pass_in(d, rows, rows, self.cores, t, layout)
                 .npu_s;
-            npu + host::decode_s(npu) + host::router_s(d, rows)
+            let ops = match layout {
+                DecoderLayout::Campaign => 0.0,
+                DecoderLayout::Engine(_) => host::decode_ops_s(d, rows, SPEC_POSITIONS),
+            };
+            npu + host::decode_s(npu) + host::router_s(d, rows) + ops
         };
         let verify_s: Vec<f64> = (0..=max_k).map(|k| pass(target, k + 1)).collect();
         SpecDecode {

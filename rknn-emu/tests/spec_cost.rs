@@ -9,8 +9,8 @@
 use rknn_chip::MatmulType;
 use rknn_emu::cost::{
     DecoderLayout, DecoderShape, ENGINE_LAYOUT, LLAMA3_2_1B, LLAMA3_8B, QWEN2_0_5B, QWEN2_5_0_5B,
-    QWEN2_5_1_5B, RK3588, SpecDecode, spec_acceptance_rate, spec_alpha_from_acceptance,
-    spec_tokens_per_cycle,
+    QWEN2_5_1_5B, RK3588, SPEC_POSITIONS, SpecDecode, host, spec_acceptance_rate,
+    spec_alpha_from_acceptance, spec_tokens_per_cycle,
 };
 
 const W8A8: MatmulType = MatmulType::I8_I8_I32;
@@ -128,12 +128,18 @@ fn a_cycle_is_k_draft_passes_and_one_verify_pass() {
         for (target, draft) in pairs() {
             let s = RK3588.spec_decode(target, draft, MAX_K, &layout);
             assert_eq!(s.max_k(), MAX_K);
+            // In the engine's layout each pass also pays its rows' host ops (the campaign's
+            // host share is calibrated end to end).
+            let ops = |d: &DecoderShape, rows: usize| match layout {
+                DecoderLayout::Campaign => 0.0,
+                DecoderLayout::Engine(_) => host::decode_ops_s(d, rows, SPEC_POSITIONS),
+            };
             let pass = |d: &DecoderShape, rows: usize| {
                 with_host(
                     RK3588
                         .decoder_pass_in(d, rows, rows, 3, W8A8, &layout)
                         .npu_s,
-                )
+                ) + ops(d, rows)
             };
             let draft_s = pass(draft, 1);
             for k in 0..=MAX_K {
