@@ -29,12 +29,12 @@
 //! to per-token) and at higher, assumed ones, each at its best draft length.
 
 use rknn_emu::cost::{
-    DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, GEMMA2_2B, LLAMA3_2_1B,
-    LLAMA3_8B, LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, PHI3_3_8B, QWEN2_0_5B,
-    QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN3_0_6B, RK3588, Residual, TINYLLAMA_1_1B, host,
-    spec_acceptance_rate, spec_alpha_from_acceptance,
+    CostModel, DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, GEMMA2_2B,
+    LLAMA3_2_1B, LLAMA3_8B, LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, PHI3_3_8B,
+    QWEN2_0_5B, QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN3_0_6B, RK3576, RK3588, Residual, TINYLLAMA_1_1B,
+    host, spec_acceptance_rate, spec_alpha_from_acceptance,
 };
-use rknn_emu::rknn_chip::MatmulType;
+use rknn_emu::rknn_chip::{MatmulType, Platform};
 
 /// A row: the shape, RKLLM's prompt length, and RKLLM's published decode tok/s, TTFT (ms) and
 /// memory (bytes; `None` where it publishes none).
@@ -229,6 +229,7 @@ fn main() {
     }
     moe_section();
     spec_section();
+    rk3576_section();
 }
 
 /// What the engine holds for `d` on three lanes: (contexts, one dma-buf handle each for its
@@ -373,5 +374,219 @@ fn spec_section() {
                 at,
             );
         }
+    }
+}
+
+/// RKLLM's figures for one format on RK3576: decode tok/s, TTFT ms (`None` where it publishes
+/// none) and memory MB (`None` likewise).
+struct Rkllm {
+    decode_tok_s: f64,
+    ttft_ms: Option<f64>,
+    memory_mb: Option<f64>,
+}
+
+/// A row of RKLLM's RK3576 table: the shape, its prompt, RKLLM's w4a16 and w8a8 (`None`:
+/// not published), and where the figures come from.
+struct Rk3576Row {
+    shape: DecoderShape,
+    prompt: usize,
+    w4a16: Rkllm,
+    w8a8: Option<Rkllm>,
+    source: &'static str,
+}
+
+const fn rkllm(decode_tok_s: f64, ttft_ms: f64, memory_mb: f64) -> Rkllm {
+    Rkllm {
+        decode_tok_s,
+        ttft_ms: Some(ttft_ms),
+        memory_mb: Some(memory_mb),
+    }
+}
+
+/// RKLLM's RK3576 rows whose architecture the LLM crate runs: airockchip/rknn-llm
+/// `benchmark.md` (release 1.3.0, the file at commit 878f9361; seqlen 128, 64 new tokens, CPU
+/// and NPU at their maximum frequencies), w4a16 (per channel) and w8a8; Llama-3-8B is not in
+/// that table: its w4a16 decode and memory are an older RKLLM README's (3.60 tok/s in 5.63 GB,
+/// as issue 43 quotes them; no TTFT, no w8a8), priced here at the prompt of 64 tokens that
+/// README's RK3588 rows used.
+const RK3576_ROWS: [Rk3576Row; 6] = [
+    Rk3576Row {
+        shape: QWEN2_0_5B,
+        prompt: 128,
+        w4a16: rkllm(32.56, 342.37, 443.44),
+        w8a8: Some(rkllm(21.73, 344.27, 678.43)),
+        source: "1.3.0",
+    },
+    Rk3576Row {
+        shape: QWEN3_0_6B,
+        prompt: 128,
+        w4a16: rkllm(24.85, 468.61, 512.71),
+        w8a8: Some(rkllm(17.17, 461.54, 796.26)),
+        source: "1.3.0",
+    },
+    Rk3576Row {
+        shape: TINYLLAMA_1_1B,
+        prompt: 128,
+        w4a16: rkllm(19.71, 543.68, 601.09),
+        w8a8: Some(rkllm(12.18, 534.13, 1092.87)),
+        source: "1.3.0",
+    },
+    Rk3576Row {
+        shape: GEMMA2_2B,
+        prompt: 128,
+        w4a16: rkllm(9.14, 997.92, 1542.14),
+        w8a8: Some(rkllm(5.24, 956.77, 2784.78)),
+        source: "1.3.0",
+    },
+    Rk3576Row {
+        shape: PHI3_3_8B,
+        prompt: 128,
+        w4a16: rkllm(6.58, 1829.12, 1995.78),
+        w8a8: Some(rkllm(3.74, 1615.97, 3767.28)),
+        source: "1.3.0",
+    },
+    Rk3576Row {
+        shape: LLAMA3_8B,
+        prompt: 64,
+        w4a16: Rkllm {
+            decode_tok_s: 3.60,
+            ttft_ms: None,
+            memory_mb: Some(5630.0),
+        },
+        w8a8: None,
+        source: "older README",
+    },
+];
+
+/// W4A16: f16 activations × int4 weights → f32.
+const W4A16: MatmulType = MatmulType::F16_I4_F32;
+/// W8A8: int8 × int8 → int32.
+const W8A8: MatmulType = MatmulType::I8_I8_I32;
+
+/// NPU bytes of the weights the engine holds for `d` on RK3576's two lanes in format `t`:
+/// padded elements × the bits of `t.b`.
+fn held_bytes(d: &DecoderShape, t: MatmulType) -> f64 {
+    let layout = EngineLayout::for_platform(Platform::Rk3576);
+    let (_, elems) = RK3576.engine_held(d, RK3576.cores, t, &layout);
+    elems * t.b.bits() as f64 / 8.0
+}
+
+/// "x.xx" or "—".
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("—".to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// The RK3576 model's predictions beside RKLLM's RK3576 table, the terms of a decoded
+/// token, and how far each assumption moves decode and TTFT.
+fn rk3576_section() {
+    let engine = DecoderLayout::Engine(EngineLayout::for_platform(Platform::Rk3576));
+    let predict = |m: &CostModel, r: &Rk3576Row, t: MatmulType| {
+        m.predict_llm_prompt_as(&r.shape, r.prompt, &engine, t)
+    };
+    println!();
+    println!(
+        "| RK3576 model | prompt | RKLLM figures | decode tok/s w4a16: ours | RKLLM \
+         | decode tok/s w8a8: ours | RKLLM | TTFT ms w4a16: ours | RKLLM | TTFT ms w8a8: ours \
+         | RKLLM | NPU weights MB (modelled) w4a16 / w8a8 | RKLLM memory MB w4a16 / w8a8 \
+         | w4a16 decode: ours / RKLLM |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &RK3576_ROWS {
+        let (w4, w8) = (predict(&RK3576, r, W4A16), predict(&RK3576, r, W8A8));
+        let theirs8 = r.w8a8.as_ref();
+        println!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {} | {:.0} | {} | {:.0} / {:.0} \
+             | {} / {} | {:.2} |",
+            r.shape.name,
+            r.prompt,
+            r.source,
+            w4.decode_tok_s,
+            r.w4a16.decode_tok_s,
+            w8.decode_tok_s,
+            opt(theirs8.map(|x| x.decode_tok_s), 2),
+            1e3 * w4.ttft_s(),
+            opt(r.w4a16.ttft_ms, 0),
+            1e3 * w8.ttft_s(),
+            opt(theirs8.and_then(|x| x.ttft_ms), 0),
+            held_bytes(&r.shape, W4A16) / 1e6,
+            held_bytes(&r.shape, W8A8) / 1e6,
+            opt(r.w4a16.memory_mb, 0),
+            opt(theirs8.and_then(|x| x.memory_mb), 0),
+            w4.decode_tok_s / r.w4a16.decode_tok_s,
+        );
+    }
+    // What a decoded token and the TTFT are made of, w4a16.
+    println!();
+    println!(
+        "| RK3576 model, w4a16 | decode ms: NPU weight reads / per-run fixed cost / activations \
+         / compute | decode ms: host share / host ops | runs per core per token \
+         | TTFT ms: NPU / host glue / host ops | TTFT: largest terms |"
+    );
+    println!("|---|---|---|---:|---|---|");
+    for r in &RK3576_ROWS {
+        let p = predict(&RK3576, r, W4A16);
+        let t = &p.decode.terms;
+        println!(
+            "| {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.0} / {:.0} / {:.0} | {} |",
+            r.shape.name,
+            1e3 * t.weights_s,
+            1e3 * t.call_s,
+            1e3 * t.activations_s,
+            1e3 * t.compute_s,
+            1e3 * p.decode_host_s,
+            1e3 * p.decode_ops_s,
+            p.decode.runs_per_core,
+            1e3 * p.prefill_npu_s,
+            1e3 * p.prefill_host_s,
+            1e3 * p.prefill_ops_s,
+            dominant(&p.prefill.terms, p.prefill_host_s + p.prefill_ops_s),
+        );
+    }
+    // How far each assumption moves the w4a16 figures.
+    let lpddr4x = CostModel {
+        ddr_bw: 17.064e9 * (30.3e9 / 51.2e9),
+        ..RK3576
+    };
+    let ddr = |f: f64| CostModel {
+        ddr_bw: RK3576.ddr_bw * f,
+        ..RK3576
+    };
+    let call = |s: f64| CostModel {
+        call_s: s,
+        ..RK3576
+    };
+    let f16 = |f: f64| CostModel {
+        peak_f16: RK3576.peak_f16 * f,
+        ..RK3576
+    };
+    let a72 = |per_clock: f64| host::Board {
+        thread_slowdown: host::A76_THREAD_SLOWDOWN * per_clock * host::A76_GHZ / host::A72_GHZ,
+        ..host::RK3576_A72
+    };
+    let variants: [(&str, CostModel, host::Board); 9] = [
+        ("as assumed", RK3576, host::RK3576_A72),
+        ("DDR −20 %", ddr(0.8), host::RK3576_A72),
+        ("DDR +20 %", ddr(1.2), host::RK3576_A72),
+        ("LPDDR4X-4266 (17.1 GB/s peak)", lpddr4x, host::RK3576_A72),
+        ("per-run cost 25 µs", call(25e-6), host::RK3576_A72),
+        ("per-run cost 100 µs", call(100e-6), host::RK3576_A72),
+        ("f16 rate = int8 rate", f16(2.0), host::RK3576_A72),
+        ("A76/A72 per clock 1.2", RK3576, a72(1.2)),
+        ("A76/A72 per clock 1.8", RK3576, a72(1.8)),
+    ];
+    println!();
+    print!("| RK3576 w4a16, assumption |");
+    for r in &RK3576_ROWS {
+        print!(" {}: decode tok/s, TTFT ms |", r.shape.name);
+    }
+    println!();
+    println!("|---|{}", "---:|".repeat(RK3576_ROWS.len()));
+    for (what, m, board) in &variants {
+        print!("| {what} |");
+        for r in &RK3576_ROWS {
+            let p = m.predict_llm_prompt_on(&r.shape, r.prompt, &engine, W4A16, board);
+            print!(" {:.2}, {:.0} |", p.decode_tok_s, 1e3 * p.ttft_s());
+        }
+        println!();
     }
 }

@@ -10,7 +10,8 @@ use crate::cost::CostModel;
 /// [`RulesPolicy`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum CostPolicy {
-    /// The platform's calibrated model, if it has one (RK3588; default).
+    /// The platform's model, if it has one ([`CostModel::for_platform`]: RK3588's, calibrated,
+    /// and RK3576's, built from public figures and RK3588's calibration; default).
     #[default]
     Calibrated,
     /// This model, whatever the platform.

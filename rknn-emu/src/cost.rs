@@ -5,7 +5,10 @@
 //! model says what the board would take, and the emulator keeps its figure per context and per
 //! core for every run it makes ([`crate::Emulator::modelled`]). Everything it prints is a
 //! **model**, labelled as such: calibrated to the points in [`calibration`], each with its
-//! source and error, and extrapolated everywhere else.
+//! source and error, and extrapolated everywhere else. [`RK3576`] is the same model with
+//! RK3576's public figures (two cores, 6 TOPS rated, a 32-bit memory interface, 4096-row K
+//! segments) and RK3588's calibration where RK3576 publishes nothing: a prediction with
+//! stated assumptions, not a calibrated model.
 //!
 //! # The model
 //!
@@ -73,7 +76,7 @@
 use std::time::Duration;
 
 use rknn_chip::plan::{LinearPlan, MChunk, PlanError, SplitRules, m_bucket, m_chunks};
-use rknn_chip::{ElemKind, MatmulType, Platform};
+use rknn_chip::{ElemKind, MatmulType, Platform, USER_GUIDE_MAX_N};
 
 /// The linears of the engine's layout and which of them run residual activations, defined
 /// with the engine's plan in `rknn-chip` (the LLM names the same ones).
@@ -132,11 +135,59 @@ pub const RK3588: CostModel = CostModel {
     cores: 3,
 };
 
+/// The peak DDR bandwidth of the campaign's RK3588 board: 64-bit LPDDR5-6400, 8 bytes ×
+/// 6.4 GT/s = 51.2 GB/s (fact sheet §9).
+pub const RK3588_DDR_PEAK: f64 = 51.2e9;
+
+/// The share of its DDR peak the calibrated RK3588 model streams at: [`RK3588`]'s `ddr_bw`,
+/// 30.3 GB/s (fitted to the 9B decode), over [`RK3588_DDR_PEAK`], 51.2 GB/s: 0.592.
+pub const RK3588_DDR_REALISED: f64 = 30.3e9 / RK3588_DDR_PEAK;
+
+/// The peak DDR bandwidth taken for RK3576: its memory interface is 32 bits wide (two 16-bit
+/// channels of LPDDR4/4X/5: public spec listings, e.g. CNX Software's RK3576 specifications),
+/// half of RK3588's 64. The data rate is an **assumption**: LPDDR5 at 6400 MT/s, the rate of
+/// the campaign's RK3588 board; no public source consulted states RK3576's top rate. 4 bytes ×
+/// 6.4 GT/s = 25.6 GB/s. A board with LPDDR4X-4266 has 17.1 GB/s (−33 %).
+pub const RK3576_DDR_PEAK: f64 = 25.6e9;
+
+/// The modelled RK3576 (two NPU cores). **Not calibrated**: no RK3576 measurement exists here.
+/// Its numbers are Rockchip's rated figures, the fact sheet's, and RK3588's calibration
+/// carried over where RK3576 publishes nothing; each is marked rated, public or assumed. What
+/// it gives for RKLLM's RK3576 models and how far each assumption moves it is in
+/// `docs/npu-matmul-performance.md` ("RK3576").
+pub const RK3576: CostModel = CostModel {
+    platform: Platform::Rk3576,
+    // Assumed: RK3588's (no RK3576 measurement).
+    call_s: 50e-6,
+    // Rated: 6 TOPS int8 over two cores, 3 TOPS a core.
+    peak_i8: 3.0e12,
+    // Assumed: half the int8 rate, as on RK3588 (no published matmul figure). Uncalibrated.
+    peak_f16: 1.5e12,
+    // Assumed: twice the int8 rate, as on RK3588. Uncalibrated.
+    peak_i4: 6.0e12,
+    // Assumed: RK3588's 128 KiB.
+    a_block_bytes: 128.0 * 1024.0,
+    // Assumed: RK3588's fitted 11.2 GB/s per core.
+    core_bw: 11.2e9,
+    // Public width, assumed rate: RK3576_DDR_PEAK (25.6 GB/s) at RK3588's realised share
+    // (0.592): 15.15 GB/s.
+    ddr_bw: RK3576_DDR_PEAK * RK3588_DDR_REALISED,
+    // Fact sheet §6: native B in segments of 4096 K rows on RK3576.
+    k_segment: Some(4096),
+    // Assumed: RK3588's rate above the segment.
+    cliff_ops: 21.5e9,
+    // Public: two NPU cores.
+    cores: 2,
+};
+
 impl CostModel {
-    /// The calibrated model of a chip, if there is one (only RK3588 has field measurements).
+    /// The model of a chip, if there is one: [`RK3588`], calibrated to the field campaign, and
+    /// [`RK3576`], built from its public figures and RK3588's calibration (not calibrated
+    /// itself). `None` for the single-core chips.
     pub fn for_platform(platform: Platform) -> Option<&'static CostModel> {
         match platform {
             Platform::Rk3588 => Some(&RK3588),
+            Platform::Rk3576 => Some(&RK3576),
             _ => None,
         }
     }
@@ -1159,6 +1210,28 @@ impl EngineLinear {
 }
 
 impl EngineLayout {
+    /// The engine's defaults on `platform`: [`ENGINE_LAYOUT`] with contexts of at most the
+    /// widest N measured on the chip, or the user guide's 4096 where none is
+    /// ([`Platform::measured_max_n`], as the engine's probe defaults): 8192 on RK3588, 4096 on
+    /// RK3576.
+    pub fn for_platform(platform: Platform) -> EngineLayout {
+        EngineLayout {
+            max_n_per_context: platform.measured_max_n().unwrap_or(USER_GUIDE_MAX_N),
+            ..ENGINE_LAYOUT
+        }
+    }
+
+    /// This layout for the matmul type `t`: activations of a float kind (f16, W4A16) are not
+    /// quantised, so they have no residual rows ([`Residual::None`]); integer activations keep
+    /// [`EngineLayout::residual`].
+    pub fn for_type(&self, t: MatmulType) -> EngineLayout {
+        let float = matches!(t.a, ElemKind::F16 | ElemKind::Bf16);
+        EngineLayout {
+            residual: if float { Residual::None } else { self.residual },
+            ..*self
+        }
+    }
+
     fn linear(&self, role: LinearRole, n: usize, k: usize) -> EngineLinear {
         EngineLinear {
             role,
@@ -1275,7 +1348,7 @@ impl EngineLayout {
 /// of the token ([`host::decode_s`]), prefill scales with the activations the host quantises
 /// and collects ([`host::prefill_s`]).
 pub mod host {
-    use super::{CAMPAIGN_9B, DecoderShape, EngineLayout};
+    use super::{CAMPAIGN_9B, DecoderShape, EngineLayout, Platform};
 
     /// Share of decode time outside `rknn_matmul_run`: 7.8 % (the campaign's instrumented
     /// decode: prepare A, run, collect C).
@@ -1301,6 +1374,13 @@ pub mod host {
     /// dominates a token.
     pub fn decode_s(npu_s: f64) -> f64 {
         npu_s * DECODE_SHARE / (1.0 - DECODE_SHARE)
+    }
+
+    /// [`decode_s`] on `board`: the campaign's share, its host part as much longer as the
+    /// board's threads are slower than RK3588's A76 ([`Board::relative_to_a76`]; the same
+    /// figure on [`RK3588_A76`]).
+    pub fn decode_s_on(board: &Board, npu_s: f64) -> f64 {
+        decode_s(npu_s) * board.relative_to_a76()
     }
 
     /// Host seconds around a prefill pass of `rows` tokens of `d` (the output projection over
@@ -1338,7 +1418,18 @@ pub mod host {
     /// twice, the head over the last row). This engine's measured glue, carried to the board;
     /// [`prefill_engine_campaign_s`] is the same elements at the campaign's rate.
     pub fn prefill_engine_s(d: &DecoderShape, rows: usize, e: &EngineLayout) -> f64 {
-        ENGINE_GLUE_NS * 1e-9 * e.activations(d, rows, 1)
+        prefill_engine_s_on(&RK3588_A76, d, rows, e)
+    }
+
+    /// [`prefill_engine_s`] on `board`: [`ENGINE_GLUE_NS_HERE`] carried to the board's
+    /// threads ([`Board::glue_ns`]) per activation element of the engine's linears.
+    pub fn prefill_engine_s_on(
+        board: &Board,
+        d: &DecoderShape,
+        rows: usize,
+        e: &EngineLayout,
+    ) -> f64 {
+        board.glue_ns() * 1e-9 * e.activations(d, rows, 1)
     }
 
     /// [`prefill_s`]'s rate per element (the campaign's llama.cpp backend, 3.6 ns) over the
@@ -1384,11 +1475,17 @@ pub mod host {
     /// to the board's [`BOARD_OPS_THREADS`]. Neither the campaign's host term nor the glue
     /// counts them; RKLLM's measured TTFT does.
     pub fn prefill_ops_s(d: &DecoderShape, rows: usize) -> f64 {
+        prefill_ops_s_on(&RK3588_A76, d, rows)
+    }
+
+    /// [`prefill_ops_s`] on `board`: its thread slowdown and host pool
+    /// ([`Board::thread_slowdown`], [`Board::ops_threads`]).
+    pub fn prefill_ops_s_on(board: &Board, d: &DecoderShape, rows: usize) -> f64 {
         let r = rows as f64;
         let per_block = r * (d.hidden + d.n_ff) as f64 * PREFILL_OPS_NS_HERE
             + PREFILL_ATTENTION_NS_HERE * d.q_dim as f64 * r * (r + 1.0);
-        1e-9 * d.layers as f64 * per_block * A76_THREAD_SLOWDOWN * OPS_THREADS_HERE
-            / BOARD_OPS_THREADS
+        1e-9 * d.layers as f64 * per_block * board.thread_slowdown * OPS_THREADS_HERE
+            / board.ops_threads
     }
 
     /// Host seconds of the model's own ops in a decode pass of `rows` rows of `d` each
@@ -1398,9 +1495,99 @@ pub mod host {
     /// [`A76_THREAD_SLOWDOWN`]. The pessimistic side: the host pool may take a wide model's
     /// attention over more threads.
     pub fn decode_ops_s(d: &DecoderShape, rows: usize, positions: usize) -> f64 {
+        decode_ops_s_on(&RK3588_A76, d, rows, positions)
+    }
+
+    /// [`decode_ops_s`] on `board` (one of its threads, [`Board::thread_slowdown`]).
+    pub fn decode_ops_s_on(board: &Board, d: &DecoderShape, rows: usize, positions: usize) -> f64 {
         let per_block = 1e3 * DECODE_OPS_US_PER_BLOCK_HERE
             + DECODE_ATTENTION_NS_HERE * 2.0 * d.q_dim as f64 * (rows * positions) as f64;
-        1e-9 * d.layers as f64 * per_block * A76_THREAD_SLOWDOWN
+        1e-9 * d.layers as f64 * per_block * board.thread_slowdown
+    }
+
+    /// The host CPU of a board, as far as the host terms need it: how much slower one of its
+    /// threads is than one thread of the machine the host terms were measured on, and how many
+    /// threads the engine's glue and the model's host ops spread over.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Board {
+        /// What it is.
+        pub name: &'static str,
+        /// How much longer one of its threads takes than one thread of the machine
+        /// [`ENGINE_GLUE_NS_HERE`] was measured on.
+        pub thread_slowdown: f64,
+        /// Threads the engine's prefill glue spreads over: one per NPU lane.
+        pub glue_threads: f64,
+        /// Threads of the host pool running the model's ops between the linears.
+        pub ops_threads: f64,
+        /// Decode speed-up from pinning the host threads to the big cores, end to end.
+        pub pinned_decode_speedup: f64,
+        /// Prefill speed-up from the same pinning, end to end.
+        pub pinned_prefill_speedup: f64,
+    }
+
+    impl Board {
+        /// The engine's prefill glue per activation element on this board, wall nanoseconds:
+        /// [`ENGINE_GLUE_NS_HERE`] × [`Board::thread_slowdown`] / [`Board::glue_threads`]
+        /// ([`ENGINE_GLUE_NS`] on [`RK3588_A76`]).
+        pub fn glue_ns(&self) -> f64 {
+            ENGINE_GLUE_NS_HERE * self.thread_slowdown / self.glue_threads
+        }
+
+        /// How much slower one of its threads is than one of RK3588's A76 threads (1 on
+        /// [`RK3588_A76`]).
+        pub fn relative_to_a76(&self) -> f64 {
+            self.thread_slowdown / A76_THREAD_SLOWDOWN
+        }
+    }
+
+    /// RK3588's host: four Cortex-A76 at 2.4 GHz, the campaign's board, every number measured
+    /// ([`A76_THREAD_SLOWDOWN`], [`BOARD_GLUE_THREADS`], [`BOARD_OPS_THREADS`], the pinned
+    /// speed-ups).
+    pub const RK3588_A76: Board = Board {
+        name: "RK3588 (4× Cortex-A76 at 2.4 GHz)",
+        thread_slowdown: A76_THREAD_SLOWDOWN,
+        glue_threads: BOARD_GLUE_THREADS,
+        ops_threads: BOARD_OPS_THREADS,
+        pinned_decode_speedup: A76_PINNED_DECODE_SPEEDUP,
+        pinned_prefill_speedup: A76_PINNED_PREFILL_SPEEDUP,
+    };
+
+    /// How much more work a Cortex-A76 does than a Cortex-A72 per clock at the host's work. An
+    /// **assumption**, measured on neither board: about 1.5, the order of Arm's own generational
+    /// claims from the A72 to the A76 and of published per-GHz SPEC comparisons. A board run of
+    /// `scripts/bench/host_cost.py` on RK3576 settles it.
+    pub const A76_OVER_A72_PER_CLOCK: f64 = 1.5;
+    /// RK3588's Cortex-A76 clock, GHz (public: 2.4).
+    pub const A76_GHZ: f64 = 2.4;
+    /// RK3576's Cortex-A72 clock, GHz (public: 2.2).
+    pub const A72_GHZ: f64 = 2.2;
+    /// How much longer one Cortex-A72 thread of RK3576 takes than one thread of the machine the
+    /// host terms were measured on: [`A76_THREAD_SLOWDOWN`] (measured) × the assumed
+    /// [`A76_OVER_A72_PER_CLOCK`] × the clocks' ratio [`A76_GHZ`] / [`A72_GHZ`]: 3.03.
+    pub const A72_THREAD_SLOWDOWN: f64 =
+        A76_THREAD_SLOWDOWN * A76_OVER_A72_PER_CLOCK * A76_GHZ / A72_GHZ;
+
+    /// RK3576's host: four Cortex-A72 at 2.2 GHz (and four A53, left out): the host terms
+    /// measured here carried to the A72 by [`A72_THREAD_SLOWDOWN`] (an assumption past the
+    /// A76), the glue over the engine's two lanes, the host ops over the four A72. No pinning
+    /// gain is assumed (none measured).
+    pub const RK3576_A72: Board = Board {
+        name: "RK3576 (4× Cortex-A72 at 2.2 GHz)",
+        thread_slowdown: A72_THREAD_SLOWDOWN,
+        glue_threads: 2.0,
+        ops_threads: 4.0,
+        pinned_decode_speedup: 1.0,
+        pinned_prefill_speedup: 1.0,
+    };
+
+    /// The host of `platform`'s board: [`RK3576_A72`] on RK3576, [`RK3588_A76`] everywhere
+    /// else (the only host measured; for the single-core chips, which have no cost model, an
+    /// optimistic stand-in).
+    pub fn board(platform: Platform) -> &'static Board {
+        match platform {
+            Platform::Rk3576 => &RK3576_A72,
+            _ => &RK3588_A76,
+        }
     }
 
     /// Bytes per second one host core streams the router's f32 weights from DDR at. An
@@ -1494,16 +1681,23 @@ impl CostModel {
 
     /// [`CostModel::predict_llm`] with a prefill of `prompt` tokens.
     pub fn predict_llm_prompt(&self, d: &DecoderShape, prompt: usize) -> LlmPrediction {
-        let t = MatmulType::I8_I8_I32;
+        self.predict_campaign(d, prompt, MatmulType::I8_I8_I32)
+    }
+
+    /// The campaign's layout with B of `t`: its calibrated host terms, carried to this chip's
+    /// host ([`host::board`]; unchanged on RK3588).
+    fn predict_campaign(&self, d: &DecoderShape, prompt: usize, t: MatmulType) -> LlmPrediction {
+        let board = host::board(self.platform);
         let decode = self.decoder_pass(d, 1, 1, self.cores, t);
         let prefill = self.decoder_pass(d, prompt, 1, self.cores, t);
         LlmPrediction::new(
             prompt,
             decode,
             prefill,
-            host::prefill_s(d, prompt),
+            host::prefill_s(d, prompt) * board.relative_to_a76(),
             (0.0, 0.0),
             d,
+            board,
         )
     }
 
@@ -1521,11 +1715,46 @@ impl CostModel {
         prompt: usize,
         layout: &DecoderLayout,
     ) -> LlmPrediction {
+        self.predict_llm_prompt_as(d, prompt, layout, MatmulType::I8_I8_I32)
+    }
+
+    /// [`CostModel::predict_llm_prompt_in`] with the weights' format `t` (W8A8 is
+    /// `I8_I8_I32`, W4A16 `F16_I4_F32`, W4A8 `I8_I4_I32`): every linear planned with the
+    /// alignment of `t.b` ([`CostModel::engine_plan`]: int4 pads N to 64 on RK3588 and
+    /// RK3576), its runs costed with `t`'s element sizes and rate ([`CostModel::run`],
+    /// [`CostModel::peak`]), and the host terms on this chip's host ([`host::board`]).
+    /// In the engine's layout, activations of a float kind (f16) are neither rotated nor
+    /// quantised, so no linear runs residual rows whatever `layout` says
+    /// ([`EngineLayout::for_type`]); their glue per activation element (converting to f16,
+    /// packing A, collecting C with the per-channel scales) is taken to be W8A8's measured
+    /// rate, [`host::ENGINE_GLUE_NS_HERE`]: an assumption, on the high side for the work
+    /// (no rotation, no per-row scale), not for the bytes (A is twice as wide).
+    pub fn predict_llm_prompt_as(
+        &self,
+        d: &DecoderShape,
+        prompt: usize,
+        layout: &DecoderLayout,
+        t: MatmulType,
+    ) -> LlmPrediction {
+        self.predict_llm_prompt_on(d, prompt, layout, t, host::board(self.platform))
+    }
+
+    /// [`CostModel::predict_llm_prompt_as`] with the host terms on `board` instead of this
+    /// chip's: what the prediction is if the board's host is faster or slower than assumed.
+    pub fn predict_llm_prompt_on(
+        &self,
+        d: &DecoderShape,
+        prompt: usize,
+        layout: &DecoderLayout,
+        t: MatmulType,
+        board: &host::Board,
+    ) -> LlmPrediction {
         let e = match layout {
-            DecoderLayout::Campaign => return self.predict_llm_prompt(d, prompt),
-            DecoderLayout::Engine(e) => e,
+            DecoderLayout::Campaign => return self.predict_campaign(d, prompt, t),
+            DecoderLayout::Engine(e) => e.for_type(t),
         };
-        let t = MatmulType::I8_I8_I32;
+        let layout = &DecoderLayout::Engine(e);
+        let e = &e;
         let decode = self.decoder_pass_in(d, 1, 1, self.cores, t, layout);
         let mut prefill = PassCost::default();
         let batch = e.prefill_batch.max(1);
@@ -1540,16 +1769,17 @@ impl CostModel {
             );
         }
         let ops = (
-            host::decode_ops_s(d, 1, prompt + host::DECODE_POSITIONS_AFTER_PROMPT),
-            host::prefill_ops_s(d, prompt),
+            host::decode_ops_s_on(board, d, 1, prompt + host::DECODE_POSITIONS_AFTER_PROMPT),
+            host::prefill_ops_s_on(board, d, prompt),
         );
         LlmPrediction::new(
             prompt,
             decode,
             prefill,
-            host::prefill_engine_s(d, prompt, e),
+            host::prefill_engine_s_on(board, d, prompt, e),
             ops,
             d,
+            board,
         )
     }
 }
@@ -1566,9 +1796,10 @@ impl LlmPrediction {
         glue: f64,
         (decode_ops_s, prefill_ops_s): (f64, f64),
         d: &DecoderShape,
+        board: &host::Board,
     ) -> LlmPrediction {
         let (dn, pn) = (decode.npu_s, prefill.npu_s);
-        let dh = host::decode_s(dn) + host::router_s(d, 1);
+        let dh = host::decode_s_on(board, dn) + host::router_s(d, 1);
         let ph = glue + host::router_s(d, prompt);
         let (dt, pt) = (dn + dh + decode_ops_s, pn + ph + prefill_ops_s);
         let rows = prompt as f64;
@@ -1580,14 +1811,14 @@ impl LlmPrediction {
             decode_host_s: dh,
             decode_npu_only_tok_s: 1.0 / dn,
             decode_tok_s: 1.0 / dt,
-            decode_pinned_tok_s: host::A76_PINNED_DECODE_SPEEDUP / dt,
+            decode_pinned_tok_s: board.pinned_decode_speedup / dt,
             prefill_npu_s: pn,
             prefill_host_s: ph,
             decode_ops_s,
             prefill_ops_s,
             prefill_npu_only_tok_s: rows / pn,
             prefill_tok_s: rows / pt,
-            prefill_pinned_tok_s: host::A76_PINNED_PREFILL_SPEEDUP * rows / pt,
+            prefill_pinned_tok_s: board.pinned_prefill_speedup * rows / pt,
         }
     }
 }
@@ -1746,15 +1977,16 @@ impl CostModel {
         layout: &DecoderLayout,
     ) -> SpecDecode {
         let t = MatmulType::I8_I8_I32;
+        let board = host::board(self.platform);
         let pass = |d: &DecoderShape, rows: usize| {
             let npu = self
                 .decoder_pass_in(d, rows, rows, self.cores, t, layout)
                 .npu_s;
             let ops = match layout {
                 DecoderLayout::Campaign => 0.0,
-                DecoderLayout::Engine(_) => host::decode_ops_s(d, rows, SPEC_POSITIONS),
+                DecoderLayout::Engine(_) => host::decode_ops_s_on(board, d, rows, SPEC_POSITIONS),
             };
-            npu + host::decode_s(npu) + host::router_s(d, rows) + ops
+            npu + host::decode_s_on(board, npu) + host::router_s(d, rows) + ops
         };
         let verify_s: Vec<f64> = (0..=max_k).map(|k| pass(target, k + 1)).collect();
         SpecDecode {

@@ -207,9 +207,14 @@ fn the_9b_stand_in_has_the_campaigns_weight_volume() {
 }
 
 #[test]
-fn only_rk3588_is_calibrated() {
+fn rk3588_and_rk3576_have_models_and_the_single_core_chips_none() {
     assert_eq!(CostModel::for_platform(Platform::Rk3588), Some(&RK3588));
-    for p in [Platform::Rk3576, Platform::Rk3562, Platform::Rk3566] {
+    // RK3576's model is built from public figures (tests/rk3576_cost.rs), not calibrated.
+    assert_eq!(
+        CostModel::for_platform(Platform::Rk3576),
+        Some(&cost::RK3576)
+    );
+    for p in [Platform::Rk3562, Platform::Rk3566, Platform::Rk3568] {
         assert!(CostModel::for_platform(p).is_none());
         assert!(CostPolicy::Calibrated.resolve(p).is_none());
     }
