@@ -27,12 +27,21 @@
 //! Llama-3.2-1B and Qwen2.5-1.5B by Qwen2.5-0.5B, what both hold, the break-even per-token
 //! acceptance, and decode at the acceptances measured here (converted from accepted / drafted
 //! to per-token) and at higher, assumed ones, each at its best draft length.
+//!
+//! The RK3576 section sets the `RK3576` model (not calibrated: RK3576's public figures and
+//! RK3588's calibration, every number marked rated, public or assumed in `rknn_emu::cost`)
+//! beside RKLLM's RK3576 table, in the engine's layout with RK3576's defaults (contexts of at
+//! most 4096 columns, K segments of 4096 rows): our w4a16 (`RKNN_FLOAT16_MM_INT4_TO_FLOAT32`,
+//! f16 activations, no residual rows) and w8a8 decode and TTFT beside RKLLM's, and the NPU
+//! bytes of the weights the engine would hold beside RKLLM's memory (nothing is measured on
+//! RK3576 here); then what a w4a16 token and TTFT are made of, the realised DDR bandwidth
+//! at which each row reaches RKLLM's w4a16 decode, and how far each assumption moves them.
 
 use rknn_emu::cost::{
     CostModel, DecoderLayout, DecoderShape, ENGINE_LAYOUT, EngineLayout, ExpertLayout, GEMMA2_2B,
     LLAMA3_2_1B, LLAMA3_8B, LlmPrediction, NpuTerms, OLMOE_1B_7B, OLMOE_1B_7B_DENSE, PHI3_3_8B,
-    QWEN2_0_5B, QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN3_0_6B, RK3576, RK3588, Residual, TINYLLAMA_1_1B,
-    host, spec_acceptance_rate, spec_alpha_from_acceptance,
+    QWEN2_0_5B, QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN3_0_6B, RK3576, RK3576_DDR_PEAK, RK3588, Residual,
+    TINYLLAMA_1_1B, host, spec_acceptance_rate, spec_alpha_from_acceptance,
 };
 use rknn_emu::rknn_chip::{MatmulType, Platform};
 
@@ -520,14 +529,16 @@ fn rk3576_section() {
     println!(
         "| RK3576 model, w4a16 | decode ms: NPU weight reads / per-run fixed cost / activations \
          / compute | decode ms: host share / host ops | runs per core per token \
-         | TTFT ms: NPU / host glue / host ops | TTFT: largest terms |"
+         | TTFT ms: NPU / host glue / host ops | TTFT: largest terms \
+         | realised DDR at which ours reaches RKLLM's w4a16 decode, GB/s (share of the peak) |"
     );
-    println!("|---|---|---|---:|---|---|");
+    println!("|---|---|---|---:|---|---|---:|");
     for r in &RK3576_ROWS {
         let p = predict(&RK3576, r, W4A16);
         let t = &p.decode.terms;
         println!(
-            "| {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.0} / {:.0} / {:.0} | {} |",
+            "| {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.0} / {:.0} / {:.0} | {} \
+             | {} |",
             r.shape.name,
             1e3 * t.weights_s,
             1e3 * t.call_s,
@@ -540,6 +551,11 @@ fn rk3576_section() {
             1e3 * p.prefill_host_s,
             1e3 * p.prefill_ops_s,
             dominant(&p.prefill.terms, p.prefill_host_s + p.prefill_ops_s),
+            ddr_to_reach(r, &engine).map_or("above the peak".to_string(), |b| format!(
+                "{:.1} ({:.0} %)",
+                b / 1e9,
+                100.0 * b / RK3576_DDR_PEAK
+            )),
         );
     }
     // How far each assumption moves the w4a16 figures.
@@ -574,6 +590,12 @@ fn rk3576_section() {
         ("A76/A72 per clock 1.2", RK3576, a72(1.2)),
         ("A76/A72 per clock 1.8", RK3576, a72(1.8)),
     ];
+    // Not a chip figure but the engine's setting: contexts of 8192 columns, if RK3576's
+    // runtime accepts N = 8192 (`rknn-conformance`'s rules.n_limit settles it): fewer runs.
+    let wide = DecoderLayout::Engine(EngineLayout {
+        max_n_per_context: 8192,
+        ..EngineLayout::for_platform(Platform::Rk3576)
+    });
     println!();
     print!("| RK3576 w4a16, assumption |");
     for r in &RK3576_ROWS {
@@ -581,12 +603,49 @@ fn rk3576_section() {
     }
     println!();
     println!("|---|{}", "---:|".repeat(RK3576_ROWS.len()));
-    for (what, m, board) in &variants {
+    let rows = variants
+        .iter()
+        .map(|(what, m, board)| (*what, m, board, &engine))
+        .chain([(
+            "contexts of 8192 columns (if RK3576 runs N = 8192)",
+            &RK3576,
+            &host::RK3576_A72,
+            &wide,
+        )]);
+    for (what, m, board, layout) in rows {
         print!("| {what} |");
         for r in &RK3576_ROWS {
-            let p = m.predict_llm_prompt_on(&r.shape, r.prompt, &engine, W4A16, board);
+            let p = m.predict_llm_prompt_on(&r.shape, r.prompt, layout, W4A16, board);
             print!(" {:.2}, {:.0} |", p.decode_tok_s, 1e3 * p.ttft_s());
         }
         println!();
     }
+}
+
+/// The realised DDR bandwidth at which the model's w4a16 decode of `r` reaches RKLLM's, all
+/// else as assumed (bisection to 1 MB/s); `None` when even the whole peak
+/// ([`RK3576_DDR_PEAK`]) does not reach it.
+fn ddr_to_reach(r: &Rk3576Row, layout: &DecoderLayout) -> Option<f64> {
+    let decode = |bw: f64| {
+        let m = CostModel {
+            ddr_bw: bw,
+            ..RK3576
+        };
+        m.predict_llm_prompt_as(&r.shape, r.prompt, layout, W4A16)
+            .decode_tok_s
+    };
+    let want = r.w4a16.decode_tok_s;
+    let (mut lo, mut hi) = (1e9, RK3576_DDR_PEAK);
+    if decode(hi) < want {
+        return None;
+    }
+    while hi - lo > 1e6 {
+        let mid = 0.5 * (lo + hi);
+        if decode(mid) >= want {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }

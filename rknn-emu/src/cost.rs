@@ -1614,8 +1614,11 @@ pub mod host {
     }
 }
 
-/// The model's prediction for a decoder on RK3588 (three cores, W8A8), for the campaign's 9B
+/// The model's prediction for a decoder on the model's chip (all its cores; W8A8 unless
+/// [`CostModel::predict_llm_prompt_as`] names another format), for the campaign's 9B
 /// ([`CostModel::predict_llm`]) or any shape and prompt ([`CostModel::predict_llm_prompt`]).
+/// The host terms are those of the chip's board ([`host::board`]): the fields below name
+/// RK3588's, which RK3576's scale ([`host::Board`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LlmPrediction {
     /// Tokens of the prefill pass (512 for [`CostModel::predict_llm`]).
@@ -1739,8 +1742,9 @@ impl CostModel {
         self.predict_llm_prompt_on(d, prompt, layout, t, host::board(self.platform))
     }
 
-    /// [`CostModel::predict_llm_prompt_as`] with the host terms on `board` instead of this
-    /// chip's: what the prediction is if the board's host is faster or slower than assumed.
+    /// [`CostModel::predict_llm_prompt_as`] with the engine layout's host terms on `board`
+    /// instead of this chip's: what the prediction is if the board's host is faster or slower
+    /// than assumed. The campaign's layout keeps the chip's board ([`host::board`]).
     pub fn predict_llm_prompt_on(
         &self,
         d: &DecoderShape,

@@ -204,9 +204,18 @@ fn rk3588_predictions_are_unchanged_by_the_board_and_type_parameters() {
         let p = RK3588.predict_llm_prompt_in(d, 128, &engine);
         let q = RK3588.predict_llm_prompt_on(d, 128, &engine, W8A8, &host::RK3588_A76);
         assert_eq!(p, q);
+        // The host terms are RK3588's own formulas, term for term.
         assert_eq!(
             p.prefill_host_s,
             host::prefill_engine_s(d, 128, &rknn_emu::cost::ENGINE_LAYOUT)
         );
+        assert_eq!(p.decode_host_s, host::decode_s(p.decode_npu_s));
+        assert_eq!(p.prefill_ops_s, host::prefill_ops_s(d, 128));
+        assert_eq!(p.decode_ops_s, host::decode_ops_s(d, 1, 160));
+        assert!(close(
+            p.decode_pinned_tok_s,
+            host::A76_PINNED_DECODE_SPEEDUP * p.decode_tok_s,
+            1e-12
+        ));
     }
 }
