@@ -579,7 +579,7 @@ fn rk3576_section() {
         thread_slowdown: host::A76_THREAD_SLOWDOWN * per_clock * host::A76_GHZ / host::A72_GHZ,
         ..host::RK3576_A72
     };
-    let variants: [(&str, CostModel, host::Board); 9] = [
+    let variants: [(&str, CostModel, host::Board); 10] = [
         ("as assumed", RK3576, host::RK3576_A72),
         ("DDR −20 %", ddr(0.8), host::RK3576_A72),
         ("DDR +20 %", ddr(1.2), host::RK3576_A72),
@@ -587,6 +587,7 @@ fn rk3576_section() {
         ("per-run cost 25 µs", call(25e-6), host::RK3576_A72),
         ("per-run cost 100 µs", call(100e-6), host::RK3576_A72),
         ("f16 rate = int8 rate", f16(2.0), host::RK3576_A72),
+        ("f16 rate = a quarter of int8", f16(0.5), host::RK3576_A72),
         ("A76/A72 per clock 1.2", RK3576, a72(1.2)),
         ("A76/A72 per clock 1.8", RK3576, a72(1.8)),
     ];
