@@ -9,10 +9,10 @@
 //! permutation the lanes do in parallel as they place a linear; keeping it out of the stored
 //! form lets one stored copy serve any number of cores and any context width.
 
-use half::f16;
-
-use super::format::{EngineKind, Values, WeightFormat};
-use crate::dtype::{Element, as_bytes, as_bytes_mut};
+use super::format::{
+    EngineKind, INT4_RANGE, Values, WeightFormat, invalid_i4, row_len, with_format,
+};
+use crate::dtype::{Element, I4x2, as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
 use rknn_chip::plan::LinearPlan;
 
@@ -78,11 +78,10 @@ impl ConvertedWeights {
         (n, k): (usize, usize),
         (n_pad, k_pad): (usize, usize),
     ) -> Result<ConvertedWeights> {
-        let len = n_pad * k_pad;
-        let values = match format {
-            WeightFormat::W8A8 => Values::I8(try_vec(len, 0, "converted weights")?),
-            WeightFormat::F16 => Values::F16(try_vec(len, f16::ZERO, "converted weights")?),
-        };
+        let values = with_format!(format, K => {
+            let len = n_pad * row_len::<K>(k_pad);
+            <K as EngineKind>::wrap_values(try_vec(len, Default::default(), "converted weights")?)
+        });
         let scales = vec![0.0; scales_len(format, n_pad)];
         Ok(ConvertedWeights {
             format,
@@ -138,6 +137,7 @@ impl ConvertedWeights {
         match &self.values {
             Values::I8(v) => as_bytes(v),
             Values::F16(v) => as_bytes(v),
+            Values::I4(v) => as_bytes(v),
         }
     }
 
@@ -146,6 +146,7 @@ impl ConvertedWeights {
         match &mut self.values {
             Values::I8(v) => as_bytes_mut(v),
             Values::F16(v) => as_bytes_mut(v),
+            Values::I4(v) => as_bytes_mut(v),
         }
     }
 
@@ -188,6 +189,25 @@ impl ConvertedWeights {
                 }
             }
             Values::F16(v) => clear(v, n, k, k_pad),
+            Values::I4(v) => {
+                let per_row = k_pad / 2;
+                for row in v[..n * per_row].chunks_exact_mut(per_row) {
+                    if k % 2 == 1 {
+                        // The low nibble is column k - 1, the high one padding.
+                        row[k / 2] = I4x2(row[k / 2].0 & 0x0f);
+                    }
+                    row[k.div_ceil(2)..].fill(I4x2::default());
+                }
+                v[n * per_row..].fill(I4x2::default());
+                if let Some((index, value)) = invalid_i4(v) {
+                    return Err(Error::OutOfRange {
+                        what: "converted weights",
+                        index,
+                        value,
+                        range: INT4_RANGE,
+                    });
+                }
+            }
         }
         if let Some(pad) = self.scales.get_mut(n..) {
             pad.fill(0.0);
@@ -247,12 +267,10 @@ pub(crate) fn scales_from_bytes(
     Ok(scales)
 }
 
-/// Scales stored per format: one per padded output channel for W8A8, none for F16.
+/// Scales stored per format: one per padded output channel for the quantised formats (W8A8,
+/// W4A16, W4A8), none for F16.
 fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
-    match format {
-        WeightFormat::W8A8 => n_pad,
-        WeightFormat::F16 => 0,
-    }
+    if format.has_scales() { n_pad } else { 0 }
 }
 
 /// Converted weights held outside the engine, for instance in a mapped file: the layout of

@@ -146,6 +146,7 @@ impl Engine {
                 next_id: AtomicU64::new(1),
                 domains: Mutex::new(DomainPlan::default()),
                 resolved,
+                formats: Mutex::default(),
             }),
         })
     }
@@ -230,8 +231,61 @@ impl Engine {
             .map(drop)
     }
 
-    /// The plan of W [n, k] in `format` on this engine's lanes and widest context.
+    /// Whether the chip runs `format`: the runtime creates a context of its matmul type, or
+    /// else its capability probe ([`Runtime::require`]) says why not; asked once per engine
+    /// and format.
+    /// A format the chip lacks (W4A16 or W4A8 on RK3588) is [`Error::Unsupported`], naming
+    /// the scheme (the format), the chip and the probe's reason.
+    pub fn check_format(&self, format: WeightFormat) -> Result<()> {
+        let rt = &self.inner.rt;
+        let t = format.matmul_type();
+        let scheme = dtype::Scheme::of(t);
+        let mut known = self
+            .inner
+            .formats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let verdict = match known.get(&format) {
+            Some(v) => v.clone(),
+            None => {
+                // One context of the type: the chip's own formats cost one create and log
+                // nothing; the full probe (every type, each refusal logged by the runtime)
+                // runs only to say why a format is refused.
+                let v = match rt
+                    .try_create(t)
+                    .map_or_else(|_| rt.require(scheme), |()| Ok(vec![t]))
+                {
+                    Ok(types) if types.contains(&t) => None,
+                    Ok(types) => Some(format!(
+                        "the {format} format runs {}, which the runtime refused (it runs {})",
+                        t.c_name(),
+                        types
+                            .iter()
+                            .map(|t| t.c_name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                    Err(Error::Unsupported { reason, .. }) => Some(reason),
+                    Err(e) => return Err(e),
+                };
+                known.insert(format, v.clone());
+                v
+            }
+        };
+        match verdict {
+            None => Ok(()),
+            Some(reason) => Err(Error::Unsupported {
+                scheme,
+                platform: rt.platform(),
+                reason,
+            }),
+        }
+    }
+
+    /// The plan of W [n, k] in `format` on this engine's lanes and widest context, once the
+    /// chip is known to run `format` ([`Engine::check_format`]).
     fn plan(&self, n: usize, k: usize, format: WeightFormat) -> Result<LinearPlan> {
+        self.check_format(format)?;
         let inner = &self.inner;
         plan::linear_plan(
             &inner.rt,
@@ -338,7 +392,7 @@ impl Engine {
     {
         let plan = self.plan(n, k, format)?;
         config::check_rotation(rotation, k)?;
-        let keep_scales = format == WeightFormat::W8A8;
+        let keep_scales = format.has_scales();
         let threads = self.inner.pool.len();
         with_format!(format, K => Linear::convert_steps::<K, E>(
             &plan,
@@ -414,8 +468,7 @@ impl Engine {
     ) -> Result<Linear> {
         let plan = self.plan(n, k, format)?;
         opts.check(k)?;
-        let (value_size, _) = format.bytes();
-        let values = plan.n_pad * plan.k_pad * value_size as usize;
+        let values = format.b_bytes((plan.n_pad * plan.k_pad) as u64) as usize;
         if bytes.values().len() != values {
             return Err(Error::Length {
                 what: "converted weight bytes (n_pad × k_pad values)",
@@ -429,7 +482,7 @@ impl Engine {
                 bytes,
                 _values: std::marker::PhantomData,
             };
-            if rows.all().len() * value_size as usize != values {
+            if std::mem::size_of_val(rows.all()) != values {
                 return Err(Error::Length {
                     what: "converted weight bytes aligned for their values",
                     expected: values,

@@ -65,7 +65,8 @@ impl Runtime {
             .collect()
     }
 
-    fn try_create(&self, t: MatmulType) -> Result<()> {
+    /// Creates (and drops) a minimal context of type `t`: whether this runtime accepts it.
+    pub(crate) fn try_create(&self, t: MatmulType) -> Result<()> {
         // K = N = 64 meets every chip's alignment for every type; native B is what int4 needs.
         let mut info = sys::rknn_matmul_info {
             M: 1,
