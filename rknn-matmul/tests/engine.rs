@@ -1597,10 +1597,11 @@ fn int4_converted_weights_are_packed_two_per_byte_and_stored_and_placed_again(rt
             matches!(&e8, Err(Error::OutOfRange { index: 5, value: -8, range, .. }) if range.contains("-7..=7")),
             "{e8:?}"
         );
-        // Padding: the high nibble of the last pair of row 0 (K is odd) and a padding byte.
+        // Padding: the high nibble of the last pair of row 0 (K is odd) and a padding byte,
+        // even holding -8, are zeroed, not refused.
         let mut padded = values.clone();
-        padded[k / 2] |= 0x70;
-        padded[k_pad / 2 - 1] = 0x77;
+        padded[k / 2] = (padded[k / 2] & 0x0f) | 0x80;
+        padded[k_pad / 2 - 1] = 0x88;
         let lin = other.linear_from_converted(stored(&padded), opts).unwrap();
         assert_eq!(
             bits(&lin.forward_vec(&x, 3).unwrap()),
