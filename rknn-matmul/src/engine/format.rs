@@ -24,13 +24,12 @@
 //! its arm in [`with_format!`], the one place where the variant meets the type.
 
 use half::f16;
-use rknn_chip::{ElemKind, MatmulType};
+use rknn_chip::{ElemKind, Layout, MatmulType};
 
-use super::converted::try_vec;
 use super::glue;
 use super::out_cols::OutCols;
 use crate::dtype::{Element, F16xF16ToF32, F16xI4ToF32, I4x2, I8xI4ToI32, I8xI8ToI32, MatmulKind};
-use crate::error::Result;
+use crate::error::{Error, Matrix, Result};
 use crate::safe::matmul::Matmul;
 use crate::safe::mem::TensorMem;
 
@@ -247,7 +246,7 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
         seg: &mut Vec<Self::B>,
         dst: &mut TensorMem<Self::B>,
     ) -> Result<()> {
-        super::worker::pack_b_native(mm, rows, k, k0, ks, width, seg, dst)
+        pack_b_native(mm, rows, k, k0, ks, width, seg, dst)
     }
 
     /// Its converted weights in the format-free holder of
@@ -645,6 +644,53 @@ impl EngineKind for I8xI4ToI32 {
     }
 }
 
+/// [`EngineKind::write_b`]'s default: the context's columns `k0..k0 + ks` of `rows` (`width`
+/// rows, zero past `k`) gathered in `seg` and packed into native B `dst` with the tile sizes
+/// the runtime reported for `mm`.
+#[allow(clippy::too_many_arguments)] // The operands of the packing.
+pub(crate) fn pack_b_native<K: MatmulKind>(
+    mm: &Matmul<K>,
+    rows: &[K::B],
+    k: usize,
+    k0: usize,
+    ks: usize,
+    width: usize,
+    seg: &mut Vec<K::B>,
+    dst: &mut TensorMem<K::B>,
+) -> Result<()> {
+    let (bn, bk) = mm.native_tile(Matrix::B)?;
+    seg.clear();
+    seg.try_reserve_exact(ks * width)
+        .map_err(|_| Error::HostAlloc {
+            what: "a K segment's weights",
+            bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
+        })?;
+    let k_pad = rows.len() / width.max(1);
+    // Columns past K are padding: zero, whatever the source holds there.
+    let real = k.saturating_sub(k0).min(ks);
+    for row in rows.chunks_exact(k_pad).take(width) {
+        seg.extend_from_slice(&row[k0..k0 + real]);
+        seg.resize(seg.len() + ks - real, K::B::default());
+    }
+    let geo = rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
+        Error::BadTensorDims {
+            matrix: Matrix::B,
+            layout: Layout::Native,
+            dims: mm.io_attr().B.dims.to_vec(),
+        }
+    })?;
+    let dst = dst.as_mut_slice();
+    if dst.len() < geo.len() {
+        return Err(Error::MemoryTooSmall {
+            matrix: Matrix::B,
+            bytes: std::mem::size_of_val(dst) as u64,
+            needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
+        });
+    }
+    geo.pack_from_nk(seg, dst);
+    Ok(())
+}
+
 /// The largest K of an exact W4A8 linear: |a| <= 127 and |w| <= 7, so the i32 sum over K stays
 /// exact while 127 × 7 × K < 2^31.
 pub(crate) const MAX_EXACT_K_W4A8: usize = i32::MAX as usize / (127 * 7);
@@ -726,7 +772,14 @@ fn write_b_i4<K: MatmulKind<B = I4x2>>(
 ) -> Result<()> {
     let per_row = rows.len() / width.max(1);
     let real = k.saturating_sub(k0).min(ks);
-    let mut normal = try_vec(ks * width, 0i8, "a K segment's int4 weights")?;
+    let mut normal = Vec::new();
+    normal
+        .try_reserve_exact(ks * width)
+        .map_err(|_| Error::HostAlloc {
+            what: "a K segment's int4 weights",
+            bytes: (ks * width) as u64,
+        })?;
+    normal.resize(ks * width, 0i8);
     for (j, row) in rows.chunks_exact(per_row).take(width).enumerate() {
         for c in 0..real {
             let at = k0 + c;

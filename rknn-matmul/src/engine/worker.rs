@@ -365,53 +365,6 @@ impl<K: EngineKind> LaneShard for Shard<K> {
     }
 }
 
-/// [`EngineKind::write_b`]'s default: the context's columns `k0..k0 + ks` of `rows` (`width`
-/// rows, zero past `k`) gathered in `seg` and packed into native B `dst` with the tile sizes
-/// the runtime reported for `mm`.
-#[allow(clippy::too_many_arguments)] // The operands of the packing.
-pub(crate) fn pack_b_native<K: MatmulKind>(
-    mm: &Matmul<K>,
-    rows: &[K::B],
-    k: usize,
-    k0: usize,
-    ks: usize,
-    width: usize,
-    seg: &mut Vec<K::B>,
-    dst: &mut TensorMem<K::B>,
-) -> Result<()> {
-    let (bn, bk) = mm.native_tile(Matrix::B)?;
-    seg.clear();
-    seg.try_reserve_exact(ks * width)
-        .map_err(|_| Error::HostAlloc {
-            what: "a K segment's weights",
-            bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
-        })?;
-    let k_pad = rows.len() / width.max(1);
-    // Columns past K are padding: zero, whatever the source holds there.
-    let real = k.saturating_sub(k0).min(ks);
-    for row in rows.chunks_exact(k_pad).take(width) {
-        seg.extend_from_slice(&row[k0..k0 + real]);
-        seg.resize(seg.len() + ks - real, K::B::default());
-    }
-    let geo = rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
-        Error::BadTensorDims {
-            matrix: Matrix::B,
-            layout: Layout::Native,
-            dims: mm.io_attr().B.dims.to_vec(),
-        }
-    })?;
-    let dst = dst.as_mut_slice();
-    if dst.len() < geo.len() {
-        return Err(Error::MemoryTooSmall {
-            matrix: Matrix::B,
-            bytes: std::mem::size_of_val(dst) as u64,
-            needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
-        });
-    }
-    geo.pack_from_nk(seg, dst);
-    Ok(())
-}
-
 /// A lane's state: its runtime, shards and scratch.
 pub(crate) struct WorkerState {
     rt: Runtime,
