@@ -18,7 +18,8 @@
 //!   and its IOMMU domain;
 //! * `probe.rs`: the two \[open\] facts the defaults rest on, tried once when the engine
 //!   starts (the widest context, A and C shared between contexts);
-//! * `format.rs`: **the weight formats**: everything in which W8A8 and F16 differ. A new
+//! * `format.rs`: **the weight formats**: everything in which W8A8, F16, W4A16 and W4A8
+//!   differ (the two int4 formats run only where the chip has their types: RK3576). A new
 //!   format is added there, and only there;
 //! * `linear.rs`: the caller's side (making a linear resident, its forward);
 //! * `worker.rs`: the lanes' side (their state, tasks and shard forward);
