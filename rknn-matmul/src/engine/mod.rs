@@ -232,9 +232,10 @@ impl Engine {
             .map(drop)
     }
 
-    /// Whether the chip runs `format`: the runtime creates a context of its matmul type, or
-    /// else its capability probe ([`Runtime::require`]) says why not; asked once per engine
-    /// and format.
+    /// Whether the chip runs `format`: its matmul type is in the chip's documented table and
+    /// the runtime creates a context of it; a refusal has [`Runtime::require`]'s reason (from
+    /// the table, or from the capability probe when the runtime refuses a listed type). Asked
+    /// once per engine and format.
     /// A format the chip lacks (W4A16 or W4A8 on RK3588) is [`Error::Unsupported`], naming
     /// the scheme (the format), the chip and the probe's reason.
     pub fn check_format(&self, format: WeightFormat) -> Result<()> {
@@ -249,9 +250,18 @@ impl Engine {
         let verdict = match known.get(&format) {
             Some(v) => v.clone(),
             None => {
-                // One context of the type: the chip's own formats cost one create and log
-                // nothing; the full probe (every type, each refusal logged by the runtime)
-                // runs only to say why a format is refused.
+                // A type the chip's documented table lacks is refused from the table (no
+                // context, no refusal logged by the runtime); one the table lists costs one
+                // context; the full probe (every type) runs only to say why a listed type
+                // was refused.
+                if let Some(Error::Unsupported { reason, .. }) = rt.documented_refusal(t) {
+                    known.insert(format, Some(reason.clone()));
+                    return Err(Error::Unsupported {
+                        scheme,
+                        platform: rt.platform(),
+                        reason,
+                    });
+                }
                 let v = match rt
                     .try_create(t)
                     .map_or_else(|_| rt.require(scheme), |()| Ok(vec![t]))
