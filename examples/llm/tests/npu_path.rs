@@ -591,3 +591,61 @@ fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
         }
     }
 }
+
+/// RK3576's int4 formats through the drop-in library (`--backend npu`, the board's code path,
+/// the library playing an RK3576) give exactly the tokens of the in-process emulator, under
+/// both settings of the \[open\] int4 converter input (`RKNN_INT4_B_CONVERTER_INPUT`, read by the
+/// safe layer and the library alike), which give the same tokens too.
+#[test]
+fn int4_formats_through_the_dropin_give_the_emulators_tokens() {
+    let _npu = common::NPU
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lib = common::dropin();
+    let platform = Path::new("rk3576");
+    for family in ["qwen2", "gemma3"] {
+        let model = common::fixtures().join(format!("llm/tiny-{family}.gguf"));
+        for wtype in ["w4a16", "w4a8"] {
+            let mut tokens = Vec::new();
+            for input in ["packed", "one-per-byte"] {
+                let input = Path::new(input);
+                let args = |backend| {
+                    [
+                        "--backend",
+                        backend,
+                        "--platform",
+                        "rk3576",
+                        "--wtype",
+                        wtype,
+                        "--no-weight-cache",
+                    ]
+                };
+                let prompt = "The quick brown fox";
+                let conv = ("RKNN_INT4_B_CONVERTER_INPUT", input);
+                let emu = generate(&model, prompt, &args("emulator"), &[conv]);
+                let npu = generate(
+                    &model,
+                    prompt,
+                    &args("npu"),
+                    &[
+                        ("RKNN_RUNTIME_PATH", &lib),
+                        ("RKNN_EMU_PLATFORM", platform),
+                        conv,
+                    ],
+                );
+                let what = format!("{family} {wtype} {}", input.display());
+                assert_eq!(
+                    (&emu["backend"], &npu["backend"]),
+                    (&"emulator".into(), &"npu".into())
+                );
+                assert_eq!(npu["stats"]["wtype"], wtype, "{what}");
+                assert_eq!(emu["generated_ids"], npu["generated_ids"], "{what}");
+                tokens.push(emu["generated_ids"].clone());
+            }
+            assert_eq!(
+                tokens[0], tokens[1],
+                "{family} {wtype}: both converter inputs"
+            );
+        }
+    }
+}
