@@ -23,10 +23,6 @@ fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
     )
 }
 
-fn engine() -> Engine {
-    engine_on(Platform::Rk3588)
-}
-
 fn engine_on(platform: Platform) -> Engine {
     let rt = Runtime::emulator(platform).unwrap();
     Engine::new(&rt, EngineConfig::default()).unwrap()
