@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use rknn_chip::plan::LinearPlan;
 
 /// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
-/// output channel, zero past `n` and `k`) and, for W8A8, one scale per output channel.
+/// output channel, zero past `n` and `k`; int4 two per byte, the even column in the low
+/// nibble) and, for the quantised formats (W8A8, W4A16, W4A8), one scale per output channel.
 ///
 /// Made by [`Engine::convert_from_rows`](super::Engine::convert_from_rows) (with the rotation
 /// the linear will run with already applied) or, to fill from storage, by
@@ -132,7 +133,8 @@ impl ConvertedWeights {
         (self.n_pad, self.k_pad)
     }
 
-    /// The values' bytes, little-endian (int8 for W8A8, f16 for F16), `n_pad × k_pad` values.
+    /// The values' bytes, little-endian (int8 for W8A8, f16 for F16, int4 two per byte for
+    /// W4A16 and W4A8), `n_pad × k_pad` values.
     pub fn values_bytes(&self) -> &[u8] {
         match &self.values {
             Values::I8(v) => as_bytes(v),
@@ -150,7 +152,7 @@ impl ConvertedWeights {
         }
     }
 
-    /// The per-channel scales (`n_pad` for W8A8, none for F16).
+    /// The per-channel scales (`n_pad` for the quantised formats, none for F16).
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
@@ -279,11 +281,11 @@ fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
 /// contexts' memories and then saying so ([`ConvertedBytes::placed`]), so that a mapped file
 /// can give back those pages at once: loading never holds a linear twice.
 pub trait ConvertedBytes: Send + Sync {
-    /// The values: `n_pad × k_pad` little-endian values of the format (int8, or f16 aligned to
-    /// 2 bytes), as [`ConvertedWeights::values_bytes`] lays them out.
+    /// The values: `n_pad × k_pad` little-endian values of the format (int8, f16 aligned to
+    /// 2 bytes, or int4 two per byte), as [`ConvertedWeights::values_bytes`] lays them out.
     fn values(&self) -> &[u8];
 
-    /// The scales: `n_pad` little-endian f32 for W8A8, none for F16.
+    /// The scales: `n_pad` little-endian f32 for the quantised formats, none for F16.
     fn scales(&self) -> &[u8];
 
     /// Output channels `rows` are placed: their values are not read again.
