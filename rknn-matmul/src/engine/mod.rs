@@ -388,8 +388,8 @@ impl Engine {
     /// no more than one step): `sink(first, values, scales)` gets rows `first..` in order, as
     /// little-endian bytes laid out as [`ConvertedWeights`] lays them out (`values` padded to
     /// `k_pad` values per row, int4 two per byte; `scales` one f32 per row for the quantised
-    /// formats, empty for F16), then the padding
-    /// rows up to `n_pad` as zeros. Returns `(n_pad, k_pad)`.
+    /// formats, empty for F16), then the padding rows up to `n_pad` as zeros. Returns
+    /// `(n_pad, k_pad)`.
     pub fn convert_to<E>(
         &self,
         n: usize,
