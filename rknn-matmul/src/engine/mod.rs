@@ -233,11 +233,11 @@ impl Engine {
     }
 
     /// Whether the chip runs `format`: its matmul type is in the chip's documented table and
-    /// the runtime creates a context of it; a refusal has [`Runtime::require`]'s reason (from
-    /// the table, or from the capability probe when the runtime refuses a listed type). Asked
-    /// once per engine and format.
-    /// A format the chip lacks (W4A16 or W4A8 on RK3588) is [`Error::Unsupported`], naming
-    /// the scheme (the format), the chip and the probe's reason.
+    /// the runtime creates a context of it. Asked once per engine and format, and by every
+    /// call that makes or converts a linear before anything else. A format the chip lacks
+    /// (W4A16 or W4A8 on RK3588) is [`Error::Unsupported`], naming the scheme (the format),
+    /// the chip and [`Runtime::require`]'s reason (from the table, or from the capability
+    /// probe when the runtime refuses a type the table lists).
     pub fn check_format(&self, format: WeightFormat) -> Result<()> {
         let rt = &self.inner.rt;
         let t = format.matmul_type();
