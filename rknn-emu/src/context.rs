@@ -434,6 +434,14 @@ impl Context {
     ) {
         let q = self.quant_or_default(1);
         let k = cfg.k;
+        if cfg.b_quant.granularity == QuantGranularity::PerLayer {
+            // One scale and zero point: the same arithmetic, without an index per element.
+            let (zp, scale) = (q.zp(0), q.scale(0));
+            for (o, &b) in out[..w * k].iter_mut().zip(&bt[..w * k]) {
+                *o = (i32::from(b) - zp) as f32 * scale;
+            }
+            return;
+        }
         for col in 0..w {
             for kk in 0..k {
                 let i = b_param_index(self, cfg, kk, j0 + col);
@@ -888,7 +896,15 @@ fn unpack_panel_int(b: &[u8], geo: &NativeB, kind: ElemKind, j0: usize, w: usize
     let k = geo.k;
     for_each_run(geo, j0..j0 + w, |k0, n, start, len| {
         let d = &mut dst[(n - j0) * k + k0..][..len];
-        if kind == ElemKind::I4 {
+        if kind == ElemKind::I4 && start % 2 == 0 {
+            // Whole bytes from the run's first (a tile's runs start at even elements).
+            for (d, &byte) in d.chunks_mut(2).zip(&b[start / 2..]) {
+                d[0] = ((byte << 4) as i8) >> 4;
+                if let Some(hi) = d.get_mut(1) {
+                    *hi = (byte as i8) >> 4;
+                }
+            }
+        } else if kind == ElemKind::I4 {
             for (e, d) in d.iter_mut().enumerate() {
                 *d = i4_at(b, start + e);
             }

@@ -547,7 +547,7 @@ pub enum Error {
     },
     /// The K-segment sum of an int8 linear could exceed i32, so it would not be exact.
     #[error(
-        "K={k} is too large for an exact int8 linear: the i32 accumulator is exact only for K <= {max} (127 × 127 × K must stay below 2^31)"
+        "K={k} is too large for an exact integer linear: the i32 accumulator is exact only for K <= {max} (the largest product times K must stay below 2^31: 127 × 127 for W8A8, 127 × 7 for W4A8)"
     )]
     KTooLargeForExactSum {
         /// K asked for.

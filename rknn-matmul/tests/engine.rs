@@ -1315,3 +1315,425 @@ fn forward_many_gives_the_bits_of_one_forward_at_a_time(rt: &Runtime) {
     .unwrap_err();
     assert!(err.to_string().contains("same engine"), "{err}");
 }
+
+/// Symmetric per-channel int4, written from the engine's documented formula: scale = amax / 7,
+/// q = clamp(round_ties_even(w * (7 / amax)), -7, 7).
+fn quantize_i4(row: &[f32]) -> (Vec<i32>, f32) {
+    let amax = row.iter().fold(0f32, |a, &x| a.max(x.abs()));
+    if amax == 0.0 {
+        return (vec![0; row.len()], 0.0);
+    }
+    let inv = 7.0f32 / amax;
+    (
+        row.iter()
+            .map(|&x| (x * inv).round_ties_even().clamp(-7.0, 7.0) as i32)
+            .collect(),
+        amax / 7.0,
+    )
+}
+
+/// The documented W4A8 result: int4 weights per channel ([`quantize_i4`]), int8 activations per
+/// row (`common::quantize`; with `residual`, also the residual `x - s·q` quantised the same
+/// way), exact integer sums, then `(acc · row scale) · channel scale`, or with the residual
+/// `(acc₀ · s₀ + acc₁ · s₁) · channel scale`.
+fn reference_w4a8(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, residual: bool) -> Vec<f32> {
+    let wq: Vec<(Vec<i32>, f32)> = w.chunks_exact(k).map(quantize_i4).collect();
+    let dot = |a: &[i32], b: &[i32]| -> i32 {
+        let s: i64 = a.iter().zip(b).map(|(&a, &b)| i64::from(a * b)).sum();
+        i32::try_from(s).unwrap()
+    };
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let (q1, s1) = common::quantize(row);
+        let e: Vec<f32> = row
+            .iter()
+            .zip(&q1)
+            .map(|(&v, &q)| v - s1 * q as f32)
+            .collect();
+        let (q2, s2) = common::quantize(&e);
+        for (j, (wj, ws)) in wq.iter().enumerate() {
+            out[r * n + j] = if residual {
+                (dot(&q1, wj) as f32 * s1 + dot(&q2, wj) as f32 * s2) * ws
+            } else {
+                (dot(&q1, wj) as f32 * s1) * ws
+            };
+        }
+    }
+    out
+}
+
+/// RK3576 runtimes of `rt`'s backend: on the emulator, one per setting of the two \[open\]
+/// int4 questions (the converter's input packing, and the nibble order of native B that the
+/// converter writes and a run reads); on the drop-in or a board, `rt` itself when it is an
+/// RK3576 (the process's settings). Empty, with the reason printed, elsewhere.
+fn rk3576_runtimes(rt: &Runtime) -> Vec<(String, Runtime)> {
+    use rknn_matmul::Platform;
+    #[cfg(feature = "emulator")]
+    if common::TestBackend::of(rt) == common::TestBackend::Emulator {
+        use rknn_matmul::rknn_emu::NibbleOrder;
+        use rknn_matmul::{Backend, Int4ConverterInput, RuntimeOptions};
+        let mut all = Vec::new();
+        for input in [Int4ConverterInput::Packed, Int4ConverterInput::OnePerByte] {
+            for nibbles in [NibbleOrder::LowFirst, NibbleOrder::HighFirst] {
+                let (_, base) = common::options_for(common::TestBackend::Emulator);
+                let opts = RuntimeOptions {
+                    int4_converter_input: Some(input),
+                    emulator: rknn_matmul::EmuConfig {
+                        native_b_nibbles: nibbles,
+                        ..base.emulator.clone()
+                    },
+                    ..base
+                };
+                let rt = Runtime::open(Backend::Emulator(Platform::Rk3576), opts).unwrap();
+                all.push((format!("converter input {input}, native B {nibbles:?}"), rt));
+            }
+        }
+        return all;
+    }
+    if rt.platform() == Platform::Rk3576 {
+        let what = format!("converter input {}", rt.int4_converter_input());
+        return vec![(what, rt.clone())];
+    }
+    eprintln!(
+        "skipped: the {} backend is a {}, not an RK3576",
+        common::TestBackend::of(rt),
+        rt.platform()
+    );
+    Vec::new()
+}
+
+/// Shapes for the int4 formats on RK3576: K in two segments (4096 + 100), K odd and below the
+/// alignment (33, padded to 64: the last pair holds one value and one padding nibble), N not
+/// a multiple of int4's 64, M above the exact buckets.
+const INT4_SHAPES: [(usize, usize, usize); 4] = [
+    (1, 4096 + 100, 70),
+    (3, 33, 130),
+    (2, 64, 64),
+    (130, 200, 65),
+];
+
+backend_test!(w4a8_is_exactly_the_reference_on_rk3576_under_every_int4_setting);
+/// W4A8 on RK3576 equals, bit for bit, the documented integer arithmetic (int4 weights per
+/// channel, int8 activations per row, with and without the residual row), under both
+/// converter-input settings and both native-B nibble orders, on one lane and on two.
+fn w4a8_is_exactly_the_reference_on_rk3576_under_every_int4_setting(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    let mut rng = fastrand::Rng::with_seed(43);
+    let cases: Vec<_> = INT4_SHAPES
+        .iter()
+        .map(|&(m, k, n)| (m, k, n, random(&mut rng, n * k), random(&mut rng, m * k)))
+        .collect();
+    for (what, rt) in rk3576_runtimes(rt) {
+        for cores in [2, 1] {
+            let e = engine(&rt, cores);
+            for (m, k, n, w, x) in &cases {
+                let (m, k, n) = (*m, *k, *n);
+                for residual in [false, true] {
+                    let opts = LinearOptions {
+                        residual_activations: residual,
+                        ..LinearOptions::default()
+                    };
+                    let lin = e.linear_with(w, n, k, WeightFormat::W4A8, opts).unwrap();
+                    // RK3576 splits K in segments of 4096: as many contexts per segment as a
+                    // linear of one segment has.
+                    let one = e.linear(&w[..n * 32], n, 32, WeightFormat::W4A8).unwrap();
+                    assert_eq!(lin.contexts(), one.contexts() * k.div_ceil(4096), "K={k}");
+                    let got = lin.forward_vec(x, m).unwrap();
+                    let want = reference_w4a8(x, w, m, k, n, residual);
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            r.to_bits(),
+                            "{what}, {cores} core(s), M={m} K={k} N={n} residual={residual} at {i}: {g} vs {r}"
+                        );
+                    }
+                }
+            }
+        }
+        println!("w4a8 checked: {what}");
+    }
+}
+
+backend_test!(w4a16_matches_an_f64_reference_on_rk3576_under_every_int4_setting);
+/// W4A16 on RK3576 against an f64 reference of its documented arithmetic: the int4 weights of
+/// [`quantize_i4`] times the f16 activations, summed, times the channel scale (f16 products
+/// summed in f32 on the NPU: a tolerance, not bits), under every int4 setting; every setting
+/// and core count gives the same bits.
+fn w4a16_matches_an_f64_reference_on_rk3576_under_every_int4_setting(rt: &Runtime) {
+    let mut rng = fastrand::Rng::with_seed(44);
+    let cases: Vec<_> = INT4_SHAPES
+        .iter()
+        .map(|&(m, k, n)| (m, k, n, random(&mut rng, n * k), random(&mut rng, m * k)))
+        .collect();
+    let h = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+    let mut first: Vec<Vec<u32>> = Vec::new();
+    for (what, rt) in rk3576_runtimes(rt) {
+        for cores in [2, 1] {
+            let e = engine(&rt, cores);
+            for (i, (m, k, n, w, x)) in cases.iter().enumerate() {
+                let (m, k, n) = (*m, *k, *n);
+                let lin = e.linear(w, n, k, WeightFormat::W4A16).unwrap();
+                let got = lin.forward_vec(x, m).unwrap();
+                for (j, wj) in w.chunks_exact(k).enumerate() {
+                    let (q, ws) = quantize_i4(wj);
+                    let ws = f64::from(ws);
+                    for r in 0..m {
+                        let xr = &x[r * k..(r + 1) * k];
+                        let want: f64 =
+                            ws * (0..k).map(|c| h(xr[c]) * f64::from(q[c])).sum::<f64>();
+                        let mag: f64 = ws
+                            * (0..k)
+                                .map(|c| (h(xr[c]) * f64::from(q[c])).abs())
+                                .sum::<f64>();
+                        let g = f64::from(got[r * n + j]);
+                        assert!(
+                            (g - want).abs() <= 1e-5 * mag + 1e-6,
+                            "{what}, {cores} core(s), M={m} K={k} N={n} [{r},{j}] {g} vs {want}"
+                        );
+                    }
+                }
+                let bits: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+                match first.get(i) {
+                    Some(b) => assert_eq!(&bits, b, "{what}, {cores} core(s), M={m} K={k} N={n}"),
+                    None => first.push(bits),
+                }
+            }
+        }
+        println!("w4a16 checked: {what}");
+    }
+}
+
+backend_test!(int4_converted_weights_are_packed_two_per_byte_and_stored_and_placed_again);
+/// The int4 formats' converted weights: two values per byte, one scale per channel; stored as
+/// bytes and placed again (from a copy or from the bytes themselves) they give the bits of a
+/// converting load; a stored -8 (outside the symmetric range) is refused naming the rule, and
+/// garbage in the padding nibbles never reaches the NPU.
+fn int4_converted_weights_are_packed_two_per_byte_and_stored_and_placed_again(rt: &Runtime) {
+    use rknn_matmul::engine::{LinearOptions, Rotation};
+    let Some((_, rt)) = rk3576_runtimes(rt).into_iter().next() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(45);
+    for (format, k, n) in [
+        (WeightFormat::W4A8, 4096 + 33, 70),
+        (WeightFormat::W4A16, 33, 130),
+        (WeightFormat::W4A8, 33, 64),
+    ] {
+        let w = random(&mut rng, n * k);
+        let x = random(&mut rng, 3 * k);
+        let rotation = Some(Rotation::hadamard_mixed(k, 11));
+        let opts = LinearOptions {
+            rotation: rotation.clone(),
+            residual_activations: true,
+            ..LinearOptions::default()
+        };
+        let rows = |first: usize, buf: &mut [f32]| {
+            buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+            Ok::<(), Error>(())
+        };
+        let e = engine(&rt, 2);
+        let want = e
+            .linear_from_rows(n, k, format, opts.clone(), rows)
+            .unwrap()
+            .forward_vec(&x, 3)
+            .unwrap();
+        let c = e
+            .convert_from_rows(n, k, format, rotation.as_ref(), rows)
+            .unwrap();
+        let (n_pad, k_pad) = c.padded();
+        assert_eq!((n_pad % 64, k_pad % 32), (0, 0), "int4's alignment");
+        assert_eq!(
+            c.values_bytes().len(),
+            n_pad * k_pad / 2,
+            "two values per byte"
+        );
+        assert_eq!(c.scales().len(), n_pad, "one scale per channel");
+        // The first row, unpacked (even column low), is the documented quantisation.
+        let mut rw = w[..k].to_vec();
+        rotation.as_ref().unwrap().apply_rows(&mut rw);
+        let (q, s) = quantize_i4(&rw);
+        assert_eq!(c.scales()[0], s);
+        let first: Vec<i32> = c.values_bytes()[..k.div_ceil(2)]
+            .iter()
+            .flat_map(|&b| [i32::from(((b << 4) as i8) >> 4), i32::from((b as i8) >> 4)])
+            .take(k)
+            .collect();
+        assert_eq!(first, q);
+        let (values, scales) = (c.values_bytes().to_vec(), c.scales_bytes().to_vec());
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+
+        let other = engine(&rt, 1);
+        let stored = |values: &[u8]| {
+            let mut s = other.converted_zeroed(n, k, format).unwrap();
+            s.values_bytes_mut().copy_from_slice(values);
+            s.scales_bytes_mut().copy_from_slice(&scales);
+            s
+        };
+        let placed = other
+            .linear_from_converted(stored(&values), opts.clone())
+            .unwrap();
+        assert_eq!(
+            bits(&placed.forward_vec(&x, 3).unwrap()),
+            bits(&want),
+            "{format}"
+        );
+        let held = std::sync::Arc::new(Held {
+            values: values.clone(),
+            scales: scales.clone(),
+            placed: Default::default(),
+        });
+        let from_bytes = other
+            .linear_from_bytes(n, k, format, opts.clone(), held)
+            .unwrap();
+        assert_eq!(
+            bits(&from_bytes.forward_vec(&x, 3).unwrap()),
+            bits(&want),
+            "{format}"
+        );
+
+        // A -8 in the high nibble of byte 2 (value 5).
+        let mut bad = values.clone();
+        bad[2] = (bad[2] & 0x0f) | 0x80;
+        let e8 = other.linear_from_converted(stored(&bad), opts.clone());
+        assert!(
+            matches!(&e8, Err(Error::OutOfRange { index: 5, value: -8, range, .. }) if range.contains("-7..=7")),
+            "{e8:?}"
+        );
+        // Padding: the high nibble of the last pair of row 0 (K is odd) and a padding byte,
+        // even holding -8, are zeroed, not refused.
+        let mut padded = values.clone();
+        padded[k / 2] = (padded[k / 2] & 0x0f) | 0x80;
+        padded[k_pad / 2 - 1] = 0x88;
+        let lin = other.linear_from_converted(stored(&padded), opts).unwrap();
+        assert_eq!(
+            bits(&lin.forward_vec(&x, 3).unwrap()),
+            bits(&want),
+            "{format}"
+        );
+    }
+}
+
+backend_test!(int4_formats_are_refused_on_rk3588_before_anything_is_allocated);
+/// On RK3588 (no weight-only int4: [hw]) every way of making or converting a W4A16 or W4A8
+/// linear is `Error::Unsupported` naming the format and the chip with the capability probe's
+/// reason, before its input is even looked at (a wrong length is not what is reported) and
+/// before any NPU memory is taken.
+fn int4_formats_are_refused_on_rk3588_before_anything_is_allocated(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    use rknn_matmul::{Platform, Scheme};
+    let Some(rt) = common::runtime_for(rt, Platform::Rk3588) else {
+        return;
+    };
+    let e = engine(&rt, 3);
+    let live = rt.handle_budget().live();
+    let never = |_: usize, _: &mut [f32]| -> Result<(), Error> { panic!("rows read") };
+    for (format, scheme) in [
+        (WeightFormat::W4A16, Scheme::W4A16),
+        (WeightFormat::W4A8, Scheme::W4A8),
+    ] {
+        let (n, k) = (64, 64);
+        let results = [
+            e.linear(&[0.0; 3], n, k, format).map(drop),
+            e.linear_from_rows(n, k, format, LinearOptions::default(), never)
+                .map(drop),
+            e.convert_from_rows(n, k, format, None, never).map(drop),
+            e.convert_to(n, k, format, None, never, |_, _, _| Ok(()))
+                .map(drop),
+            e.converted_zeroed(n, k, format).map(drop),
+            e.check_format(format),
+        ];
+        for r in results {
+            let err = r.unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(&err, Error::Unsupported { scheme: s, platform: Platform::Rk3588, .. } if *s == scheme),
+                "{err:?}"
+            );
+            assert!(
+                msg.contains(&format.name().to_uppercase())
+                    && msg.contains("RK3588")
+                    && msg.contains("no weight-only"),
+                "{msg}"
+            );
+        }
+        assert_eq!(rt.handle_budget().live(), live, "no NPU memory taken");
+    }
+    // The chip's own formats are accepted.
+    e.check_format(WeightFormat::W8A8).unwrap();
+    e.check_format(WeightFormat::F16).unwrap();
+}
+
+/// Set in the children of [`int4_formats_on_the_dropin_as_an_rk3576_under_every_int4_setting`].
+const INT4_CHILD: &str = "RKNN_TEST_INT4_CHILD";
+
+/// The int4 tests' drop-in variants in child processes whose drop-in library plays an RK3576
+/// (the library reads its chip and its int4 settings from the environment once, when it is
+/// loaded), once per setting of the two \[open\] int4 questions: the converter's input packing
+/// (`RKNN_INT4_B_CONVERTER_INPUT`, read by the safe layer and the library alike) and the nibble
+/// order of native B (`RKNN_EMU_NATIVE_B_NIBBLES`).
+#[test]
+#[cfg_attr(miri, ignore = "child processes")]
+fn int4_formats_on_the_dropin_as_an_rk3576_under_every_int4_setting() {
+    if std::env::var_os(INT4_CHILD).is_some() {
+        return;
+    }
+    if let Some(reason) = common::skip_reason(common::TestBackend::Dropin) {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    for input in ["packed", "one-per-byte"] {
+        for nibbles in ["low-first", "high-first"] {
+            for (test, says) in [
+                (
+                    "w4a8_is_exactly_the_reference_on_rk3576_under_every_int4_setting::dropin",
+                    "w4a8 checked",
+                ),
+                (
+                    "w4a16_matches_an_f64_reference_on_rk3576_under_every_int4_setting::dropin",
+                    "w4a16 checked",
+                ),
+                (
+                    "int4_converted_weights_are_packed_two_per_byte_and_stored_and_placed_again::dropin",
+                    "",
+                ),
+            ] {
+                let mut words = runner.split_whitespace();
+                let mut cmd = match words.next() {
+                    None => std::process::Command::new(&exe),
+                    Some(program) => {
+                        let mut cmd = std::process::Command::new(program);
+                        cmd.args(words).arg(&exe);
+                        cmd
+                    }
+                };
+                cmd.args(["--exact", test, "--nocapture"]);
+                for (k, _) in std::env::vars_os() {
+                    if k.to_string_lossy().starts_with("RKNN_EMU_") {
+                        cmd.env_remove(k);
+                    }
+                }
+                cmd.env("RKNN_EMU_PLATFORM", "rk3576")
+                    .env("RKNN_EMU_LOG", "0")
+                    .env("RKNN_EMU_NATIVE_B_NIBBLES", nibbles)
+                    .env("RKNN_INT4_B_CONVERTER_INPUT", input)
+                    .env("RKNN_TEST_BACKEND", "dropin")
+                    .env(INT4_CHILD, "1");
+                let Some(out) = common::run_child_test(&mut cmd) else {
+                    return;
+                };
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let what = format!("{test} ({input}, {nibbles})");
+                assert!(
+                    out.status.success() && stdout.contains("1 passed"),
+                    "{what}: {stdout}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let ran = format!("{says}: converter input {input}");
+                assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
+            }
+        }
+    }
+}

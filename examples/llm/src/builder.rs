@@ -297,7 +297,10 @@ impl ModelBuilder {
         self
     }
 
-    /// The weights' format on the NPU (default [`WeightFormat::W8A8`]).
+    /// The weights' format on the NPU (default [`WeightFormat::W8A8`]). W4A16 and W4A8 run
+    /// only where the chip has int4 weights (RK3576); elsewhere [`ModelBuilder::load`] fails
+    /// with the runtime's [`Error::Unsupported`](rknn_matmul::Error::Unsupported), naming the
+    /// chip and the format, before reading a weight.
     pub fn weight_format(mut self, format: WeightFormat) -> Self {
         self.format = format;
         self
@@ -618,7 +621,11 @@ impl ModelBuilder {
             }
         };
         let rt = Runtime::open(backend, opts)?;
-        Ok(Some(Engine::new(&rt, self.engine.clone())?))
+        let engine = Engine::new(&rt, self.engine.clone())?;
+        // A format the chip lacks (W4A16 on RK3588) is refused here, naming both, before a
+        // weight is read.
+        engine.check_format(self.format)?;
+        Ok(Some(engine))
     }
 }
 

@@ -62,10 +62,17 @@ pub enum CacheTypeArg {
 /// `--wtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WType {
-    /// int8 weights and activations (per-channel and per-row scales).
+    /// int8 weights and activations (per-channel and per-row scales); every chip.
     W8a8,
-    /// f16 weights and activations.
+    /// f16 weights and activations; every chip.
     F16,
+    /// int4 weights (per-channel scales) and f16 activations: half W8A8's weight bytes.
+    /// RK3576 only (f16 × i4); refused on other chips. Its accuracy cost is not yet measured.
+    W4a16,
+    /// int4 weights (per-channel scales) and int8 activations (per-row scales, residual rows
+    /// as W8A8's): half W8A8's weight bytes, exact integer sums. RK3576 only (i8 × i4);
+    /// refused on other chips. Its accuracy cost is not yet measured.
+    W4a8,
 }
 
 /// Where the weight matmuls run and how weights and the KV cache are stored.
@@ -180,6 +187,8 @@ impl LoadArgs {
             .weight_format(match self.wtype {
                 WType::W8a8 => WeightFormat::W8A8,
                 WType::F16 => WeightFormat::F16,
+                WType::W4a16 => WeightFormat::W4A16,
+                WType::W4a8 => WeightFormat::W4A8,
             })
             .rotation(!self.no_rotation)
             .rotation_seed(self.rotation_seed)

@@ -615,3 +615,98 @@ fn kernels_reports_the_llm_host_kernels_by_the_one_convention() {
             .unwrap();
     assert_eq!(doc[0]["selected"], llm["selected"]);
 }
+
+/// `--wtype w4a16` and `w4a8` are RK3576's int4 formats: on RK3588, which has no weight-only
+/// int4, each is a one-line error naming the format and the chip, with the capability probe's
+/// reason; on RK3576 the tiny model generates with each.
+#[test]
+fn int4_wtypes_are_refused_on_rk3588_and_run_on_rk3576() {
+    let model = tiny();
+    for wtype in ["w4a16", "w4a8"] {
+        let refused = llm_decode(&[
+            "-m",
+            &model,
+            "-p",
+            "x",
+            "-n",
+            "1",
+            "--backend",
+            "emulator",
+            "--platform",
+            "rk3588",
+            "--wtype",
+            wtype,
+        ]);
+        let name = wtype.to_uppercase();
+        one_line_error(&refused, &format!("{name} is not supported on RK3588"));
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(err.contains("no weight-only"), "{err}");
+        let ran = llm_decode(&[
+            "-m",
+            &model,
+            "-p",
+            "x",
+            "-n",
+            "2",
+            "--backend",
+            "emulator",
+            "--platform",
+            "rk3576",
+            "--wtype",
+            wtype,
+            "--no-weight-cache",
+            "--json",
+        ]);
+        assert!(
+            ran.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        let v = json_out(&ran);
+        assert_eq!(v["stats"]["wtype"], wtype, "{v}");
+        assert_eq!(ids(&v["generated_ids"]).len(), 2, "{v}");
+    }
+}
+
+/// The summary's modelled-speed line names the emulated chip: RK3588's and RK3576's cost models
+/// give rates on their own core counts; RK3566 has no cost model, and the line says so instead
+/// of printing RK3588 and zeros.
+#[test]
+fn the_modelled_line_names_the_chip_or_says_it_has_no_cost_model() {
+    let model = tiny();
+    let run = |platform: &str| {
+        let o = llm_decode(&[
+            "-m",
+            &model,
+            "-p",
+            "x",
+            "-n",
+            "2",
+            "--backend",
+            "emulator",
+            "--platform",
+            platform,
+            "--no-weight-cache",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let rk3588 = run("rk3588");
+    assert!(
+        rk3588.contains("modelled RK3588 (cost model of the NPU time only, "),
+        "{rk3588}"
+    );
+    let rk3576 = run("rk3576");
+    assert!(
+        rk3576.contains("modelled RK3576 (cost model of the NPU time only, 2 cores): prefill "),
+        "{rk3576}"
+    );
+    assert!(!rk3576.contains("RK3588"), "{rk3576}");
+    assert!(!rk3576.contains(" 0.0 tok/s"), "{rk3576}");
+    let rk3566 = run("rk3566");
+    assert!(
+        rk3566.contains("modelled RK3566: none (the emulator has no cost model of this chip"),
+        "{rk3566}"
+    );
+    assert!(!rk3566.contains("0.0 tok/s"), "{rk3566}");
+}

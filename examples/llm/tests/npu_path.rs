@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rknn_llm::gguf::GgufFile;
 use rknn_llm::model::{Config, EngineFactory, EngineOptions, HostF32Factory, Logits, Model};
 use rknn_llm::tokenizer::Tokenizer;
-use rknn_matmul::engine::{Engine, EngineConfig};
+use rknn_matmul::engine::{Engine, EngineConfig, WeightFormat};
 use rknn_matmul::{Platform, Runtime};
 use serde_json::Value as Json;
 
@@ -23,17 +23,21 @@ fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
     )
 }
 
-fn engine() -> Engine {
-    let rt = Runtime::emulator(Platform::Rk3588).unwrap();
+fn engine_on(platform: Platform) -> Engine {
+    let rt = Runtime::emulator(platform).unwrap();
     Engine::new(&rt, EngineConfig::default()).unwrap()
 }
 
 fn npu_model(file: &GgufFile, opts: EngineOptions) -> common::Run {
+    npu_model_on(file, opts, Platform::Rk3588)
+}
+
+fn npu_model_on(file: &GgufFile, opts: EngineOptions, platform: Platform) -> common::Run {
     let p = pool(2);
     common::Run::new(
         Model::load(
             file,
-            &mut EngineFactory::new(engine(), opts),
+            &mut EngineFactory::new(engine_on(platform), opts),
             p,
             &mut |_, _| {},
         )
@@ -313,13 +317,39 @@ fn w8a8_stays_within_the_accuracy_bar_on_gemma3() {
     w8a8_accuracy(&path, 1024);
 }
 
-/// Teacher-forced over the committed English text in windows of `window` positions.
+/// Teacher-forced over the committed English text in windows of `window` positions: W8A8 on
+/// RK3588 within issue 14's bar.
 fn w8a8_accuracy(path: &Path, window: usize) {
+    let file = GgufFile::open(path).unwrap();
+    // The family's residual policy, as llm-decode takes it by default.
+    let family = Config::from_gguf(&file).unwrap().family;
+    let (top1, rel) = accuracy(
+        path,
+        window,
+        usize::MAX,
+        Platform::Rk3588,
+        family.engine_options(),
+    );
+    assert!(top1 >= 0.96, "top-1 agreement {top1}");
+    assert!(rel.abs() <= 0.01, "perplexity {rel:+}");
+}
+
+/// Teacher-forced over the committed English text (its first `limit` tokens) in windows of
+/// `window` positions, the engine on `platform` with `opts` against the f32 path: (top-1
+/// agreement, relative change of perplexity), printed.
+fn accuracy(
+    path: &Path,
+    window: usize,
+    limit: usize,
+    platform: Platform,
+    opts: EngineOptions,
+) -> (f64, f64) {
     let file = GgufFile::open(path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let text = std::fs::read_to_string(common::fixtures().join("text/eval_english.txt")).unwrap();
-    let all = tok.encode(&text, true, false).unwrap();
+    let mut all = tok.encode(&text, true, false).unwrap();
     assert!(all.len() >= 1500, "{} tokens", all.len());
+    all.truncate(limit);
     // Windows of `window` positions, every one beginning with the text's BOS (if it has one).
     let bos = all[0];
     let has_bos = tok.encode("", true, false).unwrap() == [bos];
@@ -336,9 +366,7 @@ fn w8a8_accuracy(path: &Path, window: usize) {
         windows.push(w);
     }
     let mut reference = f32_model(&file);
-    // The family's residual policy, as llm-decode takes it by default.
-    let family = Config::from_gguf(&file).unwrap().family;
-    let mut w8a8 = npu_model(&file, family.engine_options());
+    let mut w8a8 = npu_model_on(&file, opts, platform);
     let n_vocab = reference.config().n_vocab;
     let (mut agree, mut scored) = (0usize, 0usize);
     let (mut nll_ref, mut nll_q) = (0f64, 0f64);
@@ -371,13 +399,13 @@ fn w8a8_accuracy(path: &Path, window: usize) {
     );
     let rel = ppl_q / ppl_ref - 1.0;
     eprintln!(
-        "{}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
+        "{} {platform} {}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
         path.display(),
+        opts.format,
         100.0 * top1,
         100.0 * rel
     );
-    assert!(top1 >= 0.96, "top-1 agreement {top1}");
-    assert!(rel.abs() <= 0.01, "perplexity {ppl_q} vs {ppl_ref}");
+    (top1, rel)
 }
 
 /// The demo model's linears on all three RK3588 cores fit the handle budget of a board under
@@ -515,5 +543,105 @@ fn experts_whole_on_one_core_give_the_logits_of_split_experts_with_fewer_context
             per_core.1,
             split.1
         );
+    }
+}
+
+/// RK3576's int4 formats teacher-forced over the English text against the f32 path, with
+/// plain per-channel max-abs int4 scales (the rotation on; W4A8 with the family's residual
+/// rows): the demo model over its first 512 tokens, and seven tiny families over their first
+/// 64. The agreement is printed. The bars only catch a broken path (wrong nibbles or scales
+/// give next to no agreement: chance is well under 1 % of a vocabulary), not issue 43's
+/// accuracy goal, which needs a better converter: on the demo model per-channel int4 agrees on
+/// about 42 % of top-1 choices, W4A16 and W4A8 alike (the weights' 4 bits cost it, not the
+/// activations).
+#[test]
+fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
+    let tiny = [
+        "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "lfm2",
+    ];
+    let mut models: Vec<_> = tiny
+        .iter()
+        .map(|f| {
+            (
+                common::fixtures().join(format!("llm/tiny-{f}.gguf")),
+                64,
+                0.2,
+            )
+        })
+        .collect();
+    if let Some(path) = common::demo_model_forward() {
+        models.push((path, 512, 0.3));
+    }
+    for (path, limit, bar) in models {
+        let file = GgufFile::open(&path).unwrap();
+        let family = Config::from_gguf(&file).unwrap().family;
+        for format in [WeightFormat::W4A16, WeightFormat::W4A8] {
+            let opts = EngineOptions {
+                format,
+                ..family.engine_options()
+            };
+            let (top1, rel) = accuracy(&path, usize::MAX, limit, Platform::Rk3576, opts);
+            let what = format!("{} {format}", path.display());
+            assert!(top1 >= bar, "{what}: top-1 agreement {top1}");
+            assert!(rel.is_finite(), "{what}: perplexity {rel:+}");
+        }
+    }
+}
+
+/// RK3576's int4 formats through the drop-in library (`--backend npu`, the board's code path,
+/// the library playing an RK3576) give exactly the tokens of the in-process emulator, under
+/// both settings of the \[open\] int4 converter input (`RKNN_INT4_B_CONVERTER_INPUT`, read by the
+/// safe layer and the library alike), which give the same tokens too.
+#[test]
+fn int4_formats_through_the_dropin_give_the_emulators_tokens() {
+    let _npu = common::NPU
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lib = common::dropin();
+    let platform = Path::new("rk3576");
+    for family in ["qwen2", "gemma3"] {
+        let model = common::fixtures().join(format!("llm/tiny-{family}.gguf"));
+        for wtype in ["w4a16", "w4a8"] {
+            let mut tokens = Vec::new();
+            for input in ["packed", "one-per-byte"] {
+                let input = Path::new(input);
+                let args = |backend| {
+                    [
+                        "--backend",
+                        backend,
+                        "--platform",
+                        "rk3576",
+                        "--wtype",
+                        wtype,
+                        "--no-weight-cache",
+                    ]
+                };
+                let prompt = "The quick brown fox";
+                let conv = ("RKNN_INT4_B_CONVERTER_INPUT", input);
+                let emu = generate(&model, prompt, &args("emulator"), &[conv]);
+                let npu = generate(
+                    &model,
+                    prompt,
+                    &args("npu"),
+                    &[
+                        ("RKNN_RUNTIME_PATH", &lib),
+                        ("RKNN_EMU_PLATFORM", platform),
+                        conv,
+                    ],
+                );
+                let what = format!("{family} {wtype} {}", input.display());
+                assert_eq!(
+                    (&emu["backend"], &npu["backend"]),
+                    (&"emulator".into(), &"npu".into())
+                );
+                assert_eq!(npu["stats"]["wtype"], wtype, "{what}");
+                assert_eq!(emu["generated_ids"], npu["generated_ids"], "{what}");
+                tokens.push(emu["generated_ids"].clone());
+            }
+            assert_eq!(
+                tokens[0], tokens[1],
+                "{family} {wtype}: both converter inputs"
+            );
+        }
     }
 }

@@ -404,3 +404,53 @@ fn llm_decode_caches_lists_and_clears() {
     assert!(text(&["--weight-cache-list"]).contains("0 file(s)"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// RK3576's int4 formats go through the cache like the others: each written once and read
+/// back with the converting load's logits, bit for bit, and keyed on the format: W4A16, W4A8
+/// and W8A8 of one model in one directory are three files, none read for another.
+#[test]
+fn int4_formats_are_cached_and_keyed_on_the_format() {
+    use rknn_matmul::engine::WeightFormat;
+    let rk3576 = || {
+        Engine::new(
+            &Runtime::emulator(Platform::Rk3576).unwrap(),
+            EngineConfig::default(),
+        )
+        .unwrap()
+    };
+    let (dir, gguf) = workdir("int4", "tiny-qwen2");
+    let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
+    let file = GgufFile::open(&gguf).unwrap();
+    let mut files = Vec::new();
+    for format in [WeightFormat::W4A16, WeightFormat::W4A8, WeightFormat::W8A8] {
+        let opts = EngineOptions {
+            format,
+            ..EngineOptions::default()
+        };
+        let mut f = EngineFactory::new(rk3576(), opts);
+        let want = logits(&Model::load(&file, &mut f, pool(), &mut |_, _| {}).unwrap());
+        let load = || {
+            Model::load_cached(&gguf, &file, rk3576(), opts, &cache, pool(), &mut |_, _| {})
+                .unwrap()
+        };
+        let (cold, first) = load();
+        assert!(
+            matches!(first, CacheOutcome::Written(_)),
+            "{format}: {first:?}"
+        );
+        assert_eq!(
+            logits(&cold),
+            want,
+            "{format}: the load that wrote the cache"
+        );
+        drop(cold);
+        let (warm, second) = load();
+        assert_eq!(second, CacheOutcome::Hit(cache_file(&first)), "{format}");
+        assert_eq!(logits(&warm), want, "{format}: the cached load");
+        files.push(cache_file(&first));
+    }
+    files.sort();
+    files.dedup();
+    assert_eq!(files.len(), 3, "{files:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

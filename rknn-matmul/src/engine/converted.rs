@@ -9,15 +9,16 @@
 //! permutation the lanes do in parallel as they place a linear; keeping it out of the stored
 //! form lets one stored copy serve any number of cores and any context width.
 
-use half::f16;
-
-use super::format::{EngineKind, Values, WeightFormat};
-use crate::dtype::{Element, as_bytes, as_bytes_mut};
+use super::format::{
+    EngineKind, INT4_RANGE, Values, WeightFormat, invalid_i4, row_len, with_format,
+};
+use crate::dtype::{Element, I4x2, as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
 use rknn_chip::plan::LinearPlan;
 
 /// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
-/// output channel, zero past `n` and `k`) and, for W8A8, one scale per output channel.
+/// output channel, zero past `n` and `k`; int4 two per byte, the even column in the low
+/// nibble) and, for the quantised formats (W8A8, W4A16, W4A8), one scale per output channel.
 ///
 /// Made by [`Engine::convert_from_rows`](super::Engine::convert_from_rows) (with the rotation
 /// the linear will run with already applied) or, to fill from storage, by
@@ -78,11 +79,10 @@ impl ConvertedWeights {
         (n, k): (usize, usize),
         (n_pad, k_pad): (usize, usize),
     ) -> Result<ConvertedWeights> {
-        let len = n_pad * k_pad;
-        let values = match format {
-            WeightFormat::W8A8 => Values::I8(try_vec(len, 0, "converted weights")?),
-            WeightFormat::F16 => Values::F16(try_vec(len, f16::ZERO, "converted weights")?),
-        };
+        let values = with_format!(format, K => {
+            let len = n_pad * row_len::<K>(k_pad);
+            <K as EngineKind>::wrap_values(try_vec(len, Default::default(), "converted weights")?)
+        });
         let scales = vec![0.0; scales_len(format, n_pad)];
         Ok(ConvertedWeights {
             format,
@@ -133,11 +133,13 @@ impl ConvertedWeights {
         (self.n_pad, self.k_pad)
     }
 
-    /// The values' bytes, little-endian (int8 for W8A8, f16 for F16), `n_pad × k_pad` values.
+    /// The values' bytes, little-endian (int8 for W8A8, f16 for F16, int4 two per byte for
+    /// W4A16 and W4A8), `n_pad × k_pad` values.
     pub fn values_bytes(&self) -> &[u8] {
         match &self.values {
             Values::I8(v) => as_bytes(v),
             Values::F16(v) => as_bytes(v),
+            Values::I4(v) => as_bytes(v),
         }
     }
 
@@ -146,10 +148,11 @@ impl ConvertedWeights {
         match &mut self.values {
             Values::I8(v) => as_bytes_mut(v),
             Values::F16(v) => as_bytes_mut(v),
+            Values::I4(v) => as_bytes_mut(v),
         }
     }
 
-    /// The per-channel scales (`n_pad` for W8A8, none for F16).
+    /// The per-channel scales (`n_pad` for the quantised formats, none for F16).
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
@@ -188,6 +191,25 @@ impl ConvertedWeights {
                 }
             }
             Values::F16(v) => clear(v, n, k, k_pad),
+            Values::I4(v) => {
+                let per_row = k_pad / 2;
+                for row in v[..n * per_row].chunks_exact_mut(per_row) {
+                    if k % 2 == 1 {
+                        // The low nibble is column k - 1, the high one padding.
+                        row[k / 2] = I4x2(row[k / 2].0 & 0x0f);
+                    }
+                    row[k.div_ceil(2)..].fill(I4x2::default());
+                }
+                v[n * per_row..].fill(I4x2::default());
+                if let Some((index, value)) = invalid_i4(v) {
+                    return Err(Error::OutOfRange {
+                        what: "converted weights",
+                        index,
+                        value,
+                        range: INT4_RANGE,
+                    });
+                }
+            }
         }
         if let Some(pad) = self.scales.get_mut(n..) {
             pad.fill(0.0);
@@ -247,12 +269,10 @@ pub(crate) fn scales_from_bytes(
     Ok(scales)
 }
 
-/// Scales stored per format: one per padded output channel for W8A8, none for F16.
+/// Scales stored per format: one per padded output channel for the quantised formats (W8A8,
+/// W4A16, W4A8), none for F16.
 fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
-    match format {
-        WeightFormat::W8A8 => n_pad,
-        WeightFormat::F16 => 0,
-    }
+    if format.has_scales() { n_pad } else { 0 }
 }
 
 /// Converted weights held outside the engine, for instance in a mapped file: the layout of
@@ -261,11 +281,11 @@ fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
 /// contexts' memories and then saying so ([`ConvertedBytes::placed`]), so that a mapped file
 /// can give back those pages at once: loading never holds a linear twice.
 pub trait ConvertedBytes: Send + Sync {
-    /// The values: `n_pad × k_pad` little-endian values of the format (int8, or f16 aligned to
-    /// 2 bytes), as [`ConvertedWeights::values_bytes`] lays them out.
+    /// The values: `n_pad × k_pad` little-endian values of the format (int8, f16 aligned to
+    /// 2 bytes, or int4 two per byte), as [`ConvertedWeights::values_bytes`] lays them out.
     fn values(&self) -> &[u8];
 
-    /// The scales: `n_pad` little-endian f32 for W8A8, none for F16.
+    /// The scales: `n_pad` little-endian f32 for the quantised formats, none for F16.
     fn scales(&self) -> &[u8];
 
     /// Output channels `rows` are placed: their values are not read again.

@@ -1,18 +1,37 @@
 //! The weight formats, and everything in which they differ: the NPU's matmul type, how a weight
-//! row is converted, how an activation row is prepared, how native A is packed, how the K
-//! segments' outputs are summed and how the result is finished. The rest of the engine is
+//! row is converted, how an activation row is prepared, how native A and B are packed, how the
+//! K segments' outputs are summed and how the result is finished. The rest of the engine is
 //! written once, generic over [`EngineKind`].
+//!
+//! | format | NPU type | weights | activations | host finish |
+//! |---|---|---|---|---|
+//! | W8A8 | i8 × i8 → i32 (every chip) | int8 -127..=127, f32 scale per output channel | int8 per row (+ residual row) | `(acc · row scale) · channel scale` |
+//! | F16 | f16 × f16 → f32 (every chip) | f16 | f16 | none |
+//! | W4A16 | f16 × i4 → f32 (RK3576) | int4 -7..=7, f32 scale per output channel | f16 | `acc · channel scale` |
+//! | W4A8 | i8 × i4 → i32 (RK3576) | int4 -7..=7, f32 scale per output channel | int8 per row (+ residual row) | `(acc · row scale) · channel scale` |
+//!
+//! The int4 formats keep two values per byte (two's complement nibbles, the even K index in
+//! the low nibble, fact sheet §7) on the host and in [`ConvertedWeights`]; their native B is
+//! made by the runtime's own converter (`rknn_B_normal_layout_to_native_layout`) from one value
+//! per element, so the nibble order of native int4 B (\[open\]) is whatever the runtime reads,
+//! and the converter's input packing (\[open\]) is the runtime's
+//! [`int4_converter_input`](crate::Runtime::int4_converter_input) setting.
+//!
+//! [`ConvertedWeights`]: super::converted::ConvertedWeights
 //!
 //! **Adding a format** is done here and only here: a [`WeightFormat`] variant (with its name and
 //! matmul type), an [`EngineKind`] implementation for the `MatmulKind` it runs on the NPU, and
 //! its arm in [`with_format!`], the one place where the variant meets the type.
 
 use half::f16;
-use rknn_chip::{ElemKind, MatmulType};
+use rknn_chip::{ElemKind, Layout, MatmulType};
 
 use super::glue;
 use super::out_cols::OutCols;
-use crate::dtype::{F16xF16ToF32, I8xI8ToI32, MatmulKind};
+use crate::dtype::{Element, F16xF16ToF32, F16xI4ToF32, I4x2, I8xI4ToI32, I8xI8ToI32, MatmulKind};
+use crate::error::{Error, Matrix, Result};
+use crate::safe::matmul::Matmul;
+use crate::safe::mem::TensorMem;
 
 /// `$body` with `$K` the [`EngineKind`] of `$format`: the one match from a format to its type.
 macro_rules! with_format {
@@ -24,6 +43,14 @@ macro_rules! with_format {
             }
             $crate::engine::format::WeightFormat::F16 => {
                 type $K = $crate::dtype::F16xF16ToF32;
+                $body
+            }
+            $crate::engine::format::WeightFormat::W4A16 => {
+                type $K = $crate::dtype::F16xI4ToF32;
+                $body
+            }
+            $crate::engine::format::WeightFormat::W4A8 => {
+                type $K = $crate::dtype::I8xI4ToI32;
                 $body
             }
         }
@@ -40,17 +67,34 @@ pub enum WeightFormat {
     W8A8,
     /// f16 weights and activations, f32 output.
     F16,
+    /// int4 weights (-7..=7, two per byte) with one f32 scale per output channel, f16
+    /// activations; f16 × i4 → f32 on the NPU (`RKNN_FLOAT16_MM_INT4_TO_FLOAT32`, RK3576
+    /// only), the channel scale applied on the host. Half the weight bytes of W8A8.
+    W4A16,
+    /// int4 weights (-7..=7, two per byte) with one f32 scale per output channel, int8
+    /// activations with one scale per row (and a residual row, as W8A8's); i8 × i4 → i32 on
+    /// the NPU (`RKNN_INT8_MM_INT4_TO_INT32`, RK3576 only), exact, scales applied on the host.
+    W4A8,
 }
 
 impl WeightFormat {
-    /// Every format.
-    pub const ALL: [WeightFormat; 2] = [WeightFormat::W8A8, WeightFormat::F16];
+    /// Every format (not every chip runs every one: the engine refuses a format its chip
+    /// lacks with [`Error::Unsupported`](crate::Error::Unsupported)).
+    pub const ALL: [WeightFormat; 4] = [
+        WeightFormat::W8A8,
+        WeightFormat::F16,
+        WeightFormat::W4A16,
+        WeightFormat::W4A8,
+    ];
 
-    /// Its short name (`"w8a8"`, `"f16"`), as statistics and command lines spell it.
+    /// Its short name (`"w8a8"`, `"f16"`, `"w4a16"`, `"w4a8"`), as statistics and command
+    /// lines spell it.
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::W8A8 => "w8a8",
             WeightFormat::F16 => "f16",
+            WeightFormat::W4A16 => "w4a16",
+            WeightFormat::W4A8 => "w4a8",
         }
     }
 
@@ -64,13 +108,33 @@ impl WeightFormat {
         self.matmul_type().b
     }
 
-    /// Bytes per element of B (and A) and of C.
+    /// Bytes per element of A and of C.
     pub(crate) fn bytes(self) -> (u64, u64) {
         with_format!(self, K => (
-            std::mem::size_of::<<K as MatmulKind>::B>() as u64,
+            std::mem::size_of::<<K as MatmulKind>::A>() as u64,
             std::mem::size_of::<<K as MatmulKind>::C>() as u64,
         ))
     }
+
+    /// Bytes of `values` weight values (int4: two per byte; `values` is even, a whole number
+    /// of K-aligned rows).
+    pub(crate) fn b_bytes(self, values: u64) -> u64 {
+        with_format!(self, K => {
+            let e = <<K as MatmulKind>::B as Element>::PER_ELEMENT as u64;
+            values.div_ceil(e) * std::mem::size_of::<<K as MatmulKind>::B>() as u64
+        })
+    }
+
+    /// Whether its converted weights carry one scale per output channel.
+    pub(crate) fn has_scales(self) -> bool {
+        with_format!(self, K => <K as EngineKind>::SCALES)
+    }
+}
+
+/// Stored elements of B per converted row of `k_pad` values (int4: two values per element;
+/// `k_pad` is a multiple of the K alignment, so even).
+pub(crate) fn row_len<K: MatmulKind>(k_pad: usize) -> usize {
+    k_pad.div_ceil(K::B::PER_ELEMENT)
 }
 
 impl std::fmt::Display for WeightFormat {
@@ -86,6 +150,8 @@ pub(crate) enum Values {
     I8(Vec<i8>),
     /// F16.
     F16(Vec<f16>),
+    /// W4A16 and W4A8: int4 in -7..=7, two per byte (even K index in the low nibble).
+    I4(Vec<I4x2>),
 }
 
 /// A forward's prepared activations, shared by the lanes: one buffer per input element type
@@ -159,6 +225,29 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     type In: InElem;
     /// The accumulator over K segments (exact i32, or f32).
     type Acc: AccElem;
+    /// Whether converted weights carry one scale per output channel.
+    const SCALES: bool;
+    /// The largest K whose sum the NPU's integer accumulator holds exactly (`None`: no bound,
+    /// a float accumulator).
+    const MAX_EXACT_K: Option<usize>;
+
+    /// Writes the weights of one context, `width` converted rows (`row_len::<Self>(k_pad)`
+    /// elements each, columns `k0..k0 + ks` of which are the context's, zero past `k`), into
+    /// its native B memory `dst`. The default packs them itself with the tile sizes the
+    /// runtime reported; `seg` is scratch.
+    #[allow(clippy::too_many_arguments)] // The operands of the packing.
+    fn write_b(
+        mm: &Matmul<Self>,
+        rows: &[Self::B],
+        k: usize,
+        k0: usize,
+        ks: usize,
+        width: usize,
+        seg: &mut Vec<Self::B>,
+        dst: &mut TensorMem<Self::B>,
+    ) -> Result<()> {
+        pack_b_native(mm, rows, k, k0, ks, width, seg, dst)
+    }
 
     /// Its converted weights in the format-free holder of
     /// [`ConvertedWeights`](super::converted::ConvertedWeights).
@@ -177,7 +266,8 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     fn input_ld(k: usize, k_pad: usize) -> usize;
 
     /// Converts `rows` weight rows `w` ([rows, k], row = output channel, rotated already) into
-    /// `b` ([rows, k_pad], zero-padded) and, for quantised formats, one scale per row.
+    /// `b` ([rows, k_pad] values, zero-padded: `row_len::<Self>(k_pad)` elements per row) and,
+    /// for quantised formats, one scale per row.
     fn convert_rows(
         w: &[f32],
         rows: usize,
@@ -243,6 +333,8 @@ impl EngineKind for I8xI8ToI32 {
     const RESIDUAL: bool = true;
     type In = i8;
     type Acc = i32;
+    const SCALES: bool = true;
+    const MAX_EXACT_K: Option<usize> = Some(super::config::MAX_EXACT_K_W8A8);
 
     fn input_ld(_k: usize, k_pad: usize) -> usize {
         k_pad
@@ -255,7 +347,7 @@ impl EngineKind for I8xI8ToI32 {
     fn unwrap_values(v: Values) -> Option<Vec<i8>> {
         match v {
             Values::I8(b) => Some(b),
-            Values::F16(_) => None,
+            _ => None,
         }
     }
 
@@ -289,11 +381,7 @@ impl EngineKind for I8xI8ToI32 {
         dst: &mut [i8],
         scales: &mut [f32],
     ) {
-        if twice {
-            quantize_with_residual(x, rows, k, k_pad, tmp, dst, scales);
-        } else {
-            glue::quantize_rows(x, rows, k, k_pad, dst, scales);
-        }
+        prepare_i8_rows(x, rows, k, k_pad, twice, tmp, dst, scales);
     }
 
     fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
@@ -304,9 +392,7 @@ impl EngineKind for I8xI8ToI32 {
         glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
     }
 
-    /// With `per = 1`: `out = (acc · row_scale) · ch_scale` ([`glue::scale_out`]). With
-    /// `per = 2`: `out = (acc₀ · s₀ + acc₁ · s₁) · ch_scale`, in exactly this order (`per` is 1
-    /// or 2).
+    /// See [`finish_i32_rows`].
     fn finish(
         acc: &[i32],
         m: usize,
@@ -317,32 +403,7 @@ impl EngineKind for I8xI8ToI32 {
         ch_scales: &[f32],
         out: &mut OutCols,
     ) {
-        if per == 2 {
-            for r in 0..m {
-                let o = out.row(r);
-                let (i0, i1) = (2 * r, 2 * r + 1);
-                let (s0, s1) = (row_scales[i0], row_scales[i1]);
-                let a0 = &acc[i0 * width..i0 * width + valid];
-                let a1 = &acc[i1 * width..i1 * width + valid];
-                for (((o, &x0), &x1), &ch) in o.iter_mut().zip(a0).zip(a1).zip(&ch_scales[..valid])
-                {
-                    *o = (x0 as f32 * s0 + x1 as f32 * s1) * ch;
-                }
-            }
-            return;
-        }
-        for r in 0..m {
-            glue::scale_out(
-                &acc[r * width..r * width + valid],
-                1,
-                valid,
-                &row_scales[r..=r],
-                &ch_scales[..valid],
-                out.row(r),
-                valid,
-                0,
-            );
-        }
+        finish_i32_rows(acc, m, per, width, valid, row_scales, ch_scales, out);
     }
 }
 
@@ -351,6 +412,8 @@ impl EngineKind for F16xF16ToF32 {
     const RESIDUAL: bool = false;
     type In = f32;
     type Acc = f32;
+    const SCALES: bool = false;
+    const MAX_EXACT_K: Option<usize> = None;
 
     fn input_ld(k: usize, _k_pad: usize) -> usize {
         k
@@ -363,7 +426,7 @@ impl EngineKind for F16xF16ToF32 {
     fn unwrap_values(v: Values) -> Option<Vec<f16>> {
         match v {
             Values::F16(b) => Some(b),
-            Values::I8(_) => None,
+            _ => None,
         }
     }
 
@@ -427,6 +490,364 @@ impl EngineKind for F16xF16ToF32 {
             out.row(r)
                 .copy_from_slice(&acc[r * width..r * width + valid]);
         }
+    }
+}
+
+/// The int4 formats' weights: the values are i4 and the native B comes from the runtime's
+/// converter.
+macro_rules! int4_weights {
+    () => {
+        const SCALES: bool = true;
+
+        fn wrap_values(b: Vec<I4x2>) -> Values {
+            Values::I4(b)
+        }
+
+        fn unwrap_values(v: Values) -> Option<Vec<I4x2>> {
+            match v {
+                Values::I4(b) => Some(b),
+                _ => None,
+            }
+        }
+
+        const VALUE_RANGE: &'static str = INT4_RANGE;
+
+        fn invalid_value(b: &[I4x2]) -> Option<(usize, i64)> {
+            invalid_i4(b)
+        }
+
+        fn convert_rows(
+            w: &[f32],
+            rows: usize,
+            k: usize,
+            k_pad: usize,
+            b: &mut [I4x2],
+            scales: &mut [f32],
+        ) {
+            quantize_rows_i4(w, rows, k, k_pad, b, scales);
+        }
+
+        fn write_b(
+            mm: &Matmul<Self>,
+            rows: &[I4x2],
+            k: usize,
+            k0: usize,
+            ks: usize,
+            width: usize,
+            _seg: &mut Vec<I4x2>,
+            dst: &mut TensorMem<I4x2>,
+        ) -> Result<()> {
+            write_b_i4(mm, rows, k, k0, ks, width, dst)
+        }
+    };
+}
+
+impl EngineKind for F16xI4ToF32 {
+    const FORMAT: WeightFormat = WeightFormat::W4A16;
+    const RESIDUAL: bool = false;
+    type In = f32;
+    type Acc = f32;
+    const MAX_EXACT_K: Option<usize> = None;
+    int4_weights!();
+
+    fn input_ld(k: usize, _k_pad: usize) -> usize {
+        k
+    }
+
+    fn prepare_rows(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        _k_pad: usize,
+        _twice: bool,
+        _tmp: &mut Vec<f32>,
+        dst: &mut [f32],
+        _scales: &mut [f32],
+    ) {
+        dst[..rows * k].copy_from_slice(&x[..rows * k]);
+    }
+
+    fn pack_a(x: &[f32], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [f16]) {
+        glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
+    }
+
+    fn accumulate(c: &[f32], m: usize, width: usize, sn: usize, acc: &mut [f32], first: bool) {
+        glue::accumulate_c_native_f32(c, m, width, sn, acc, width, 0, first);
+    }
+
+    /// `out = acc · ch_scale`: the f32 sum of the K segments times the channel's scale, one
+    /// f32 multiply.
+    fn finish(
+        acc: &[f32],
+        m: usize,
+        _per: usize,
+        width: usize,
+        valid: usize,
+        _row_scales: &[f32],
+        ch_scales: &[f32],
+        out: &mut OutCols,
+    ) {
+        for r in 0..m {
+            let a = &acc[r * width..r * width + valid];
+            for ((o, &x), &ch) in out.row(r).iter_mut().zip(a).zip(&ch_scales[..valid]) {
+                *o = x * ch;
+            }
+        }
+    }
+}
+
+impl EngineKind for I8xI4ToI32 {
+    const FORMAT: WeightFormat = WeightFormat::W4A8;
+    const RESIDUAL: bool = true;
+    type In = i8;
+    type Acc = i32;
+    const MAX_EXACT_K: Option<usize> = Some(MAX_EXACT_K_W4A8);
+    int4_weights!();
+
+    fn input_ld(_k: usize, k_pad: usize) -> usize {
+        k_pad
+    }
+
+    fn prepare_rows(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        k_pad: usize,
+        twice: bool,
+        tmp: &mut Vec<f32>,
+        dst: &mut [i8],
+        scales: &mut [f32],
+    ) {
+        prepare_i8_rows(x, rows, k, k_pad, twice, tmp, dst, scales);
+    }
+
+    fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
+        glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
+    }
+
+    fn accumulate(c: &[i32], m: usize, width: usize, sn: usize, acc: &mut [i32], first: bool) {
+        glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
+    }
+
+    /// See [`finish_i32_rows`].
+    fn finish(
+        acc: &[i32],
+        m: usize,
+        per: usize,
+        width: usize,
+        valid: usize,
+        row_scales: &[f32],
+        ch_scales: &[f32],
+        out: &mut OutCols,
+    ) {
+        finish_i32_rows(acc, m, per, width, valid, row_scales, ch_scales, out);
+    }
+}
+
+/// [`EngineKind::write_b`]'s default: the context's columns `k0..k0 + ks` of `rows` (`width`
+/// rows, zero past `k`) gathered in `seg` and packed into native B `dst` with the tile sizes
+/// the runtime reported for `mm`.
+#[allow(clippy::too_many_arguments)] // The operands of the packing.
+pub(crate) fn pack_b_native<K: MatmulKind>(
+    mm: &Matmul<K>,
+    rows: &[K::B],
+    k: usize,
+    k0: usize,
+    ks: usize,
+    width: usize,
+    seg: &mut Vec<K::B>,
+    dst: &mut TensorMem<K::B>,
+) -> Result<()> {
+    let (bn, bk) = mm.native_tile(Matrix::B)?;
+    seg.clear();
+    seg.try_reserve_exact(ks * width)
+        .map_err(|_| Error::HostAlloc {
+            what: "a K segment's weights",
+            bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
+        })?;
+    let k_pad = rows.len() / width.max(1);
+    // Columns past K are padding: zero, whatever the source holds there.
+    let real = k.saturating_sub(k0).min(ks);
+    for row in rows.chunks_exact(k_pad).take(width) {
+        seg.extend_from_slice(&row[k0..k0 + real]);
+        seg.resize(seg.len() + ks - real, K::B::default());
+    }
+    let geo = rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
+        Error::BadTensorDims {
+            matrix: Matrix::B,
+            layout: Layout::Native,
+            dims: mm.io_attr().B.dims.to_vec(),
+        }
+    })?;
+    let dst = dst.as_mut_slice();
+    if dst.len() < geo.len() {
+        return Err(Error::MemoryTooSmall {
+            matrix: Matrix::B,
+            bytes: std::mem::size_of_val(dst) as u64,
+            needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
+        });
+    }
+    geo.pack_from_nk(seg, dst);
+    Ok(())
+}
+
+/// The largest K of an exact W4A8 linear: |a| <= 127 and |w| <= 7, so the i32 sum over K stays
+/// exact while 127 × 7 × K < 2^31.
+pub(crate) const MAX_EXACT_K_W4A8: usize = i32::MAX as usize / (127 * 7);
+
+/// The values int4 converted weights may hold.
+pub(crate) const INT4_RANGE: &str = "-7..=7 (symmetric int4: the scale is max |w| / 7, so -8 is never \
+     produced, and a stored -8 is refused as corrupt)";
+
+/// The first nibble of `b` holding -8, with its value index (two per element).
+pub(crate) fn invalid_i4(b: &[I4x2]) -> Option<(usize, i64)> {
+    b.iter().enumerate().find_map(|(i, p)| {
+        let (lo, hi) = p.get();
+        if lo == -8 {
+            Some((2 * i, -8))
+        } else if hi == -8 {
+            Some((2 * i + 1, -8))
+        } else {
+            None
+        }
+    })
+}
+
+/// Symmetric per-row int4 quantisation of `w` ([rows, k]) into `b` ([rows, k_pad / 2] pairs,
+/// the even column in the low nibble) and `scales` ([rows]).
+///
+/// For each row: `amax` is the largest `|w|` over its non-NaN values; `scale = amax / 7.0`
+/// (0.0 for a row of zeros); with `inv = 7.0f32 / amax` computed once per row,
+/// `q = clamp(round_ties_even(w * inv), -7, 7)` (one f32 multiply), NaN quantised to 0,
+/// columns `k..k_pad` zero. The range is symmetric (-7..=7, not -8..=7): a per-channel
+/// max-abs scale maps the largest magnitude of either sign to ±7, and a symmetric range keeps
+/// `-w` quantised to `-q`.
+pub(crate) fn quantize_rows_i4(
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    k_pad: usize,
+    b: &mut [I4x2],
+    scales: &mut [f32],
+) {
+    let per_row = k_pad / 2;
+    for ((src, dst), s) in w
+        .chunks_exact(k)
+        .zip(b.chunks_exact_mut(per_row))
+        .zip(scales.iter_mut())
+        .take(rows)
+    {
+        let amax = src.iter().fold(0f32, |a, &x| a.max(x.abs()));
+        let (scale, inv) = if amax == 0.0 {
+            (0.0, 0.0)
+        } else {
+            (amax / 7.0, 7.0f32 / amax)
+        };
+        *s = scale;
+        let q = |c: usize| -> i8 {
+            match src.get(c) {
+                // `as` maps NaN to 0; the clamp keeps an infinite `inv` in range.
+                Some(&x) => (x * inv).round_ties_even().clamp(-7.0, 7.0) as i8,
+                None => 0,
+            }
+        };
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = I4x2::new(q(2 * i), q(2 * i + 1));
+        }
+    }
+}
+
+/// [`EngineKind::write_b`] for int4: the context's columns of `rows` unpacked to one value per
+/// element in the normal [ks, width] layout (zero past `k`), converted to native B by the
+/// runtime's own converter ([`Matmul::b_to_native`], which packs its input as the runtime's
+/// \[open\] converter-input setting says).
+fn write_b_i4<K: MatmulKind<B = I4x2>>(
+    mm: &Matmul<K>,
+    rows: &[I4x2],
+    k: usize,
+    k0: usize,
+    ks: usize,
+    width: usize,
+    dst: &mut TensorMem<I4x2>,
+) -> Result<()> {
+    let per_row = rows.len() / width.max(1);
+    let real = k.saturating_sub(k0).min(ks);
+    let mut normal = Vec::new();
+    normal
+        .try_reserve_exact(ks * width)
+        .map_err(|_| Error::HostAlloc {
+            what: "a K segment's int4 weights",
+            bytes: (ks * width) as u64,
+        })?;
+    normal.resize(ks * width, 0i8);
+    for (j, row) in rows.chunks_exact(per_row).take(width).enumerate() {
+        for c in 0..real {
+            let at = k0 + c;
+            let (lo, hi) = row[at / 2].get();
+            normal[c * width + j] = if at % 2 == 0 { lo } else { hi };
+        }
+    }
+    mm.b_to_native(&normal, dst)
+}
+
+/// [`glue::quantize_rows`] of each row, or with `twice` each row and its residual
+/// ([`quantize_with_residual`]): the int8 activations of W8A8 and W4A8.
+#[allow(clippy::too_many_arguments)] // The operands of the conversion.
+fn prepare_i8_rows(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    k_pad: usize,
+    twice: bool,
+    tmp: &mut Vec<f32>,
+    dst: &mut [i8],
+    scales: &mut [f32],
+) {
+    if twice {
+        quantize_with_residual(x, rows, k, k_pad, tmp, dst, scales);
+    } else {
+        glue::quantize_rows(x, rows, k, k_pad, dst, scales);
+    }
+}
+
+/// The finish of the integer formats (W8A8, W4A8). With `per = 1`: `out = (acc · row_scale)
+/// · ch_scale` ([`glue::scale_out`]). With `per = 2`: `out = (acc₀ · s₀ + acc₁ · s₁) ·
+/// ch_scale`, in exactly this order (`per` is 1 or 2).
+#[allow(clippy::too_many_arguments)] // The operands of the formula.
+fn finish_i32_rows(
+    acc: &[i32],
+    m: usize,
+    per: usize,
+    width: usize,
+    valid: usize,
+    row_scales: &[f32],
+    ch_scales: &[f32],
+    out: &mut OutCols,
+) {
+    if per == 2 {
+        for r in 0..m {
+            let o = out.row(r);
+            let (i0, i1) = (2 * r, 2 * r + 1);
+            let (s0, s1) = (row_scales[i0], row_scales[i1]);
+            let a0 = &acc[i0 * width..i0 * width + valid];
+            let a1 = &acc[i1 * width..i1 * width + valid];
+            for (((o, &x0), &x1), &ch) in o.iter_mut().zip(a0).zip(a1).zip(&ch_scales[..valid]) {
+                *o = (x0 as f32 * s0 + x1 as f32 * s1) * ch;
+            }
+        }
+        return;
+    }
+    for r in 0..m {
+        glue::scale_out(
+            &acc[r * width..r * width + valid],
+            1,
+            valid,
+            &row_scales[r..=r],
+            &ch_scales[..valid],
+            out.row(r),
+            valid,
+            0,
+        );
     }
 }
 

@@ -14,7 +14,7 @@ use rknn_chip::plan::{LinearPlan, MChunk, m_chunks};
 
 use super::config::{EngineConfig, LinearOptions};
 use super::converted::{WeightRows, try_vec};
-use super::format::{EngineKind, InElem, Prepared, WeightFormat, with_format};
+use super::format::{EngineKind, InElem, Prepared, WeightFormat, row_len, with_format};
 use super::out_cols::OutCols;
 use super::plan::{DomainPlan, lane_needs};
 use super::probe::Resolved;
@@ -40,6 +40,9 @@ pub(crate) struct Inner {
     pub(crate) domains: Mutex<DomainPlan>,
     /// The widest context and the A/C sharing the engine runs with, after its probes.
     pub(crate) resolved: Resolved,
+    /// Each format asked for so far, and why the chip cannot run it (`None`: it can), from
+    /// the runtime's capability probe ([`Runtime::require`]), tried once per format.
+    pub(crate) formats: Mutex<rustc_hash::FxHashMap<WeightFormat, Option<String>>>,
 }
 
 /// The caller side of a round: the prepared inputs the lanes share, recycled from round to
@@ -157,15 +160,15 @@ impl Linear {
         threads: usize,
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<(Vec<K::B>, Vec<f32>), E> {
-        let k_pad = plan.k_pad;
+        let len = row_len::<K>(plan.k_pad);
         let mut b = try_vec(
-            plan.n_pad * k_pad,
+            plan.n_pad * len,
             <K as crate::dtype::MatmulKind>::B::default(),
             "converted weights",
         )?;
         let mut scales = vec![0f32; plan.n_pad];
         Linear::convert_steps::<K, E>(plan, rotation, threads, rows, &mut |first, values, s| {
-            b[first * k_pad..][..values.len()].copy_from_slice(values);
+            b[first * len..][..values.len()].copy_from_slice(values);
             scales[first..][..s.len()].copy_from_slice(s);
             Ok(())
         })?;
@@ -173,7 +176,8 @@ impl Linear {
     }
 
     /// Converts as [`Linear::convert`], handing each step to `sink` instead of keeping it:
-    /// `sink(first, values, scales)` gets rows `first..` in order (`values` `k_pad` per row,
+    /// `sink(first, values, scales)` gets rows `first..` in order (`values` `k_pad` values per
+    /// row, int4 two per element,
     /// one scale per row), then the padding rows up to `n_pad` as zeros. Each step's rows are
     /// rotated and converted on `threads` threads (the lanes' count: the engine's share of the
     /// CPUs, idle while a model loads), a contiguous share each: every row's arithmetic is its
@@ -186,9 +190,10 @@ impl Linear {
         sink: &mut StepSink<'_, K::B, E>,
     ) -> std::result::Result<(), E> {
         let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
+        let len = row_len::<K>(k_pad);
         let step = ROWS_PER_STEP.min(n);
         let mut b = try_vec(
-            step * k_pad,
+            step * len,
             <K as crate::dtype::MatmulKind>::B::default(),
             "a step of converted weights",
         )?;
@@ -198,7 +203,7 @@ impl Linear {
             let count = ROWS_PER_STEP.min(n - first);
             let w = &mut buf[..count * k];
             rows(first, w)?;
-            let (bs, ss) = (&mut b[..count * k_pad], &mut scales[..count]);
+            let (bs, ss) = (&mut b[..count * len], &mut scales[..count]);
             // Shares of at least 16 rows: below that a thread costs more than it saves.
             let share = count.div_ceil(threads.clamp(1, count.div_ceil(16)));
             let convert = |w: &mut [f32], bs: &mut [K::B], ss: &mut [f32]| {
@@ -210,7 +215,7 @@ impl Linear {
             std::thread::scope(|scope| {
                 let mut parts = w
                     .chunks_mut(share * k)
-                    .zip(bs.chunks_mut(share * k_pad))
+                    .zip(bs.chunks_mut(share * len))
                     .zip(ss.chunks_mut(share));
                 let mine = parts.next();
                 for ((w, bs), ss) in parts {
@@ -224,7 +229,7 @@ impl Linear {
         }
         if plan.n_pad > n {
             let pad = plan.n_pad - n;
-            let zeros = vec![<K as crate::dtype::MatmulKind>::B::default(); pad * k_pad];
+            let zeros = vec![<K as crate::dtype::MatmulKind>::B::default(); pad * len];
             sink(n, &zeros, &vec![0.0; pad])?;
         }
         Ok(())

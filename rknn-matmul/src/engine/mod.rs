@@ -18,7 +18,8 @@
 //!   and its IOMMU domain;
 //! * `probe.rs`: the two \[open\] facts the defaults rest on, tried once when the engine
 //!   starts (the widest context, A and C shared between contexts);
-//! * `format.rs`: **the weight formats**: everything in which W8A8 and F16 differ. A new
+//! * `format.rs`: **the weight formats**: everything in which W8A8, F16, W4A16 and W4A8
+//!   differ (the two int4 formats run only where the chip has their types: RK3576). A new
 //!   format is added there, and only there;
 //! * `linear.rs`: the caller's side (making a linear resident, its forward);
 //! * `worker.rs`: the lanes' side (their state, tasks and shard forward);
@@ -146,6 +147,7 @@ impl Engine {
                 next_id: AtomicU64::new(1),
                 domains: Mutex::new(DomainPlan::default()),
                 resolved,
+                formats: Mutex::default(),
             }),
         })
     }
@@ -230,8 +232,71 @@ impl Engine {
             .map(drop)
     }
 
-    /// The plan of W [n, k] in `format` on this engine's lanes and widest context.
+    /// Whether the chip runs `format`: its matmul type is in the chip's documented table and
+    /// the runtime creates a context of it. Asked once per engine and format, and by every
+    /// call that makes or converts a linear before anything else. A format the chip lacks
+    /// (W4A16 or W4A8 on RK3588) is [`Error::Unsupported`], naming the scheme (the format),
+    /// the chip and [`Runtime::require`]'s reason (from the table, or from the capability
+    /// probe when the runtime refuses a type the table lists).
+    pub fn check_format(&self, format: WeightFormat) -> Result<()> {
+        let rt = &self.inner.rt;
+        let t = format.matmul_type();
+        let scheme = dtype::Scheme::of(t);
+        let mut known = self
+            .inner
+            .formats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let verdict = match known.get(&format) {
+            Some(v) => v.clone(),
+            None => {
+                // A type the chip's documented table lacks is refused from the table (no
+                // context, no refusal logged by the runtime); one the table lists costs one
+                // context; the full probe (every type) runs only to say why a listed type
+                // was refused.
+                if let Some(Error::Unsupported { reason, .. }) = rt.documented_refusal(t) {
+                    known.insert(format, Some(reason.clone()));
+                    return Err(Error::Unsupported {
+                        scheme,
+                        platform: rt.platform(),
+                        reason,
+                    });
+                }
+                let v = match rt
+                    .try_create(t)
+                    .map_or_else(|_| rt.require(scheme), |()| Ok(vec![t]))
+                {
+                    Ok(types) if types.contains(&t) => None,
+                    Ok(types) => Some(format!(
+                        "the {format} format runs {}, which the runtime refused (it runs {})",
+                        t.c_name(),
+                        types
+                            .iter()
+                            .map(|t| t.c_name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                    Err(Error::Unsupported { reason, .. }) => Some(reason),
+                    Err(e) => return Err(e),
+                };
+                known.insert(format, v.clone());
+                v
+            }
+        };
+        match verdict {
+            None => Ok(()),
+            Some(reason) => Err(Error::Unsupported {
+                scheme,
+                platform: rt.platform(),
+                reason,
+            }),
+        }
+    }
+
+    /// The plan of W [n, k] in `format` on this engine's lanes and widest context, once the
+    /// chip is known to run `format` ([`Engine::check_format`]).
     fn plan(&self, n: usize, k: usize, format: WeightFormat) -> Result<LinearPlan> {
+        self.check_format(format)?;
         let inner = &self.inner;
         plan::linear_plan(
             &inner.rt,
@@ -322,8 +387,9 @@ impl Engine {
     /// `sink` a few at a time instead of keeping them (a program writing them to a file holds
     /// no more than one step): `sink(first, values, scales)` gets rows `first..` in order, as
     /// little-endian bytes laid out as [`ConvertedWeights`] lays them out (`values` padded to
-    /// `k_pad` per row; `scales` one f32 per row for W8A8, empty for F16), then the padding
-    /// rows up to `n_pad` as zeros. Returns `(n_pad, k_pad)`.
+    /// `k_pad` values per row, int4 two per byte; `scales` one f32 per row for the quantised
+    /// formats, empty for F16), then the padding rows up to `n_pad` as zeros. Returns
+    /// `(n_pad, k_pad)`.
     pub fn convert_to<E>(
         &self,
         n: usize,
@@ -338,7 +404,7 @@ impl Engine {
     {
         let plan = self.plan(n, k, format)?;
         config::check_rotation(rotation, k)?;
-        let keep_scales = format == WeightFormat::W8A8;
+        let keep_scales = format.has_scales();
         let threads = self.inner.pool.len();
         with_format!(format, K => Linear::convert_steps::<K, E>(
             &plan,
@@ -414,8 +480,7 @@ impl Engine {
     ) -> Result<Linear> {
         let plan = self.plan(n, k, format)?;
         opts.check(k)?;
-        let (value_size, _) = format.bytes();
-        let values = plan.n_pad * plan.k_pad * value_size as usize;
+        let values = format.b_bytes((plan.n_pad * plan.k_pad) as u64) as usize;
         if bytes.values().len() != values {
             return Err(Error::Length {
                 what: "converted weight bytes (n_pad × k_pad values)",
@@ -429,7 +494,7 @@ impl Engine {
                 bytes,
                 _values: std::marker::PhantomData,
             };
-            if rows.all().len() * value_size as usize != values {
+            if std::mem::size_of_val(rows.all()) != values {
                 return Err(Error::Length {
                     what: "converted weight bytes aligned for their values",
                     expected: values,

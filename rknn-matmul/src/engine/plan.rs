@@ -7,8 +7,8 @@ use rknn_chip::ElemKind;
 use rknn_chip::plan::{LinearPlan, PlanError, SplitRules};
 use rustc_hash::FxHashMap;
 
-use super::config::{EngineConfig, MAX_EXACT_K_W8A8};
-use super::format::WeightFormat;
+use super::config::EngineConfig;
+use super::format::{EngineKind, WeightFormat, with_format};
 use crate::error::{Error, Result};
 use crate::safe::runtime::Runtime;
 
@@ -23,11 +23,9 @@ pub(crate) fn linear_plan(
     n_limit: usize,
 ) -> Result<LinearPlan> {
     rknn_chip::check_dims(1, k, n)?;
-    if format == WeightFormat::W8A8 && k > MAX_EXACT_K_W8A8 {
-        return Err(Error::KTooLargeForExactSum {
-            k,
-            max: MAX_EXACT_K_W8A8,
-        });
+    if let Some(max) = with_format!(format, K => <K as EngineKind>::MAX_EXACT_K).filter(|&m| k > m)
+    {
+        return Err(Error::KTooLargeForExactSum { k, max });
     }
     let rules = split_rules(rt, format, n_limit)?;
     LinearPlan::new(n, k, lanes, &rules).map_err(|e| match e {
@@ -75,7 +73,7 @@ pub(crate) fn lane_needs(
     format: WeightFormat,
     share: bool,
 ) -> Vec<LaneNeed> {
-    let (eb, ec) = format.bytes();
+    let (ea, ec) = format.bytes();
     let ks_max = plan.segments.iter().map(|s| s.1).max().unwrap_or(0) as u64;
     let (max_m, segs) = (cfg.max_m as u64, plan.segments.len() as u64);
     plan.shards
@@ -88,13 +86,13 @@ pub(crate) fn lane_needs(
             let w = p.width as u64;
             let contexts = blocks.len() * plan.segments.len();
             let (a, c) = if share {
-                (max_m * ks_max * eb, max_m * widest * ec)
+                (max_m * ks_max * ea, max_m * widest * ec)
             } else {
-                (max_m * ks_max * eb * contexts as u64, max_m * w * ec * segs)
+                (max_m * ks_max * ea * contexts as u64, max_m * w * ec * segs)
             };
             Some(LaneNeed {
                 lane,
-                b: w * plan.k_pad as u64 * eb,
+                b: format.b_bytes(w * plan.k_pad as u64),
                 a,
                 c,
                 contexts,
@@ -258,7 +256,8 @@ mod tests {
             // One column; K in two segments (15360: 8192 + 7168; 8300, padded to 8320: 8192 +
             // 128); N not a multiple of the alignment; N over many contexts.
             for (n, k) in [(1, 32), (96, 15360), (300, 8300), (777, 64), (5000, 96)] {
-                for format in WeightFormat::ALL {
+                // The formats RK3588 runs (the int4 ones are refused: no weight-only int4).
+                for format in [WeightFormat::W8A8, WeightFormat::F16] {
                     let what = format!("{format:?} N={n} K={k} lanes={lanes} max_n={max_n}");
                     let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 - 6.0).collect();
                     let lin = engine.linear(&w, n, k, format).unwrap();

@@ -14,7 +14,7 @@ use rustc_hash::FxHashMap;
 use super::converted::WeightRows;
 use super::emulator_cache::EmulatorCache;
 use super::format::{
-    AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, with_format,
+    AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, row_len, with_format,
 };
 use super::out_cols::OutCols;
 use super::rotation::Rotation;
@@ -243,24 +243,15 @@ impl<K: EngineKind> ShardSpec<K> {
                     .build()?;
                 let (sk, _) = mm.native_tile(Matrix::A)?;
                 let (sn, _) = mm.native_tile(Matrix::C)?;
-                let (bn, bk) = mm.native_tile(Matrix::B)?;
                 tiles = Some((sk, sn));
                 let mut b = mm.alloc_b()?;
-                seg_w.clear();
-                seg_w
-                    .try_reserve_exact(ks * width)
-                    .map_err(|_| Error::HostAlloc {
-                        what: "a K segment's weights",
-                        bytes: (ks * width * std::mem::size_of::<K::B>()) as u64,
-                    })?;
                 let r0 = self.row0 + c0;
-                let rows =
-                    all.get(r0 * self.k_pad..(r0 + width) * self.k_pad)
-                        .ok_or(Error::Length {
-                            what: "converted weights (n_pad × k_pad)",
-                            expected: (r0 + width) * self.k_pad,
-                            got: all.len(),
-                        })?;
+                let len = row_len::<K>(self.k_pad);
+                let rows = all.get(r0 * len..(r0 + width) * len).ok_or(Error::Length {
+                    what: "converted weights (n_pad × k_pad)",
+                    expected: (r0 + width) * len,
+                    got: all.len(),
+                })?;
                 if let Some((at, value)) = K::invalid_value(rows) {
                     return Err(Error::OutOfRange {
                         what: "converted weights",
@@ -269,29 +260,7 @@ impl<K: EngineKind> ShardSpec<K> {
                         range: K::VALUE_RANGE,
                     });
                 }
-                // Columns past K are padding: zero, whatever the source holds there.
-                let real = self.k.saturating_sub(k0).min(ks);
-                for row in rows.chunks_exact(self.k_pad) {
-                    seg_w.extend_from_slice(&row[k0..k0 + real]);
-                    seg_w.resize(seg_w.len() + ks - real, K::B::default());
-                }
-                let geo =
-                    rknn_chip::layout::NativeB::new(ks, width, bn, bk, None).ok_or_else(|| {
-                        Error::BadTensorDims {
-                            matrix: Matrix::B,
-                            layout: Layout::Native,
-                            dims: mm.io_attr().B.dims.to_vec(),
-                        }
-                    })?;
-                let dst = b.as_mut_slice();
-                if dst.len() < geo.len() {
-                    return Err(Error::MemoryTooSmall {
-                        matrix: Matrix::B,
-                        bytes: std::mem::size_of_val(dst) as u64,
-                        needed: (geo.len() * std::mem::size_of::<K::B>()) as u64,
-                    });
-                }
-                geo.pack_from_nk(&seg_w, dst);
+                K::write_b(&mm, rows, self.k, k0, ks, width, &mut seg_w, &mut b)?;
                 let own = if self.share_io {
                     IoMems::ensure_shared(io.shared::<K>(self.domain), &mm)?;
                     None

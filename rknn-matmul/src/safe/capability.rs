@@ -65,7 +65,8 @@ impl Runtime {
             .collect()
     }
 
-    fn try_create(&self, t: MatmulType) -> Result<()> {
+    /// Creates (and drops) a minimal context of type `t`: whether this runtime accepts it.
+    pub(crate) fn try_create(&self, t: MatmulType) -> Result<()> {
         // K = N = 64 meets every chip's alignment for every type; native B is what int4 needs.
         let mut info = sys::rknn_matmul_info {
             M: 1,
@@ -101,31 +102,65 @@ impl Runtime {
         if !types.is_empty() {
             return Ok(types);
         }
-        let reason = if p == Platform::Rk3588 && scheme.is_weight_only() {
-            "the RK3588 NPU has no weight-only int8/int4 matmul (types 5, 7 and 11 are rejected by the \
-             hardware). Its only int4 mode is W4A4 (RKNN_INT4_MM_INT4_TO_INT16), which quantises the \
-             activations to 4 bits as well: transformer activation outliers do not fit, so W4A4 output is \
-             unusable for LLMs without rotation tricks. Use W8A8 (int8 weights, per-channel scales on the \
-             host) or F16"
-                .to_string()
-        } else {
-            let have: Vec<String> = self
-                .capabilities()
-                .iter()
-                .filter(|c| c.supported)
-                .map(|c| c.scheme.to_string())
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            format!(
-                "no matmul type of this scheme runs on {p} (it has: {})",
-                have.join(", ")
-            )
-        };
+        let have: Vec<Scheme> = self
+            .capabilities()
+            .iter()
+            .filter(|c| c.supported)
+            .map(|c| c.scheme)
+            .collect();
+        let reason = refusal(p, scheme, &have);
         Err(Error::Unsupported {
             scheme,
             platform: p,
             reason,
         })
+    }
+}
+
+impl Runtime {
+    /// [`Error::Unsupported`] for `t` when the documented table of the chip lacks it, with
+    /// the reason [`Runtime::require`] gives (the schemes the chip has from the table): no
+    /// context is created, so nothing is allocated and the runtime logs no refusal. `None`
+    /// when the table lists `t` (whether this runtime accepts it is then a context away).
+    pub(crate) fn documented_refusal(&self, t: MatmulType) -> Option<Error> {
+        let p = self.platform();
+        if p.accepts(t) {
+            return None;
+        }
+        let have: Vec<Scheme> = MatmulType::ALL
+            .iter()
+            .filter(|&&t| p.accepts(t))
+            .map(|&t| Scheme::of(t))
+            .collect();
+        let scheme = Scheme::of(t);
+        Some(Error::Unsupported {
+            scheme,
+            platform: p,
+            reason: refusal(p, scheme, &have),
+        })
+    }
+}
+
+/// Why `p` cannot run `scheme`: RK3588's missing weight-only modes in words, else the schemes
+/// it has (`have`, in any order, repeats allowed).
+fn refusal(p: Platform, scheme: Scheme, have: &[Scheme]) -> String {
+    if p == Platform::Rk3588 && scheme.is_weight_only() {
+        "the RK3588 NPU has no weight-only int8/int4 matmul (types 5, 7 and 11 are rejected by the \
+         hardware). Its only int4 mode is W4A4 (RKNN_INT4_MM_INT4_TO_INT16), which quantises the \
+         activations to 4 bits as well: transformer activation outliers do not fit, so W4A4 output is \
+         unusable for LLMs without rotation tricks. Use W8A8 (int8 weights, per-channel scales on the \
+         host) or F16"
+            .to_string()
+    } else {
+        let have: Vec<String> = have
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        format!(
+            "no matmul type of this scheme runs on {p} (it has: {})",
+            have.join(", ")
+        )
     }
 }

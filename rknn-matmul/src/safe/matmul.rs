@@ -773,7 +773,13 @@ impl<K: MatmulKind> Matmul<K> {
                 needed,
             });
         }
-        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes_vec()).collect();
+        // The source's bytes, little-endian (one copy, not one allocation per element: an
+        // engine converts every int4 weight of a model through here).
+        let bytes: Vec<u8> = if cfg!(target_endian = "little") {
+            crate::dtype::as_bytes(src).to_vec()
+        } else {
+            src.iter().flat_map(|v| v.to_le_bytes_vec()).collect()
+        };
         let input: Vec<u8> = if int4 {
             if let Some((index, &b)) = bytes
                 .iter()

@@ -427,11 +427,13 @@ impl Runtime {
 
     /// The device time a cost model of the chip gives the runs made so far (in all and per
     /// NPU core, with their runs and operations), when this runtime is the in-process emulator
-    /// (what the chip would take, not what this machine took); `None` on any other backend.
+    /// and the emulator has a cost model of its chip (what the chip would take, not what this
+    /// machine took); `None` on any other backend, and for a chip without a cost model (or with
+    /// the emulator's cost model turned off), where there is no modelled time to report.
     pub fn modelled_time(&self) -> Option<ModelledTime> {
         #[cfg(feature = "emulator")]
         if let Some(e) = self.emulator_instance() {
-            return Some(e.modelled());
+            return e.cost_model().is_some().then(|| e.modelled());
         }
         None
     }

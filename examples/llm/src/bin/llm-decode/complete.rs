@@ -77,10 +77,8 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
     let mut memory = Memory::measure(model, session.sequence().cache().cache_type());
     memory.load_peak = load_peak;
     eprintln!("{}", memory.line());
-    if let Some((p, d, cores)) = modelled {
-        eprintln!(
-            "modelled RK3588 (cost model of the NPU time only, {cores} cores): prefill {p:.1} tok/s, decode {d:.1} tok/s"
-        );
+    if let Some(line) = modelled_line(engine, modelled) {
+        eprintln!("{line}");
     }
     if args.json {
         let doc = json!({
@@ -92,6 +90,7 @@ pub(crate) fn run(args: &Args, p: Prepared) -> Result<(), Error> {
             "backend": loaded.backend.name(),
             "stats": {
                 "modelled_rk3588": modelled.map(|(p, d, cores)| json!({
+                    "chip": engine.map(|e| e.runtime().platform().name()),
                     "prefill_tok_s": p,
                     "decode_tok_s": d,
                     "cores": cores,
@@ -154,4 +153,24 @@ fn prompt_ids(
             text.to_string(),
         ),
     })
+}
+
+/// The summary's line of modelled NPU speed: the cost model's rates on the emulated chip, or,
+/// on an emulator without a cost model of its chip (the single-core chips today), a line saying so; nothing
+/// off the emulator.
+pub(crate) fn modelled_line(
+    engine: Option<&rknn_matmul::engine::Engine>,
+    modelled: Option<(f64, f64, usize)>,
+) -> Option<String> {
+    let rt = engine?.runtime();
+    let chip = rt.platform().name().to_uppercase();
+    match modelled {
+        Some((p, d, cores)) => Some(format!(
+            "modelled {chip} (cost model of the NPU time only, {cores} cores): prefill {p:.1} tok/s, decode {d:.1} tok/s"
+        )),
+        None if rt.is_emulator() => Some(format!(
+            "modelled {chip}: none (the emulator has no cost model of this chip, or it is turned off)"
+        )),
+        None => None,
+    }
 }

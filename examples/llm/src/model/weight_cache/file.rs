@@ -136,6 +136,8 @@ fn format_code(f: WeightFormat) -> u8 {
     match f {
         WeightFormat::W8A8 => 1,
         WeightFormat::F16 => 2,
+        WeightFormat::W4A16 => 3,
+        WeightFormat::W4A8 => 4,
     }
 }
 
@@ -145,11 +147,13 @@ fn format_of(code: u8) -> Option<WeightFormat> {
         .find(|&f| format_code(f) == code)
 }
 
-/// Bytes per value of `format`.
-fn value_bytes(format: WeightFormat) -> u64 {
+/// Bytes of `values` values of `format` (int4: two per byte; `values` is whole K-aligned rows,
+/// so even).
+fn values_bytes(format: WeightFormat, values: u64) -> Option<u64> {
     match format {
-        WeightFormat::W8A8 => 1,
-        WeightFormat::F16 => 2,
+        WeightFormat::W8A8 => Some(values),
+        WeightFormat::F16 => values.checked_mul(2),
+        WeightFormat::W4A16 | WeightFormat::W4A8 => Some(values.div_ceil(2)),
     }
 }
 
@@ -507,9 +511,9 @@ fn parse_directory(dir: &[u8], start: u64, end: u64) -> Result<Vec<Entry>, Inval
         let [n, k, n_pad, k_pad, offset, values, scales, hash] = v;
         let want_values = n_pad
             .checked_mul(k_pad)
-            .and_then(|e| e.checked_mul(value_bytes(format)));
+            .and_then(|e| values_bytes(format, e));
         let want_scales = match format {
-            WeightFormat::W8A8 => n_pad.checked_mul(4),
+            WeightFormat::W8A8 | WeightFormat::W4A16 | WeightFormat::W4A8 => n_pad.checked_mul(4),
             WeightFormat::F16 => Some(0),
         };
         if n > n_pad || k > k_pad || want_values != Some(values) || want_scales != Some(scales) {
