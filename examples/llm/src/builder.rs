@@ -448,6 +448,7 @@ impl ModelBuilder {
         // The tokenizer holds its own copy of the vocabulary's lists: the parsed ones are not
         // held through the weights' conversion, when the load peaks.
         file.drop_metadata_arrays("tokenizer.");
+        file.release_header();
         let n_ctx = b.context_of(&config)?;
         let pool = match b.pool.take() {
             Some(p) => p,

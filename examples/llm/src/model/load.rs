@@ -561,6 +561,9 @@ impl Model {
             tensor: "(finishing the weights)".into(),
             source,
         })?;
+        // Every weight is converted: the file's pages that reading them mapped (each linear
+        // released its own, but a read maps its neighbours' too) are dropped.
+        file.release_data();
         progress(total, total);
 
         let weight_format = output.op.weight_format();
