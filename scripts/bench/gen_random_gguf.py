@@ -33,8 +33,10 @@ attention and head, one feed-forward as wide as the 8 active experts; 1.36 GB), 
 first 2 dense, the other 22 a mixture of 32 experts, top 4, with the router, the stacked experts
 and the selection bias blk.N.exp_probs_b.bias; the conv kernels F32 as the converter keeps them;
 8.87 GB) and lfm2-8b-a1b-dense (its dense twin, architecture lfm2: the same conv and attention
-layers, one feed-forward of 4 x 1792 = 7168 in every layer; 1.66 GB) (--list prints their
-shapes).
+layers, one feed-forward of 4 x 1792 = 7168 in every layer; 1.66 GB), gemma2-2b (Gemma 2's four
+norms a block, soft-capping and sliding-window keys; 2.79 GB) and phi3-3.8b (Phi-3-mini's fused
+attn_qkv and gate+up ffn_up; 4.06 GB), the shapes of rknn_emu::cost's GEMMA2_2B and PHI3_3_8B
+(--list prints their shapes).
 
 Usage: ~/.cache/rknpu-rs/py/bin/python scripts/bench/gen_random_gguf.py NAME [NAME ...]
          [--out DIR] [--force] [--dry-run] [--seed N] [--gain G] [--embd-std S] [--list]
@@ -170,6 +172,34 @@ PRESETS = {
         rope_base=1e6, rms_eps=1e-5, tied=True, qkv_bias=False,
         attn_layers=(2, 6, 10, 14, 18, 21), l_cache=3,
         vocab="ggml-vocab-gpt-2.gguf", tok_overrides={"tokenizer.ggml.pre": "lfm2"}),
+    # google/gemma-2-2b's config.json: hidden 2304, 26 layers, 8 heads and 4 KV heads of
+    # head_dim 256 (wider than 2304 / 8: the converter writes key_length and value_length),
+    # intermediate 9216 (GELU-gated), vocab 256000, tied, rms eps 1e-6, max positions 8192,
+    # attn_logit_softcapping 50, final_logit_softcapping 30, sliding_window 4096 (every other
+    # layer), rope_theta 10000 (the converter writes no rope key: llama.cpp's default). Four
+    # norms a block: attn_norm (input_layernorm), post_attention_norm, ffn_norm
+    # (pre_feedforward_layernorm), post_ffw_norm; the converter adds 1 to every norm weight
+    # (written 1.0 here). Gemma's own SentencePiece vocabulary (256000 pieces) has no file in
+    # llama.cpp: LLaMA's SentencePiece one (32000, the same tokenizer model) is padded to
+    # 256000.
+    "gemma2-2b": dict(
+        arch="gemma2", label="Gemma 2 2B", n_embd=2304, n_layer=26, n_head=8, n_head_kv=4,
+        head_dim=256, n_ff=9216, n_vocab=256000, n_ctx=8192, rope_base=None, rms_eps=1e-6,
+        tied=True, qkv_bias=False, post_norms=True, attn_softcap=50.0, final_softcap=30.0,
+        sliding_window=4096, vocab="ggml-vocab-llama-spm.gguf",
+        tok_overrides={"tokenizer.ggml.add_space_prefix": False}),
+    # microsoft/Phi-3-mini-4k-instruct's config.json: hidden 3072, 32 layers, 32 heads and 32 KV
+    # heads of 96, intermediate 8192, vocab 32064, untied, rope_theta 10000, rms eps 1e-5, max
+    # positions 4096 (original 4096: no LongRoPE factors), sliding_window 2047. The converter
+    # keeps the checkpoint's fused tensors: blk.N.attn_qkv (q, k, v rows stacked: 3 x 3072) and
+    # blk.N.ffn_up holding gate then up (2 x 8192 rows), and writes
+    # rope.scaling.original_context_length and attention.sliding_window. The tokenizer is
+    # llama.cpp's Phi-3 vocabulary file (32064 tokens).
+    "phi3-3.8b": dict(
+        arch="phi3", label="Phi-3 mini 3.8B (4k)", n_embd=3072, n_layer=32, n_head=32,
+        n_head_kv=32, n_ff=8192, n_vocab=32064, n_ctx=4096, rope_base=10000.0, rms_eps=1e-5,
+        tied=False, qkv_bias=False, fused_qkv=True, fused_gate_up=True, orig_ctx=4096,
+        sliding_window=2047, vocab="ggml-vocab-phi-3.gguf"),
     "llama-3-8b": dict(
         arch="llama", label="Llama 3 8B", n_embd=4096, n_layer=32, n_head=32, n_head_kv=8,
         n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, rms_eps=1e-5, tied=False,
@@ -199,12 +229,15 @@ def tensor_plan(p):
         return plan + lfm2_layers(p) + [("token_embd_norm.weight", (e,), "norm")]
     for i in range(p["n_layer"]):
         b = f"blk.{i}."
-        plan += [
-            (b + "attn_norm.weight", (e,), "norm"),
-            (b + "attn_q.weight", (q, e), "linear"),
-            (b + "attn_k.weight", (kv, e), "linear"),
-            (b + "attn_v.weight", (kv, e), "linear"),
-        ]
+        plan.append((b + "attn_norm.weight", (e,), "norm"))
+        if p.get("fused_qkv"):
+            plan.append((b + "attn_qkv.weight", (q + 2 * kv, e), "linear"))
+        else:
+            plan += [
+                (b + "attn_q.weight", (q, e), "linear"),
+                (b + "attn_k.weight", (kv, e), "linear"),
+                (b + "attn_v.weight", (kv, e), "linear"),
+            ]
         if p["qkv_bias"]:
             plan += [(b + "attn_q.bias", (q,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
                      (b + "attn_v.bias", (kv,), "bias")]
@@ -215,6 +248,8 @@ def tensor_plan(p):
         if p.get("qk_norm_head"):
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"),
                      (b + "attn_k_norm.weight", (hd,), "norm")]
+        if p.get("post_norms"):
+            plan.append((b + "post_attention_norm.weight", (e,), "norm"))
         plan.append((b + "ffn_norm.weight", (e,), "norm"))
         if p.get("n_expert"):
             # The router (F32: llama.cpp's converter never quantises ffn_gate_inp), then the
@@ -227,12 +262,20 @@ def tensor_plan(p):
                 (b + "ffn_gate_exps.weight", (ne, ff, e), "linear"),
                 (b + "ffn_up_exps.weight", (ne, ff, e), "linear"),
             ]
+        elif p.get("fused_gate_up"):
+            # Phi-3's gate_up_proj as the converter keeps it: gate's rows, then up's.
+            plan += [
+                (b + "ffn_up.weight", (2 * ff, e), "linear"),
+                (b + "ffn_down.weight", (e, ff), "linear"),
+            ]
         else:
             plan += [
                 (b + "ffn_gate.weight", (ff, e), "linear"),
                 (b + "ffn_up.weight", (ff, e), "linear"),
                 (b + "ffn_down.weight", (e, ff), "linear"),
             ]
+        if p.get("post_norms"):
+            plan.append((b + "post_ffw_norm.weight", (e,), "norm"))
     plan.append(("output_norm.weight", (e,), "norm"))
     if not p["tied"]:
         plan.append(("output.weight", (p["n_vocab"], e), "linear"))
@@ -419,10 +462,19 @@ def build_header(name, p, plan):
         w.add_shortconv_l_cache(p["l_cache"])
     else:
         w.add_uint32(f"{arch}.attention.head_count_kv", p["n_head_kv"])
-    w.add_float32(f"{arch}.rope.freq_base", p["rope_base"])
+    if p["rope_base"] is not None:  # gemma2's converter writes no rope key
+        w.add_float32(f"{arch}.rope.freq_base", p["rope_base"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", p["rms_eps"])
-    if arch not in LFM2_ARCHS:  # lfm2's converter writes none (the whole head rotates)
+    # lfm2's converter writes no dimension count (the whole head rotates), nor gemma2's.
+    if arch not in LFM2_ARCHS and p["rope_base"] is not None:
         w.add_uint32(f"{arch}.rope.dimension_count", hd)
+    if "orig_ctx" in p:
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", p["orig_ctx"])
+    if "attn_softcap" in p:
+        w.add_float32(f"{arch}.attn_logit_softcapping", p["attn_softcap"])
+        w.add_float32(f"{arch}.final_logit_softcapping", p["final_softcap"])
+    if "sliding_window" in p:
+        w.add_uint32(f"{arch}.attention.sliding_window", p["sliding_window"])
     if "head_dim" in p:
         w.add_uint32(f"{arch}.attention.key_length", hd)
         w.add_uint32(f"{arch}.attention.value_length", hd)

@@ -443,11 +443,15 @@ impl ModelBuilder {
     pub fn load(self) -> Result<LoadedModel, LoadError> {
         let t0 = Instant::now();
         let mut b = self;
-        let file = GgufFile::open(&b.path)?;
+        let mut file = GgufFile::open(&b.path)?;
         // The architecture first: an unsupported one is the first thing to report.
         let config = Config::from_gguf(&file)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let chat_template = b.chat_template_of(&file, &tokenizer)?;
+        // The tokenizer holds its own copy of the vocabulary's lists: the parsed ones are not
+        // held through the weights' conversion, when the load peaks.
+        file.drop_metadata_arrays("tokenizer.");
+        file.release_header();
         let n_ctx = b.context_of(&config)?;
         let pool = match b.pool.take() {
             Some(p) => p,

@@ -170,17 +170,9 @@ impl<'a> TensorView<'a> {
         if at.saturating_add(len) > self.data.len() {
             return;
         }
-        if let Backing::Mmap(map) = self.backing {
-            // SAFETY: the mapping is a read-only shared mapping of a file. MADV_DONTNEED on it
-            // only drops pages from this process's page tables; a later access reads the same
-            // bytes from the file (or the page cache) again, so references into the range stay
-            // valid and see the same contents (the file is not modified while it is open, the
-            // contract of `open`). The range is within the mapping (checked above and when
-            // the directory was parsed).
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.start + at, len)
-            };
-        }
+        // In range: within the tensor's data (checked above), which the directory check put
+        // within the file.
+        self.backing.release(self.start + at, len);
     }
 
     /// Dequantizes the whole tensor to a new vector of f32.
@@ -242,6 +234,26 @@ impl Backing {
             Backing::Owned(v) => v,
         }
     }
+
+    /// Drops the pages of bytes `at..at + len` from this process's resident memory (a mapped
+    /// file's; nothing for bytes held in memory, or past the end). Best effort.
+    fn release(&self, at: usize, len: usize) {
+        if at
+            .checked_add(len)
+            .is_none_or(|end| end > self.bytes().len())
+        {
+            return;
+        }
+        if let Backing::Mmap(map) = self {
+            // SAFETY: the mapping is a read-only shared mapping of a file. MADV_DONTNEED on it
+            // only drops pages from this process's page tables; a later access reads the same
+            // bytes from the file (or the page cache) again, so references into the range stay
+            // valid and see the same contents (the file is not modified while it is open, the
+            // contract of `open`). The range is within the mapping (checked above).
+            let _ =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len) };
+        }
+    }
 }
 
 /// Bytes of a [`GgufFile`] that outlive the borrow of the file ([`GgufFile::shared`]): the
@@ -258,6 +270,17 @@ impl std::fmt::Debug for SharedBytes {
         f.debug_struct("SharedBytes")
             .field("len", &self.len)
             .finish()
+    }
+}
+
+impl SharedBytes {
+    /// Gives back to the system the memory pages of these bytes in a mapped file, once read:
+    /// a read of a few bytes maps the whole page-cache folio holding them (up to MiBs; the
+    /// token embedding's rows, one per token, kept 11 MiB of Qwen2-0.5B's resident over 21
+    /// tokens), which a later read maps again from the page cache. Best effort, as
+    /// [`TensorView::release_rows`].
+    pub fn release(&self) {
+        self.backing.release(self.start, self.len);
     }
 }
 
@@ -427,6 +450,41 @@ impl GgufFile {
     /// The metadata table.
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
+    }
+
+    /// Gives back to the system the memory pages of the header, metadata and tensor directory
+    /// ([`GgufFile::header_bytes`]) of a mapped file: once parsed they are read only for the
+    /// converted-weight cache's key, which reads them from the file again. The vocabulary
+    /// makes them several MB (6.7 MB for a 256 000-token one). Best effort, as
+    /// [`TensorView::release_rows`].
+    pub fn release_header(&self) {
+        self.backing.release(0, self.data_offset as usize);
+    }
+
+    /// Gives back to the system every memory page of a mapped file's tensor data: what a
+    /// loader calls once it has converted the weights. Reading a tensor maps more pages than
+    /// it reads (the kernel maps its neighbours around each fault, up to 64 KB, and a whole
+    /// large folio where the page cache holds one), so pages of weights already converted
+    /// and released come back as their neighbours are read; this drops them all. Bytes read
+    /// later (an embedding row per token) come back from the file. Best effort, as
+    /// [`TensorView::release_rows`].
+    pub fn release_data(&self) {
+        let start = self.data_offset as usize;
+        let len = self.backing.bytes().len().saturating_sub(start);
+        self.backing.release(start, len);
+    }
+
+    /// Forgets the parsed metadata arrays whose keys start with `prefix` (every entry of
+    /// that kind, whatever its element type; scalars and strings stay), returning how many
+    /// were dropped: a loader that has built its
+    /// [`Tokenizer`](crate::tokenizer::Tokenizer) from `tokenizer.` no longer needs the
+    /// vocabulary's token, score, type and merge lists (Qwen2's 151 936 tokens and 151 387
+    /// merges are ~15 MB as `String`s), which would otherwise stay allocated for as long as
+    /// the file is open, while its weights are converted. A later [`GgufFile::metadata`]
+    /// lookup of one of them finds nothing; the file's bytes ([`GgufFile::header_bytes`])
+    /// are unchanged.
+    pub fn drop_metadata_arrays(&mut self, prefix: &str) -> usize {
+        self.metadata.remove_arrays(prefix)
     }
 
     /// The alignment of the data section and tensors.

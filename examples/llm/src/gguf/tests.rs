@@ -360,3 +360,77 @@ fn vocab_only_file_without_data_section() {
     assert_eq!(f.metadata().get_str("tokenizer.ggml.model"), Some("gpt2"));
     assert_eq!(f.tensors().count(), 0);
 }
+
+#[test]
+fn dropping_metadata_arrays_keeps_every_other_entry_and_the_tensors() {
+    // Keys in file order: a string array and a u32 array under the prefix, a string and a u32
+    // under it (scalars stay), an array outside it.
+    let mut b = B::header(3, 1, 6);
+    b.str("tokenizer.ggml.tokens")
+        .u32(9)
+        .u32(8)
+        .u64(2)
+        .str("a")
+        .str("b");
+    b.str("tokenizer.ggml.model").u32(8).str("gpt2");
+    b.str("other.list").u32(9).u32(4).u64(1).u32(5);
+    b.str("tokenizer.ggml.token_type")
+        .u32(9)
+        .u32(4)
+        .u64(2)
+        .u32(1)
+        .u32(1);
+    b.kv_u32("tokenizer.ggml.bos_token_id", 7);
+    b.kv_u32("general.alignment", 32);
+    b.tensor("v", &[3], 0, 0).data(32, 12);
+    let mut f = b.parse().unwrap();
+    let header = f.header_bytes().to_vec();
+    assert_eq!(f.drop_metadata_arrays("tokenizer."), 2);
+    let m = f.metadata();
+    let keys: Vec<&str> = m.iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        [
+            "tokenizer.ggml.model",
+            "other.list",
+            "tokenizer.ggml.bos_token_id",
+            "general.alignment"
+        ]
+    );
+    // The index follows the moved entries.
+    assert!(m.get("tokenizer.ggml.tokens").is_none());
+    assert_eq!(m.get_str("tokenizer.ggml.model"), Some("gpt2"));
+    assert_eq!(
+        m.get("tokenizer.ggml.bos_token_id").unwrap().as_u32(),
+        Some(7)
+    );
+    let list = m.get("other.list").unwrap().as_array().unwrap();
+    assert_eq!(list.as_u32s(), Some(&[5u32][..]));
+    assert_eq!(f.header_bytes(), header.as_slice());
+    assert_eq!(f.tensor("v").unwrap().data().len(), 12);
+    assert_eq!(f.drop_metadata_arrays("tokenizer."), 0);
+}
+
+#[test]
+fn released_pages_of_a_mapped_file_read_back_the_same_bytes() {
+    // A file of several pages, so that the releases cover whole pages of the mapping.
+    let mut b = B::header(3, 1, 1);
+    b.kv_u32("general.alignment", 32);
+    b.tensor("w", &[64, 512], 0, 0).data(32, 64 * 512 * 4);
+    let path = std::env::temp_dir().join(format!("rknn-llm-release-{}.gguf", std::process::id()));
+    std::fs::write(&path, &b.0).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let (header, data) = (
+        f.header_bytes().to_vec(),
+        f.tensor("w").unwrap().data().to_vec(),
+    );
+    f.release_header();
+    f.release_data();
+    f.tensor("w").unwrap().release_rows(3, 100);
+    let same = f.header_bytes() == header.as_slice() && f.tensor("w").unwrap().data() == data;
+    drop(f);
+    std::fs::remove_file(&path).unwrap();
+    assert!(same, "a released page read back different bytes");
+    assert_eq!(data.len(), 64 * 512 * 4);
+    assert!(data.iter().all(|&x| x == 0x5A));
+}

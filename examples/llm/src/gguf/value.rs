@@ -397,4 +397,23 @@ impl Metadata {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
         self.entries.iter().map(|(k, v)| (k.as_str(), v))
     }
+
+    /// Removes every array entry whose key starts with `prefix` (the others keep their
+    /// order); returns how many were removed.
+    pub(crate) fn remove_arrays(&mut self, prefix: &str) -> usize {
+        let before = self.entries.len();
+        self.entries
+            .retain(|(k, v)| !(k.starts_with(prefix) && matches!(v, Value::Array(_))));
+        let removed = before - self.entries.len();
+        if removed > 0 {
+            self.entries.shrink_to_fit();
+            self.index = self
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, (k, _))| (k.clone(), i))
+                .collect();
+        }
+        removed
+    }
 }

@@ -341,6 +341,8 @@ impl Model {
                 scale(row, f);
             }
         }
+        // The rows are read: the file's pages they mapped are not held between passes.
+        self.embd.release();
         let fam = c.family;
         let ropes: Vec<_> = items
             .iter()
