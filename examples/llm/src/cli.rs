@@ -81,9 +81,9 @@ pub struct LoadArgs {
     /// Where the weight matmuls run.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// Weight type on the NPU.
-    #[arg(long, value_enum, default_value_t = WType::W8a8)]
-    pub wtype: WType,
+    /// Weight type on the NPU (default w8a8).
+    #[arg(long, value_enum)]
+    pub wtype: Option<WType>,
     /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
     /// W8A8 close to f32; on by default).
     #[arg(long)]
@@ -93,9 +93,9 @@ pub struct LoadArgs {
     /// the model family's (output-down; all for gemma3).
     #[arg(long, value_enum)]
     pub residual: Option<ResidualArg>,
-    /// Seed of the W8A8 input rotations.
-    #[arg(long, default_value_t = EngineOptions::default().seed)]
-    pub rotation_seed: u64,
+    /// Seed of the W8A8 input rotations (default: the engine's).
+    #[arg(long)]
+    pub rotation_seed: Option<u64>,
     /// The chip: the one the emulator plays (default rk3588), or the one to assume on the NPU
     /// instead of reading the device tree.
     #[arg(long)]
@@ -154,6 +154,18 @@ impl LoadArgs {
             // The NPU's settings mean nothing on the host's f32 path: refused, not ignored.
             let npu_only = [
                 (
+                    "--wtype",
+                    self.wtype
+                        .and_then(|w| Some(w.to_possible_value()?.get_name().to_string())),
+                ),
+                (
+                    "--residual",
+                    self.residual
+                        .and_then(|r| Some(r.to_possible_value()?.get_name().to_string())),
+                ),
+                ("--no-rotation", self.no_rotation.then(String::new)),
+                ("--rotation-seed", self.rotation_seed.map(|n| n.to_string())),
+                (
                     "--npu-experts",
                     self.npu_experts
                         .and_then(|e| Some(e.to_possible_value()?.get_name().to_string())),
@@ -173,7 +185,7 @@ impl LoadArgs {
                 return Err(LoadError::Setting {
                     setting: flag,
                     value,
-                    rule: "sets the NPU engine, which --backend f32 does not use",
+                    rule: "sets the NPU engine or its weights, which --backend f32 does not use",
                 });
             }
         }
@@ -184,14 +196,14 @@ impl LoadArgs {
                 BackendArg::Emulator => Backend::Emulator,
                 BackendArg::F32 => Backend::F32,
             })
-            .weight_format(match self.wtype {
+            .weight_format(match self.wtype.unwrap_or(WType::W8a8) {
                 WType::W8a8 => WeightFormat::W8A8,
                 WType::F16 => WeightFormat::F16,
                 WType::W4a16 => WeightFormat::W4A16,
                 WType::W4a8 => WeightFormat::W4A8,
             })
             .rotation(!self.no_rotation)
-            .rotation_seed(self.rotation_seed)
+            .rotation_seed(self.rotation_seed.unwrap_or(EngineOptions::default().seed))
             .share_io_memories(!self.npu_no_shared_io)
             .expert_placement(match self.npu_experts {
                 Some(ExpertsArg::PerCore) | None => ExpertPlacement::PerCore,

@@ -429,7 +429,7 @@ fn perplexity_flags_are_refused_without_perplexity() {
 /// The NPU engine's flags are refused on the f32 backend, which would ignore them; on the
 /// emulator `--npu-experts` loads (the demo model has no experts to place).
 #[test]
-fn npu_flags_are_refused_on_the_f32_backend() {
+fn npu_and_weight_format_flags_are_refused_on_the_f32_backend() {
     let model = tiny();
     for (flag, value) in [
         ("--npu-experts", Some("split")),
@@ -437,6 +437,10 @@ fn npu_flags_are_refused_on_the_f32_backend() {
         ("--npu-max-n", Some("4096")),
         ("--npu-domain-mib", Some("64")),
         ("--npu-no-shared-io", None),
+        ("--wtype", Some("f16")),
+        ("--residual", Some("all")),
+        ("--no-rotation", None),
+        ("--rotation-seed", Some("3")),
     ] {
         let mut args = vec!["-m", &model, "-p", "x", "-n", "1", "--backend", "f32", flag];
         args.extend(value);
