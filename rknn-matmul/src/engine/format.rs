@@ -328,6 +328,90 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
     );
 }
 
+/// The methods of the formats whose activations are int8 rows with a scale each, prepared
+/// (rotated, quantised, with residual rows where asked) as W8A8's: W8A8 and W4A8.
+macro_rules! i8_activations {
+    () => {
+        fn input_ld(_k: usize, k_pad: usize) -> usize {
+            k_pad
+        }
+
+        fn prepare_rows(
+            x: &[f32],
+            rows: usize,
+            k: usize,
+            k_pad: usize,
+            twice: bool,
+            tmp: &mut Vec<f32>,
+            dst: &mut [i8],
+            scales: &mut [f32],
+        ) {
+            prepare_i8_rows(x, rows, k, k_pad, twice, tmp, dst, scales);
+        }
+
+        fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
+            glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
+        }
+
+        fn accumulate(c: &[i32], m: usize, width: usize, sn: usize, acc: &mut [i32], first: bool) {
+            glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
+        }
+
+        /// See [`finish_i32_rows`].
+        fn finish(
+            acc: &[i32],
+            m: usize,
+            per: usize,
+            width: usize,
+            valid: usize,
+            row_scales: &[f32],
+            ch_scales: &[f32],
+            out: &mut OutCols,
+        ) {
+            finish_i32_rows(acc, m, per, width, valid, row_scales, ch_scales, out);
+        }
+    };
+}
+
+/// The methods of the formats whose activations are f16 rows (converted when packed), whose
+/// C is f32 summed over the K segments: F16 and W4A16.
+macro_rules! f16_activations {
+    () => {
+        fn input_ld(k: usize, _k_pad: usize) -> usize {
+            k
+        }
+
+        fn prepare_rows(
+            x: &[f32],
+            rows: usize,
+            k: usize,
+            _k_pad: usize,
+            _twice: bool,
+            _tmp: &mut Vec<f32>,
+            dst: &mut [f32],
+            _scales: &mut [f32],
+        ) {
+            dst[..rows * k].copy_from_slice(&x[..rows * k]);
+        }
+
+        fn pack_a(
+            x: &[f32],
+            m: usize,
+            ld: usize,
+            k0: usize,
+            ks: usize,
+            sk: usize,
+            dst: &mut [f16],
+        ) {
+            glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
+        }
+
+        fn accumulate(c: &[f32], m: usize, width: usize, sn: usize, acc: &mut [f32], first: bool) {
+            glue::accumulate_c_native_f32(c, m, width, sn, acc, width, 0, first);
+        }
+    };
+}
+
 impl EngineKind for I8xI8ToI32 {
     const FORMAT: WeightFormat = WeightFormat::W8A8;
     const RESIDUAL: bool = true;
@@ -335,10 +419,6 @@ impl EngineKind for I8xI8ToI32 {
     type Acc = i32;
     const SCALES: bool = true;
     const MAX_EXACT_K: Option<usize> = Some(super::config::MAX_EXACT_K_W8A8);
-
-    fn input_ld(_k: usize, k_pad: usize) -> usize {
-        k_pad
-    }
 
     fn wrap_values(b: Vec<i8>) -> Values {
         Values::I8(b)
@@ -371,40 +451,7 @@ impl EngineKind for I8xI8ToI32 {
         glue::quantize_rows(w, rows, k, k_pad, b, scales);
     }
 
-    fn prepare_rows(
-        x: &[f32],
-        rows: usize,
-        k: usize,
-        k_pad: usize,
-        twice: bool,
-        tmp: &mut Vec<f32>,
-        dst: &mut [i8],
-        scales: &mut [f32],
-    ) {
-        prepare_i8_rows(x, rows, k, k_pad, twice, tmp, dst, scales);
-    }
-
-    fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
-        glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
-    }
-
-    fn accumulate(c: &[i32], m: usize, width: usize, sn: usize, acc: &mut [i32], first: bool) {
-        glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
-    }
-
-    /// See [`finish_i32_rows`].
-    fn finish(
-        acc: &[i32],
-        m: usize,
-        per: usize,
-        width: usize,
-        valid: usize,
-        row_scales: &[f32],
-        ch_scales: &[f32],
-        out: &mut OutCols,
-    ) {
-        finish_i32_rows(acc, m, per, width, valid, row_scales, ch_scales, out);
-    }
+    i8_activations!();
 }
 
 impl EngineKind for F16xF16ToF32 {
@@ -414,10 +461,6 @@ impl EngineKind for F16xF16ToF32 {
     type Acc = f32;
     const SCALES: bool = false;
     const MAX_EXACT_K: Option<usize> = None;
-
-    fn input_ld(k: usize, _k_pad: usize) -> usize {
-        k
-    }
 
     fn wrap_values(b: Vec<f16>) -> Values {
         Values::F16(b)
@@ -455,26 +498,7 @@ impl EngineKind for F16xF16ToF32 {
         }
     }
 
-    fn prepare_rows(
-        x: &[f32],
-        rows: usize,
-        k: usize,
-        _k_pad: usize,
-        _twice: bool,
-        _tmp: &mut Vec<f32>,
-        dst: &mut [f32],
-        _scales: &mut [f32],
-    ) {
-        dst[..rows * k].copy_from_slice(&x[..rows * k]);
-    }
-
-    fn pack_a(x: &[f32], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [f16]) {
-        glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
-    }
-
-    fn accumulate(c: &[f32], m: usize, width: usize, sn: usize, acc: &mut [f32], first: bool) {
-        glue::accumulate_c_native_f32(c, m, width, sn, acc, width, 0, first);
-    }
+    f16_activations!();
 
     fn finish(
         acc: &[f32],
@@ -550,30 +574,7 @@ impl EngineKind for F16xI4ToF32 {
     const MAX_EXACT_K: Option<usize> = None;
     int4_weights!();
 
-    fn input_ld(k: usize, _k_pad: usize) -> usize {
-        k
-    }
-
-    fn prepare_rows(
-        x: &[f32],
-        rows: usize,
-        k: usize,
-        _k_pad: usize,
-        _twice: bool,
-        _tmp: &mut Vec<f32>,
-        dst: &mut [f32],
-        _scales: &mut [f32],
-    ) {
-        dst[..rows * k].copy_from_slice(&x[..rows * k]);
-    }
-
-    fn pack_a(x: &[f32], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [f16]) {
-        glue::pack_a_native_f16(x, m, ld, k0, ks, sk, dst);
-    }
-
-    fn accumulate(c: &[f32], m: usize, width: usize, sn: usize, acc: &mut [f32], first: bool) {
-        glue::accumulate_c_native_f32(c, m, width, sn, acc, width, 0, first);
-    }
+    f16_activations!();
 
     /// `out = acc · ch_scale`: the f32 sum of the K segments times the channel's scale, one
     /// f32 multiply.
@@ -604,44 +605,7 @@ impl EngineKind for I8xI4ToI32 {
     const MAX_EXACT_K: Option<usize> = Some(MAX_EXACT_K_W4A8);
     int4_weights!();
 
-    fn input_ld(_k: usize, k_pad: usize) -> usize {
-        k_pad
-    }
-
-    fn prepare_rows(
-        x: &[f32],
-        rows: usize,
-        k: usize,
-        k_pad: usize,
-        twice: bool,
-        tmp: &mut Vec<f32>,
-        dst: &mut [i8],
-        scales: &mut [f32],
-    ) {
-        prepare_i8_rows(x, rows, k, k_pad, twice, tmp, dst, scales);
-    }
-
-    fn pack_a(x: &[i8], m: usize, ld: usize, k0: usize, ks: usize, sk: usize, dst: &mut [i8]) {
-        glue::pack_a_native_i8(x, m, ld, k0, ks, sk, dst);
-    }
-
-    fn accumulate(c: &[i32], m: usize, width: usize, sn: usize, acc: &mut [i32], first: bool) {
-        glue::accumulate_c_native_i32(c, m, width, sn, acc, first);
-    }
-
-    /// See [`finish_i32_rows`].
-    fn finish(
-        acc: &[i32],
-        m: usize,
-        per: usize,
-        width: usize,
-        valid: usize,
-        row_scales: &[f32],
-        ch_scales: &[f32],
-        out: &mut OutCols,
-    ) {
-        finish_i32_rows(acc, m, per, width, valid, row_scales, ch_scales, out);
-    }
+    i8_activations!();
 }
 
 /// [`EngineKind::write_b`]'s default: the context's columns `k0..k0 + ks` of `rows` (`width`
