@@ -19,7 +19,7 @@ use rknn_llm::model::{
 };
 use rknn_llm::sample::SamplerConfig;
 use rknn_llm::serve::{
-    Batcher, Event, EventSink, Finished, Request, ServeConfig, ServeError, Sink,
+    Batcher, Event, EventSink, Finished, Metrics, Request, ServeConfig, ServeError, Sink,
 };
 use rknn_llm::session::{GenerateParams, Session};
 use rknn_llm::tokenizer::Tokenizer;
@@ -896,8 +896,21 @@ fn queued_requests_whose_listeners_vanish_leave_within_one_step() {
     for _ in 0..2 {
         batcher.submit(long_request(&tok), gate.sink()).unwrap();
     }
-    // Step k: the first decoding request stops at its piece.
+    // The second request may be admitted a pass after the first: go on, piece by piece,
+    // until a pass with both decoding (one pass, two decode rows) has just run. That stop is
+    // step k: the first decoding request stops at its piece.
     gate.wait();
+    let at = |m: Metrics| (m.passes, m.decode_rows);
+    let mut last = at(batcher.metrics());
+    loop {
+        gate.release();
+        gate.wait();
+        let now = at(batcher.metrics());
+        if now == (last.0 + 1, last.1 + 2) {
+            break;
+        }
+        last = now;
+    }
     let sent = Arc::new(AtomicUsize::new(0));
     let listeners: Vec<Listener> = (0..48)
         .map(|i| {
