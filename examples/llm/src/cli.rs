@@ -59,19 +59,22 @@ pub enum CacheTypeArg {
     F16,
 }
 
-/// `--wtype`.
+/// `--wtype`. Each variant's accuracy is the demo model's (SmolLM2-135M, teacher-forced
+/// against the f32 path, docs/llm.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WType {
-    /// int8 weights and activations (per-channel and per-row scales); every chip.
+    /// int8 weights and activations (per-channel and per-row scales); every chip. Accuracy:
+    /// top-1 96 %, perplexity +0.3 %.
     W8a8,
-    /// f16 weights and activations; every chip.
+    /// f16 weights and activations; every chip. Accuracy: top-1 99.8 %, perplexity +0.01 %.
     F16,
     /// int4 weights (per-channel scales) and f16 activations: half W8A8's weight bytes.
-    /// RK3576 only (f16 × i4); refused on other chips. Its accuracy cost is not yet measured.
+    /// RK3576 only (f16 × i4); refused on other chips. Accuracy: top-1 55 %, perplexity +76 %
+    /// (one scale per row cannot hold a 4-bit GGUF's groups).
     W4a16,
     /// int4 weights (per-channel scales) and int8 activations (per-row scales, residual rows
     /// as W8A8's): half W8A8's weight bytes, exact integer sums. RK3576 only (i8 × i4);
-    /// refused on other chips. Its accuracy cost is not yet measured.
+    /// refused on other chips. Accuracy: top-1 55 %, perplexity +77 %.
     W4a8,
 }
 

@@ -547,13 +547,13 @@ fn experts_whole_on_one_core_give_the_logits_of_split_experts_with_fewer_context
 }
 
 /// RK3576's int4 formats teacher-forced over the English text against the f32 path, with
-/// plain per-channel max-abs int4 scales (the rotation on; W4A8 with the family's residual
-/// rows): the demo model over its first 512 tokens, and seven tiny families over their first
-/// 64. The agreement is printed. The bars only catch a broken path (wrong nibbles or scales
-/// give next to no agreement: chance is well under 1 % of a vocabulary), not issue 43's
-/// accuracy goal, which needs a better converter: on the demo model per-channel int4 agrees on
-/// about 42 % of top-1 choices, W4A16 and W4A8 alike (the weights' 4 bits cost it, not the
-/// activations).
+/// per-channel int4 scales searched for the least squared error (the rotation on; W4A8 with the
+/// family's residual rows): the demo model over its first 512 tokens, and seven tiny families
+/// over their first 64. The agreement is printed. The tiny families' bar only catches a broken
+/// path (wrong nibbles or scales give next to no agreement: chance is well under 1 % of a
+/// vocabulary); the demo model's is the scale search's gain (max-abs scales gave about 42 %,
+/// the search about 53 %), short of issue 43's accuracy goal, which per-channel int4 does not
+/// reach on this model (docs/llm.md).
 #[test]
 fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
     let tiny = [
@@ -570,7 +570,7 @@ fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
         })
         .collect();
     if let Some(path) = common::demo_model_forward() {
-        models.push((path, 512, 0.3));
+        models.push((path, 512, 0.45));
     }
     for (path, limit, bar) in models {
         let file = GgufFile::open(&path).unwrap();

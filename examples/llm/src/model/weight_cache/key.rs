@@ -13,8 +13,9 @@ use crate::gguf::GgufFile;
 pub const LAYOUT_VERSION: u32 = 1;
 
 /// The version of the converting code (the crate's, and its conversion's): a build that
-/// converts differently never reads another's files.
-pub const CONVERTER: &str = concat!("rknn-llm ", env!("CARGO_PKG_VERSION"), ", conversion 1");
+/// converts differently never reads another's files. (Conversion 2: int4 weights' scales are
+/// searched, no longer max-abs.)
+pub const CONVERTER: &str = concat!("rknn-llm ", env!("CARGO_PKG_VERSION"), ", conversion 2");
 
 /// The key's fields, in order.
 pub(super) struct Key {
