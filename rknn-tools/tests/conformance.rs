@@ -340,6 +340,47 @@ fn full_mode_adds_cases_and_timings() {
     assert!(report.to_text().contains("TOPS"));
 }
 
+/// On RK3576, full mode's timings add each int4 type at the decode shape, per channel and (for
+/// the float outputs) per group of 32 and 128, with the weight bytes per second each realised.
+#[test]
+fn full_mode_times_the_int4_types_on_rk3576() {
+    let subject = conformance::emulator(Platform::Rk3576, &[]).unwrap();
+    let opts = Options {
+        mode: Mode::Full,
+        only: vec!["timing".into()],
+        ..Options::default()
+    };
+    let report = conformance::run(&subject, &opts, |_| {}).unwrap();
+    let what: Vec<&str> = report.timings.iter().map(|t| t.what.as_str()).collect();
+    for want in [
+        "f16xi4->f32 M=1 K=1024 N=1024, native B",
+        "f16xi4->f32 M=1 K=1024 N=1024, per group of 32, native B",
+        "f16xi4->f32 M=1 K=1024 N=1024, per group of 128, native B",
+        "i8xi4->i32 M=1 K=1024 N=1024, native B",
+    ] {
+        assert!(what.contains(&want), "{want} in {what:?}");
+    }
+    assert!(
+        !what
+            .iter()
+            .any(|w| w.starts_with("i8xi4->i32") && w.contains("group"))
+    );
+    for t in &report.timings {
+        // int4 B is half a byte an element: bytes per second = K·N / 2 / seconds.
+        if t.what.contains("xi4->") {
+            let want = 1024.0 * 1024.0 / 2.0 / t.seconds;
+            assert!((t.b_bytes_per_second / want - 1.0).abs() < 1e-9, "{t:?}");
+        }
+    }
+    assert!(report.to_text().contains("GB/s of B"));
+    assert!(
+        report.to_json()["timings"][0]["b_bytes_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}
+
 fn doc(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../docs")

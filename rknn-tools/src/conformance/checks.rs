@@ -1531,31 +1531,69 @@ fn time_case(api: &rknn_sys::RknnApi, p: Platform, cs: &Case, runs: usize) -> Op
     times.get(times.len() / 2).copied()
 }
 
-/// The timing facts the docs and the engine's sizing rely on, measured on the subject.
+/// The timing facts the docs and the engine's sizing rely on, measured on the subject: int8
+/// at decode and prefill shapes, and where the chip has int4 weights (RK3576) each int4 type
+/// at the decode shape, per channel (no NPU quant parameters: the engine applies the scales on
+/// the host) and, for the types with a float C, per group of 32 and 128 (the chip's per-group
+/// mode, \[open] there). A decode-shaped run reads its weights once, so its B bytes per second
+/// is the DDR bandwidth one core realises: what the cost model assumes for RK3576 (11.2 GB/s a
+/// core, 15.15 GB/s for all, carried from RK3588) and a board settles.
 pub fn timings(subject: &rknn_matmul::Runtime) -> Vec<Timing> {
     let p = subject.platform();
-    let t = MatmulType::I8_I8_I32;
+    let i8 = MatmulType::I8_I8_I32;
     let mut shapes = vec![
-        ((1, 4096, 4096), "decode-sized; no public figure"),
+        (i8, (1, 4096, 4096), None, "decode-sized; no public figure"),
         (
+            i8,
             (64, 16384, 256),
+            None,
             "K above the 8192 segment: one context ran 14x slower than split K",
         ),
     ];
     // The large ones only where the figures mean something (the emulator would take minutes).
     if subject.is_hardware() {
-        shapes.push(((128, 4096, 4096), "one core; compare with 4096^3"));
-        shapes.push(((4096, 4096, 4096), "0.69 TOPS on one RK3588 core"));
+        shapes.push((i8, (128, 4096, 4096), None, "one core; compare with 4096^3"));
+        shapes.push((i8, (4096, 4096, 4096), None, "0.69 TOPS on one RK3588 core"));
+    }
+    const INT4_DECODE: &str = "RK3576 cost model (assumed): 11.2 GB/s of B a core";
+    // The emulator's int4 kernels unpack B at every run: a smaller decode shape there (its
+    // times say nothing of a board's anyway).
+    let d = if subject.is_hardware() { 4096 } else { 1024 };
+    for t in int4_b_types(p).unwrap_or_default() {
+        if t.a == ElemKind::I4 {
+            // W4A4 (RK3588's type 10) is no engine format.
+            continue;
+        }
+        shapes.push((t, (1, d, d), None, INT4_DECODE));
+        if matches!(t.c, ElemKind::F32 | ElemKind::F16) {
+            for g in [32, 128] {
+                shapes.push((
+                    t,
+                    (1, d, d),
+                    Some(g),
+                    "per-group mode [open]; compare with per channel",
+                ));
+            }
+        }
     }
     let mut out = Vec::new();
-    for ((m, k, n), documented) in shapes {
-        let cs = Case::random(t, m, k, n, 1).layouts(Layout::Native, Layout::Norm);
+    for (t, (m, k, n), group, documented) in shapes {
+        let mut cs = Case::random(t, m, k, n, 1).layouts(Layout::Native, Layout::Norm);
+        if let Some(g) = group {
+            // Scales near 1, distinct per (group, column).
+            let scales = (0..k / g * n)
+                .map(|i| 1.0 + (i % 7) as f32 / 64.0)
+                .collect();
+            cs.qb = BQuant::Group(g, scales, vec![]);
+        }
         let runs = if subject.is_hardware() { 9 } else { 3 };
         if let Some(s) = time_case(subject.api(), p, &cs, runs) {
+            let per = group.map_or(String::new(), |g| format!(", per group of {g}"));
             out.push(Timing {
-                what: format!("i8 M={m} K={k} N={n}, native B"),
+                what: format!("{}x{}->{} M={m} K={k} N={n}{per}, native B", t.a, t.b, t.c),
                 seconds: s,
                 ops_per_second: 2.0 * (m * k * n) as f64 / s,
+                b_bytes_per_second: t.b.bytes_for(k * n).unwrap_or(0) as f64 / s,
                 documented,
             });
         }

@@ -49,6 +49,9 @@ pub struct Timing {
     pub seconds: f64,
     /// Integer or float operations per second derived from it.
     pub ops_per_second: f64,
+    /// Bytes of B (the weights, as stored: int4 half a byte) per second: at a decode shape,
+    /// which reads B once, the DDR bandwidth the run realises.
+    pub b_bytes_per_second: f64,
     /// The figure the docs give for a board, to compare with.
     pub documented: &'static str,
 }
@@ -111,6 +114,7 @@ impl Report {
                 "what": t.what,
                 "seconds": t.seconds,
                 "ops_per_second": t.ops_per_second,
+                "b_bytes_per_second": t.b_bytes_per_second,
                 "documented": t.documented,
             })).collect::<Vec<_>>(),
             "seconds": self.seconds,
@@ -199,10 +203,11 @@ impl Report {
             for t in &self.timings {
                 let _ = writeln!(
                     out,
-                    "  {:<44} {:>10.3} ms {:>8.3} TOPS   board: {}",
+                    "  {:<60} {:>10.3} ms {:>8.3} TOPS {:>7.2} GB/s of B   board: {}",
                     t.what,
                     t.seconds * 1e3,
                     t.ops_per_second / 1e12,
+                    t.b_bytes_per_second / 1e9,
                     t.documented
                 );
             }
