@@ -114,15 +114,9 @@ pub enum NativeInputs {
     AtBind,
 }
 
-/// The order of per-group quantisation parameters of B (\[open\]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupOrder {
-    /// `[K/G][N]`: the parameter of element (k, n) at `(k / G) * N + n` (default).
-    #[default]
-    KMajor,
-    /// `[N][K/G]`: at `n * (K / G) + k / G`.
-    NMajor,
-}
+/// The order of per-group quantisation parameters of B (\[open\]): the SDK's one setting,
+/// shared with the safe layer ([`rknn_chip::GroupOrder`]).
+pub use rknn_chip::GroupOrder;
 
 /// Whether `rknn_matmul_set_io_mem` binds a memory created on another context of the same
 /// IOMMU domain (\[open\]: the public sources do not say whether Rockchip's runtime accepts a
