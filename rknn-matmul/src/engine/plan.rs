@@ -13,13 +13,16 @@ use crate::error::{Error, Result};
 use crate::safe::runtime::Runtime;
 
 /// The plan of W [n, k] in `format` on `lanes` lanes of `rt`'s chip: the shape checked
-/// against the chip's rules, then split by [`LinearPlan::new`] with [`split_rules`].
+/// against the chip's rules, then split by [`LinearPlan::new`] with [`split_rules`]. With a
+/// per-group int4 size `group` ([`super::config::LinearOptions::int4_group`], checked here
+/// first), K is padded to a multiple of the group, so that every K segment holds whole
+/// groups.
 pub(crate) fn linear_plan(
     rt: &Runtime,
     lanes: usize,
-    n: usize,
-    k: usize,
+    (n, k): (usize, usize),
     format: WeightFormat,
+    group: Option<usize>,
     n_limit: usize,
 ) -> Result<LinearPlan> {
     rknn_chip::check_dims(1, k, n)?;
@@ -27,7 +30,12 @@ pub(crate) fn linear_plan(
     {
         return Err(Error::KTooLargeForExactSum { k, max });
     }
-    let rules = split_rules(rt, format, n_limit)?;
+    let mut rules = split_rules(rt, format, n_limit)?;
+    super::config::check_group(group, format, rt.platform(), rules.k_align, rules.k_segment)?;
+    if let Some(g) = group {
+        // A multiple of the K alignment (checked): the group is the coarser alignment.
+        rules.k_align = g;
+    }
     LinearPlan::new(n, k, lanes, &rules).map_err(|e| match e {
         PlanError::ContextNarrowerThanAlignment { n_align, .. } => Error::EngineConfig {
             field: "max_n_per_context",
