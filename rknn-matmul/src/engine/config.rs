@@ -169,44 +169,6 @@ impl LinearOptions {
     }
 }
 
-/// Checks a per-group int4 size ([`LinearOptions::int4_group`]) against the format and the
-/// chip: W4A16 only, a multiple of the int4 K alignment `k_align`, dividing the K segment
-/// `k_segment` (if the chip has one).
-pub(crate) fn check_group(
-    group: Option<usize>,
-    format: super::format::WeightFormat,
-    platform: rknn_chip::Platform,
-    k_align: usize,
-    k_segment: Option<usize>,
-) -> Result<()> {
-    let Some(g) = group else {
-        return Ok(());
-    };
-    let bad = |rule: String| {
-        Err(Error::EngineConfig {
-            field: "int4_group",
-            value: g,
-            rule,
-        })
-    };
-    if format != super::format::WeightFormat::W4A16 {
-        return bad(format!(
-            "is for w4a16 only, not {format}: the NPU applies per-group scales only to a float C (W4A8's C is i32), and the other formats have no int4 weights"
-        ));
-    }
-    if g % k_align != 0 {
-        return bad(format!(
-            "must be a multiple of {platform}'s int4 K alignment of {k_align} (a group is whole aligned K rows)"
-        ));
-    }
-    if let Some(s) = k_segment.filter(|s| s % g != 0) {
-        return bad(format!(
-            "must divide {platform}'s K segment of {s} (each segment's context holds whole groups)"
-        ));
-    }
-    Ok(())
-}
-
 /// Checks that `rotation`, if any, is of `k` channels (the linear's input features).
 pub(crate) fn check_rotation(rotation: Option<&Rotation>, k: usize) -> Result<()> {
     match rotation {
