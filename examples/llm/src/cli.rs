@@ -2,6 +2,7 @@
 //! ([`LoadArgs`], a clap `Args` group to `#[command(flatten)]` into any program's flags), and
 //! the [`ModelBuilder`] they make. Feature `cli`.
 
+use std::num::NonZeroU16;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
@@ -84,6 +85,12 @@ pub struct LoadArgs {
     /// Weight type on the NPU (default w8a8).
     #[arg(long, value_enum)]
     pub wtype: Option<WType>,
+    /// W4A16 with per-group int4 weights: a scale and an offset per group of N input features
+    /// of each output channel (min/max, which reproduces a Q4_0/Q4_1 GGUF block exactly at
+    /// 32) instead of one scale per channel. Only with --wtype w4a16 (RK3576); a multiple of
+    /// 32 dividing 4096. Those linears run unrotated; the output head stays W8A8.
+    #[arg(long, value_name = "N")]
+    pub int4_group: Option<NonZeroU16>,
     /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
     /// W8A8 close to f32; on by default).
     #[arg(long)]
@@ -164,6 +171,7 @@ impl LoadArgs {
                         .and_then(|r| Some(r.to_possible_value()?.get_name().to_string())),
                 ),
                 ("--no-rotation", self.no_rotation.then(String::new)),
+                ("--int4-group", self.int4_group.map(|g| g.to_string())),
                 ("--rotation-seed", self.rotation_seed.map(|n| n.to_string())),
                 (
                     "--npu-experts",
@@ -189,7 +197,15 @@ impl LoadArgs {
                 });
             }
         }
+        if let (Some(g), false) = (self.int4_group, self.wtype == Some(WType::W4a16)) {
+            return Err(LoadError::Setting {
+                setting: "--int4-group",
+                value: g.to_string(),
+                rule: "needs --wtype w4a16 (per-group scales are applied to the NPU's float C)",
+            });
+        }
         let mut b = builder
+            .int4_group(self.int4_group)
             .backend(match self.backend {
                 BackendArg::Auto => Backend::Auto,
                 BackendArg::Npu => Backend::Npu,

@@ -399,9 +399,11 @@ fn accuracy(
     );
     let rel = ppl_q / ppl_ref - 1.0;
     eprintln!(
-        "{} {platform} {}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
+        "{} {platform} {}{}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
         path.display(),
         opts.format,
+        opts.int4_group
+            .map_or(String::new(), |g| format!(" group {g}")),
         100.0 * top1,
         100.0 * rel
     );
@@ -553,7 +555,8 @@ fn experts_whole_on_one_core_give_the_logits_of_split_experts_with_fewer_context
 /// give next to no agreement: chance is well under 1 % of a vocabulary), not issue 43's
 /// accuracy goal, which needs a better converter: on the demo model per-channel int4 agrees on
 /// about 42 % of top-1 choices, W4A16 and W4A8 alike (the weights' 4 bits cost it, not the
-/// activations).
+/// activations). Per-group W4A16 (groups of 32, the head W8A8) is held to that goal: at least
+/// 90 % on the demo model's first 512 tokens.
 #[test]
 fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
     let tiny = [
@@ -585,6 +588,20 @@ fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
             assert!(top1 >= bar, "{what}: top-1 agreement {top1}");
             assert!(rel.is_finite(), "{what}: perplexity {rel:+}");
         }
+    }
+    // Per-group W4A16 in groups of 32 (the demo model's Q4_1 blocks, reproduced exactly; the
+    // head W8A8): issue 43's bar of 90 % top-1 agreement.
+    if let Some(path) = common::demo_model_forward() {
+        let file = GgufFile::open(&path).unwrap();
+        let opts = EngineOptions {
+            format: WeightFormat::W4A16,
+            int4_group: std::num::NonZeroU16::new(32),
+            ..Config::from_gguf(&file).unwrap().family.engine_options()
+        };
+        let (top1, rel) = accuracy(&path, usize::MAX, 512, Platform::Rk3576, opts);
+        let what = format!("{} w4a16 group 32", path.display());
+        assert!(top1 >= 0.90, "{what}: top-1 agreement {top1}");
+        assert!(rel.abs() < 0.05, "{what}: perplexity {rel:+}");
     }
 }
 
