@@ -1922,3 +1922,116 @@ fn per_group_int4_is_refused_where_the_rules_say_before_anything_is_allocated(rt
         );
     }
 }
+
+backend_test!(per_group_converted_weights_are_stored_and_placed_again);
+/// Per-group int4 converted weights: values two per byte (-8 among them), per output channel
+/// its group scales then offsets; stored as bytes and placed again (from a copy, from the
+/// bytes, and streamed out by `convert_to_with`) they give the bits of a converting load. The
+/// group the weights were converted with must be the one they are placed with; a negative
+/// scale, or a non-zero value in a group of scale 0, is refused naming the rule.
+fn per_group_converted_weights_are_stored_and_placed_again(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    use std::num::NonZeroU16;
+    let Some((_, rt)) = rk3576_group_runtimes(rt).into_iter().next() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(47);
+    let (n, k, g) = (70, 4096 + 40, 32);
+    let w = random(&mut rng, n * k);
+    let x = random(&mut rng, 3 * k);
+    let opts = LinearOptions {
+        int4_group: NonZeroU16::new(g as u16),
+        ..LinearOptions::default()
+    };
+    let rows = |first: usize, buf: &mut [f32]| {
+        buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+        Ok::<(), Error>(())
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let e = engine(&rt, 2);
+    let want = e
+        .linear_from_rows(n, k, WeightFormat::W4A16, opts.clone(), rows)
+        .unwrap()
+        .forward_vec(&x, 3)
+        .unwrap();
+    let c = e
+        .convert_from_rows_with(n, k, WeightFormat::W4A16, &opts, rows)
+        .unwrap();
+    let (n_pad, k_pad) = c.padded();
+    assert_eq!(c.int4_group(), opts.int4_group);
+    assert_eq!((n_pad, k_pad), (128, 4096 + 64), "K padded to whole groups");
+    assert_eq!(
+        c.scales().len(),
+        n_pad * 2 * k_pad / g,
+        "a scale and an offset per group"
+    );
+    let (values, scales) = (c.values_bytes().to_vec(), c.scales_bytes().to_vec());
+    assert!(
+        values.iter().any(|&b| b & 0x0f == 0x08 || b & 0xf0 == 0x80),
+        "min/max grids store -8"
+    );
+    // Streamed out a step at a time: the same bytes.
+    let (mut sv, mut ss) = (Vec::new(), Vec::new());
+    let padded = e
+        .convert_to_with(n, k, WeightFormat::W4A16, &opts, rows, |_, v, s| {
+            sv.extend_from_slice(v);
+            ss.extend_from_slice(s);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((padded, &sv, &ss), ((n_pad, k_pad), &values, &scales));
+
+    let other = engine(&rt, 1);
+    let stored = |values: &[u8], scales: &[u8]| {
+        let mut s = other
+            .converted_zeroed_with(n, k, WeightFormat::W4A16, opts.int4_group)
+            .unwrap();
+        s.values_bytes_mut().copy_from_slice(values);
+        s.scales_bytes_mut().copy_from_slice(scales);
+        s
+    };
+    let placed = other
+        .linear_from_converted(stored(&values, &scales), opts.clone())
+        .unwrap();
+    assert_eq!(bits(&placed.forward_vec(&x, 3).unwrap()), bits(&want));
+    let held = std::sync::Arc::new(Held {
+        values: values.clone(),
+        scales: scales.clone(),
+        placed: Default::default(),
+    });
+    let from_bytes = other
+        .linear_from_bytes(n, k, WeightFormat::W4A16, opts.clone(), held)
+        .unwrap();
+    assert_eq!(bits(&from_bytes.forward_vec(&x, 3).unwrap()), bits(&want));
+
+    // Placed with another group (or none): refused, naming the group converted with.
+    for group in [None, NonZeroU16::new(64)] {
+        let other_opts = LinearOptions {
+            int4_group: group,
+            ..LinearOptions::default()
+        };
+        let r = other.linear_from_converted(stored(&values, &scales), other_opts);
+        assert!(
+            matches!(&r, Err(Error::EngineConfig { field: "int4_group", rule, .. }) if rule.contains("(32)")),
+            "{group:?}: {r:?}"
+        );
+    }
+    // Row 1's group 2 given scale 0: its values must be 0.
+    let per = 2 * k_pad / g;
+    let at = (per + 2) * 4;
+    let mut zero = scales.clone();
+    zero[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
+    let r = other.linear_from_converted(stored(&values, &zero), opts.clone());
+    assert!(
+        matches!(&r, Err(Error::OutOfRange { what: "per-group int4 weights", index, range, .. })
+            if (k_pad + 2 * g..k_pad + 3 * g).contains(index) && range.contains("scale 0")),
+        "{r:?}"
+    );
+    let mut negative = scales.clone();
+    negative[at..at + 4].copy_from_slice(&(-0.5f32).to_le_bytes());
+    let r = other.linear_from_converted(stored(&values, &negative), opts);
+    assert!(
+        matches!(&r, Err(Error::OutOfRange { what: "per-group int4 scales", index, .. }) if *index == per + 2),
+        "{r:?}"
+    );
+}

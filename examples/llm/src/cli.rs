@@ -67,12 +67,14 @@ pub enum WType {
     W8a8,
     /// f16 weights and activations; every chip.
     F16,
-    /// int4 weights (per-channel scales) and f16 activations: half W8A8's weight bytes.
-    /// RK3576 only (f16 × i4); refused on other chips. Its accuracy cost is not yet measured.
+    /// int4 weights (per-channel scales, or per group with --int4-group) and f16
+    /// activations: half W8A8's weight bytes. RK3576 only (f16 × i4); refused on other chips.
+    /// Per channel it is far from f32 (43 % top-1 on the demo model); --int4-group 32 agrees
+    /// on 98 % (docs/llm.md).
     W4a16,
     /// int4 weights (per-channel scales) and int8 activations (per-row scales, residual rows
     /// as W8A8's): half W8A8's weight bytes, exact integer sums. RK3576 only (i8 × i4);
-    /// refused on other chips. Its accuracy cost is not yet measured.
+    /// refused on other chips. Far from f32 on the demo model (43 % top-1, docs/llm.md).
     W4a8,
 }
 

@@ -357,6 +357,21 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
         unreachable!("per-group weights are W4A16 only (checked when the linear is planned)")
     }
 
+    /// Per-group int4: checks weights filled from outside (storage) before they reach the
+    /// NPU: `rows` (converted rows, `k` values each padded to `k_pad`) and their `params`
+    /// (per row `2 · k_pad / group`: scales, then offsets), the first of them row `row0` of
+    /// the linear (errors name indices of the whole linear). See [`check_grouped_i4`].
+    fn check_grouped(
+        rows: &[Self::B],
+        (k, k_pad): (usize, usize),
+        group: usize,
+        params: &[f32],
+        row0: usize,
+    ) -> Result<()> {
+        let _ = (rows, k, k_pad, group, params, row0);
+        Ok(())
+    }
+
     /// Per-group int4: as [`EngineKind::finish`], with the per-group offsets: `out = acc +
     /// Σ_g o[col, g] · sums[row, g]` (see [`finish_grouped`]).
     #[allow(clippy::too_many_arguments)] // The operands of the formula.
@@ -666,6 +681,16 @@ impl EngineKind for F16xI4ToF32 {
         finish_grouped(acc, (m, width, valid), params, groups, sums, out);
     }
 
+    fn check_grouped(
+        rows: &[I4x2],
+        (k, k_pad): (usize, usize),
+        group: usize,
+        params: &[f32],
+        row0: usize,
+    ) -> Result<()> {
+        check_grouped_i4(rows, (k, k_pad), group, params, row0)
+    }
+
     /// `out = acc · ch_scale`: the f32 sum of the K segments times the channel's scale, one
     /// f32 multiply.
     fn finish(
@@ -879,6 +904,63 @@ pub(crate) fn quantize_rows_i4_grouped(
             *d = I4x2::new(q[2 * i], q[2 * i + 1]);
         }
     }
+}
+
+/// Checks per-group int4 weights filled from outside before they reach the NPU: every group
+/// scale finite and not negative, every offset finite, and a group of scale 0 holding zeros
+/// in its columns below `k` (the NPU is given a scale of 1 for it, as it takes positive scales
+/// only: its value is its offset, as [`quantize_rows_i4_grouped`] makes it). `rows` holds
+/// whole rows of `k_pad / 2` pairs, `params` their `2 · k_pad / group` values each; the
+/// first row is row `row0` of the linear, whose indices the errors give.
+pub(crate) fn check_grouped_i4(
+    rows: &[I4x2],
+    (k, k_pad): (usize, usize),
+    group: usize,
+    params: &[f32],
+    row0: usize,
+) -> Result<()> {
+    let groups = k_pad.div_ceil(group);
+    for (j, (row, p)) in rows
+        .chunks_exact(k_pad / 2)
+        .zip(params.chunks_exact(2 * groups))
+        .enumerate()
+    {
+        let j = row0 + j;
+        if let Some(i) = p.iter().position(|v| !v.is_finite()) {
+            return Err(Error::OutOfRange {
+                what: "per-group int4 scales and offsets",
+                index: j * 2 * groups + i,
+                value: 0,
+                range: "finite f32",
+            });
+        }
+        for (g, &d) in p[..groups].iter().enumerate() {
+            if d < 0.0 {
+                return Err(Error::OutOfRange {
+                    what: "per-group int4 scales",
+                    index: j * 2 * groups + g,
+                    value: -1,
+                    range: ">= 0 (max - min over the group, over 15)",
+                });
+            }
+            if d > 0.0 {
+                continue;
+            }
+            for c in g * group..((g + 1) * group).min(k) {
+                let (lo, hi) = row[c / 2].get();
+                let q = if c % 2 == 0 { lo } else { hi };
+                if q != 0 {
+                    return Err(Error::OutOfRange {
+                        what: "per-group int4 weights",
+                        index: j * k_pad + c,
+                        value: q.into(),
+                        range: "0 in a group of scale 0 (its value is its offset)",
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each of the `m` rows of `x` ([m, ld], `k` values per row) summed over each group of `group`

@@ -291,6 +291,11 @@ impl<K: EngineKind> ShardSpec<K> {
                         range: K::VALUE_RANGE,
                     });
                 }
+                if let (Some((g, _)), 0) = (self.group, k0) {
+                    let per = 2 * self.k_pad.div_ceil(g);
+                    let params = &self.ch_scales[c0 * per..(c0 + width) * per];
+                    K::check_grouped(rows, (self.k, self.k_pad), g, params, r0)?;
+                }
                 K::write_b(&mm, rows, self.k, k0, ks, width, &mut seg_w, &mut b)?;
                 let own = if self.share_io {
                     IoMems::ensure_shared(io.shared::<K>(self.domain), &mm)?;
