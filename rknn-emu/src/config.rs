@@ -225,7 +225,7 @@ impl EmuConfig {
     /// | `RKNN_INT4_B_CONVERTER_INPUT` ([`rknn_chip::INT4_CONVERTER_INPUT_ENV`], shared with the safe layer) | packed, one-per-byte | packed |
     /// | `RKNN_EMU_NATIVE_B_NIBBLES` | low-first, high-first | low-first |
     /// | `RKNN_EMU_NATIVE_INPUTS` | run, bind | run |
-    /// | `RKNN_EMU_GROUP_ORDER` | k-major, n-major | k-major |
+    /// | `RKNN_EMU_GROUP_ORDER` ([`rknn_chip::GROUP_ORDER_ENV`], shared with the safe layer) | k-major, n-major | k-major |
     /// | `RKNN_EMU_SHARED_MEMORIES` | accept, refuse = a memory of another context is not bound | accept |
     /// | `RKNN_EMU_SDK_VERSION_ON_MATMUL` | 1 = answered, 0 = refused | 1 |
     /// | `RKNN_EMU_LOG` | 0 = no error lines on stderr | 1 |

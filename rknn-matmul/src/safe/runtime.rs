@@ -82,8 +82,9 @@ pub struct RuntimeOptions {
     /// is an error). On the emulator this also configures the emulator, so the two agree.
     pub group_order: Option<GroupOrder>,
     /// The in-process emulator's configuration (its `platform` is overridden by
-    /// [`Backend::Emulator`], and its int4 converter input by
-    /// [`RuntimeOptions::int4_converter_input`]). The default is
+    /// [`Backend::Emulator`], its int4 converter input by
+    /// [`RuntimeOptions::int4_converter_input`] and its per-group parameter order by
+    /// [`RuntimeOptions::group_order`]). The default is
     /// [`rknn_emu::EmuConfig::from_env`]: the in-process emulator honours every `RKNN_EMU_*`
     /// variable the drop-in library does (`RKNN_EMU_PLATFORM` only where no chip is named, as
     /// for [`Backend::Auto`]'s fallback), so a setting given to a program applies whichever
