@@ -2035,3 +2035,66 @@ fn per_group_converted_weights_are_stored_and_placed_again(rt: &Runtime) {
         "{r:?}"
     );
 }
+
+/// The per-group int4 tests' drop-in variants in child processes whose drop-in library plays
+/// an RK3576, once per \[open\] order of per-group parameters (`RKNN_EMU_GROUP_ORDER`, read
+/// by the safe layer, which the engine writes in, and by the library alike): the per-group
+/// quant params reach the library through `rknn_matmul_set_quant_params` as on a board.
+#[test]
+#[cfg_attr(miri, ignore = "child processes")]
+fn per_group_int4_on_the_dropin_as_an_rk3576_under_both_group_orders() {
+    if std::env::var_os(INT4_CHILD).is_some() {
+        return;
+    }
+    if let Some(reason) = common::skip_reason(common::TestBackend::Dropin) {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    for order in ["k-major", "n-major"] {
+        for (test, says) in [
+            (
+                "per_group_w4a16_matches_an_f64_reference_on_rk3576_under_both_group_orders::dropin",
+                "per-group w4a16 checked",
+            ),
+            (
+                "per_group_converted_weights_are_stored_and_placed_again::dropin",
+                "",
+            ),
+        ] {
+            let mut words = runner.split_whitespace();
+            let mut cmd = match words.next() {
+                None => std::process::Command::new(&exe),
+                Some(program) => {
+                    let mut cmd = std::process::Command::new(program);
+                    cmd.args(words).arg(&exe);
+                    cmd
+                }
+            };
+            cmd.args(["--exact", test, "--nocapture"]);
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("RKNN_EMU_") {
+                    cmd.env_remove(k);
+                }
+            }
+            cmd.env("RKNN_EMU_PLATFORM", "rk3576")
+                .env("RKNN_EMU_LOG", "0")
+                .env("RKNN_EMU_GROUP_ORDER", order)
+                .env("RKNN_TEST_BACKEND", "dropin")
+                .env(INT4_CHILD, "1");
+            let Some(out) = common::run_child_test(&mut cmd) else {
+                return;
+            };
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let what = format!("{test} ({order})");
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{what}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ran = format!("{says}: group order {order}");
+            assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
+        }
+    }
+}
