@@ -33,6 +33,7 @@
 
 mod decoder;
 mod dtype;
+mod group_order;
 mod int4;
 pub mod kernel;
 pub mod layout;
@@ -43,6 +44,7 @@ mod rules;
 
 pub use decoder::{LinearRole, Residual};
 pub use dtype::{ElemKind, Layout, MatmulType, QuantGranularity, QuantType};
+pub use group_order::{GROUP_ORDER_ENV, GroupOrder, UnknownGroupOrder};
 pub use int4::{INT4_CONVERTER_INPUT_ENV, Int4ConverterInput, UnknownInt4ConverterInput};
 pub use kernel::KernelChoice;
 pub use modelled::ModelledTime;

@@ -114,15 +114,9 @@ pub enum NativeInputs {
     AtBind,
 }
 
-/// The order of per-group quantisation parameters of B (\[open\]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupOrder {
-    /// `[K/G][N]`: the parameter of element (k, n) at `(k / G) * N + n` (default).
-    #[default]
-    KMajor,
-    /// `[N][K/G]`: at `n * (K / G) + k / G`.
-    NMajor,
-}
+/// The order of per-group quantisation parameters of B (\[open\]): the SDK's one setting,
+/// shared with the safe layer ([`rknn_chip::GroupOrder`]).
+pub use rknn_chip::GroupOrder;
 
 /// Whether `rknn_matmul_set_io_mem` binds a memory created on another context of the same
 /// IOMMU domain (\[open\]: the public sources do not say whether Rockchip's runtime accepts a
@@ -231,7 +225,7 @@ impl EmuConfig {
     /// | `RKNN_INT4_B_CONVERTER_INPUT` ([`rknn_chip::INT4_CONVERTER_INPUT_ENV`], shared with the safe layer) | packed, one-per-byte | packed |
     /// | `RKNN_EMU_NATIVE_B_NIBBLES` | low-first, high-first | low-first |
     /// | `RKNN_EMU_NATIVE_INPUTS` | run, bind | run |
-    /// | `RKNN_EMU_GROUP_ORDER` | k-major, n-major | k-major |
+    /// | `RKNN_EMU_GROUP_ORDER` ([`rknn_chip::GROUP_ORDER_ENV`], shared with the safe layer) | k-major, n-major | k-major |
     /// | `RKNN_EMU_SHARED_MEMORIES` | accept, refuse = a memory of another context is not bound | accept |
     /// | `RKNN_EMU_SDK_VERSION_ON_MATMUL` | 1 = answered, 0 = refused | 1 |
     /// | `RKNN_EMU_LOG` | 0 = no error lines on stderr | 1 |

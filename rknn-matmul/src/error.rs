@@ -289,6 +289,9 @@ pub enum Error {
     /// A setting read from the environment has an unknown value.
     #[error(transparent)]
     Setting(#[from] rknn_chip::UnknownInt4ConverterInput),
+    /// The per-group parameter order read from the environment has an unknown value.
+    #[error(transparent)]
+    GroupOrderSetting(#[from] rknn_chip::UnknownGroupOrder),
     /// The runtime library could not be loaded.
     #[error(transparent)]
     Load(#[from] rknn_sys::LoadError),

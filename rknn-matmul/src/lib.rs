@@ -51,7 +51,7 @@ mod safe;
 pub use dtype::*;
 pub use error::{Call, Error, Matrix, Result, RknnCode, Versions};
 pub use rknn_chip::{
-    self, Int4ConverterInput, Layout, MatmulType, ModelledTime, Platform, ShapeRules,
+    self, GroupOrder, Int4ConverterInput, Layout, MatmulType, ModelledTime, Platform, ShapeRules,
 };
 #[cfg(feature = "emulator")]
 pub use rknn_emu::{self, EmuConfig};

@@ -1176,6 +1176,7 @@ fn linears_placed_whole_on_one_lane_give_the_bits_of_split_ones(rt: &Runtime) {
             rotation: (format == WeightFormat::W8A8).then(|| Rotation::hadamard_mixed(k, 5)),
             residual_activations: residual,
             lane,
+            int4_group: None,
         };
         let split = e.linear_with(&w, n, k, format, opts(None)).unwrap();
         for lane in 0..lanes {
@@ -1763,6 +1764,366 @@ fn int4_formats_on_the_dropin_as_an_rk3576_under_every_int4_setting() {
                 let ran = format!("{says}: converter input {input}");
                 assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
             }
+        }
+    }
+}
+
+/// RK3576 runtimes of `rt`'s backend for per-group int4: on the emulator one per order of
+/// per-group parameters (\[open\]: `[K/G][N]` or `[N][K/G]`, [`rknn_matmul::GroupOrder`]),
+/// set through the runtime's option so the engine writes and the emulator reads the same
+/// order; on the drop-in or a board, `rt` itself when it is an RK3576 (the process's setting,
+/// `RKNN_EMU_GROUP_ORDER`, which the safe layer and the drop-in read alike).
+fn rk3576_group_runtimes(rt: &Runtime) -> Vec<(String, Runtime)> {
+    use rknn_matmul::Platform;
+    #[cfg(feature = "emulator")]
+    if common::TestBackend::of(rt) == common::TestBackend::Emulator {
+        use rknn_matmul::{Backend, GroupOrder, RuntimeOptions};
+        return [GroupOrder::KMajor, GroupOrder::NMajor]
+            .into_iter()
+            .map(|order| {
+                let (_, base) = common::options_for(common::TestBackend::Emulator);
+                let opts = RuntimeOptions {
+                    group_order: Some(order),
+                    ..base
+                };
+                let rt = Runtime::open(Backend::Emulator(Platform::Rk3576), opts).unwrap();
+                (format!("group order {order}"), rt)
+            })
+            .collect();
+    }
+    if rt.platform() == Platform::Rk3576 {
+        return vec![(format!("group order {}", rt.group_order()), rt.clone())];
+    }
+    eprintln!(
+        "skipped: the {} backend is a {}, not an RK3576",
+        common::TestBackend::of(rt),
+        rt.platform()
+    );
+    Vec::new()
+}
+
+/// Per row: `k_pad` values, then `k_pad / g` scales and as many offsets.
+type Grouped = (Vec<Vec<i32>>, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Per-group int4 converted weights unpacked: per row `k_pad` values (-8..=7) and its
+/// `k_pad / g` scales and offsets.
+fn unpack_grouped(c: &rknn_matmul::engine::ConvertedWeights, g: usize) -> Grouped {
+    let (n_pad, k_pad) = c.padded();
+    let groups = k_pad / g;
+    let mut q = Vec::new();
+    let (mut d, mut o) = (Vec::new(), Vec::new());
+    for j in 0..n_pad {
+        let row = &c.values_bytes()[j * k_pad / 2..(j + 1) * k_pad / 2];
+        q.push(
+            row.iter()
+                .flat_map(|&b| [i32::from(((b << 4) as i8) >> 4), i32::from((b as i8) >> 4)])
+                .collect(),
+        );
+        let p = &c.scales()[j * 2 * groups..(j + 1) * 2 * groups];
+        d.push(p[..groups].to_vec());
+        o.push(p[groups..].to_vec());
+    }
+    (q, d, o)
+}
+
+backend_test!(per_group_w4a16_matches_an_f64_reference_on_rk3576_under_both_group_orders);
+/// Per-group W4A16 ([`LinearOptions::int4_group`]) on RK3576 against an f64 reference of its
+/// documented arithmetic, Σ_k x_f16 · (d·q + o) with the converted q, d and o, under both
+/// orders of the per-group parameters, on one lane and two: K in two segments (4096 + 96 in
+/// groups of 32, 4096 + 100 padded to 4224 in groups of 64) and below one group's worth of
+/// padding (200 in groups of 128), odd N, decode (M = 1) and prefill (M = 5, 130).
+fn per_group_w4a16_matches_an_f64_reference_on_rk3576_under_both_group_orders(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    use std::num::NonZeroU16;
+    let mut rng = fastrand::Rng::with_seed(46);
+    let shapes = [
+        (1, 4096 + 96, 67, 32),
+        (5, 4096 + 100, 67, 64),
+        (130, 200, 33, 128),
+        (1, 200, 33, 128),
+    ];
+    let cases: Vec<_> = shapes
+        .iter()
+        .map(|&(m, k, n, g)| {
+            // Rows of different ranges, some of them offset: an asymmetric grid's case.
+            let mut w = random(&mut rng, n * k);
+            for (j, row) in w.chunks_exact_mut(k).enumerate() {
+                row.iter_mut()
+                    .for_each(|v| *v = *v * (1 + j % 3) as f32 + (j % 5) as f32);
+            }
+            (m, k, n, g, w, random(&mut rng, m * k))
+        })
+        .collect();
+    let h = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+    let mut first: Vec<Vec<u32>> = Vec::new();
+    for (what, rt) in rk3576_group_runtimes(rt) {
+        for cores in [2, 1] {
+            let e = engine(&rt, cores);
+            for (i, (m, k, n, g, w, x)) in cases.iter().enumerate() {
+                let (m, k, n, g) = (*m, *k, *n, *g);
+                let opts = LinearOptions {
+                    int4_group: NonZeroU16::new(g as u16),
+                    ..LinearOptions::default()
+                };
+                let lin = e
+                    .linear_with(w, n, k, WeightFormat::W4A16, opts.clone())
+                    .unwrap();
+                let got = lin.forward_vec(x, m).unwrap();
+                let rows = |first: usize, buf: &mut [f32]| {
+                    buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+                    Ok::<(), Error>(())
+                };
+                let c = e
+                    .convert_from_rows_with(n, k, WeightFormat::W4A16, &opts, rows)
+                    .unwrap();
+                let (q, d, o) = unpack_grouped(&c, g);
+                for j in 0..n {
+                    for r in 0..m {
+                        let xr = &x[r * k..(r + 1) * k];
+                        let term = |c: usize| {
+                            let wv = f64::from(d[j][c / g]) * f64::from(q[j][c])
+                                + f64::from(o[j][c / g]);
+                            h(xr[c]) * wv
+                        };
+                        let want: f64 = (0..k).map(term).sum();
+                        let mag: f64 = (0..k).map(|c| term(c).abs()).sum();
+                        let got = f64::from(got[r * n + j]);
+                        assert!(
+                            (got - want).abs() <= 2e-5 * mag + 1e-5,
+                            "{what}, {cores} core(s), M={m} K={k} N={n} G={g} [{r},{j}] {got} vs {want}"
+                        );
+                    }
+                }
+                let bits: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+                match first.get(i) {
+                    Some(b) => assert_eq!(&bits, b, "{what}, {cores} core(s), M={m} K={k} N={n}"),
+                    None => first.push(bits),
+                }
+            }
+        }
+        println!("per-group w4a16 checked: {what}");
+    }
+}
+
+backend_test!(per_group_int4_is_refused_where_the_rules_say_before_anything_is_allocated);
+/// A per-group size with another format than W4A16, not a multiple of int4's K alignment
+/// (32), or not dividing RK3576's K segment (4096), is a typed error naming the rule, from
+/// every way of making or converting a linear, before the weights are looked at.
+fn per_group_int4_is_refused_where_the_rules_say_before_anything_is_allocated(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    use std::num::NonZeroU16;
+    let Some((_, rt)) = rk3576_group_runtimes(rt).into_iter().next() else {
+        return;
+    };
+    let e = engine(&rt, 1);
+    for (format, g, says) in [
+        (WeightFormat::W4A8, 32, "w4a16 only"),
+        (WeightFormat::F16, 32, "w4a16 only"),
+        (WeightFormat::W4A16, 48, "multiple of"),
+        (WeightFormat::W4A16, 16, "multiple of"),
+        (WeightFormat::W4A16, 96, "divide"),
+        (WeightFormat::W4A16, 4096 + 32 * 4, "divide"),
+        (WeightFormat::W4A16, 192, "divide"),
+    ] {
+        let opts = LinearOptions {
+            int4_group: NonZeroU16::new(g),
+            ..LinearOptions::default()
+        };
+        let is_rule = |r: Result<(), Error>| {
+            assert!(
+                matches!(&r, Err(Error::EngineConfig { field: "int4_group", value, rule })
+                    if *value == usize::from(g) && rule.contains(says)),
+                "{format} G={g}: {r:?}"
+            );
+        };
+        // A wrong length would be another error: the rule is checked first.
+        is_rule(
+            e.linear_with(&[0.0; 3], 64, 64, format, opts.clone())
+                .map(drop),
+        );
+        is_rule(
+            e.convert_from_rows_with(64, 64, format, &opts, |_, _| Ok::<(), Error>(()))
+                .map(drop),
+        );
+        is_rule(
+            e.converted_zeroed_with(64, 64, format, opts.int4_group)
+                .map(drop),
+        );
+    }
+}
+
+backend_test!(per_group_converted_weights_are_stored_and_placed_again);
+/// Per-group int4 converted weights: values two per byte (-8 among them), per output channel
+/// its group scales then offsets; stored as bytes and placed again (from a copy, from the
+/// bytes, and streamed out by `convert_to_with`) they give the bits of a converting load. The
+/// group the weights were converted with must be the one they are placed with; a negative
+/// scale, or a non-zero value in a group of scale 0, is refused naming the rule.
+fn per_group_converted_weights_are_stored_and_placed_again(rt: &Runtime) {
+    use rknn_matmul::engine::LinearOptions;
+    use std::num::NonZeroU16;
+    let Some((_, rt)) = rk3576_group_runtimes(rt).into_iter().next() else {
+        return;
+    };
+    let mut rng = fastrand::Rng::with_seed(47);
+    let (n, k, g) = (70, 4096 + 40, 32);
+    let w = random(&mut rng, n * k);
+    let x = random(&mut rng, 3 * k);
+    let opts = LinearOptions {
+        int4_group: NonZeroU16::new(g as u16),
+        ..LinearOptions::default()
+    };
+    let rows = |first: usize, buf: &mut [f32]| {
+        buf.copy_from_slice(&w[first * k..first * k + buf.len()]);
+        Ok::<(), Error>(())
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let e = engine(&rt, 2);
+    let want = e
+        .linear_from_rows(n, k, WeightFormat::W4A16, opts.clone(), rows)
+        .unwrap()
+        .forward_vec(&x, 3)
+        .unwrap();
+    let c = e
+        .convert_from_rows_with(n, k, WeightFormat::W4A16, &opts, rows)
+        .unwrap();
+    let (n_pad, k_pad) = c.padded();
+    assert_eq!(c.int4_group(), opts.int4_group);
+    assert_eq!((n_pad, k_pad), (128, 4096 + 64), "K padded to whole groups");
+    assert_eq!(
+        c.scales().len(),
+        n_pad * 2 * k_pad / g,
+        "a scale and an offset per group"
+    );
+    let (values, scales) = (c.values_bytes().to_vec(), c.scales_bytes().to_vec());
+    assert!(
+        values.iter().any(|&b| b & 0x0f == 0x08 || b & 0xf0 == 0x80),
+        "min/max grids store -8"
+    );
+    // Streamed out a step at a time: the same bytes.
+    let (mut sv, mut ss) = (Vec::new(), Vec::new());
+    let padded = e
+        .convert_to_with(n, k, WeightFormat::W4A16, &opts, rows, |_, v, s| {
+            sv.extend_from_slice(v);
+            ss.extend_from_slice(s);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((padded, &sv, &ss), ((n_pad, k_pad), &values, &scales));
+
+    let other = engine(&rt, 1);
+    let stored = |values: &[u8], scales: &[u8]| {
+        let mut s = other
+            .converted_zeroed_with(n, k, WeightFormat::W4A16, opts.int4_group)
+            .unwrap();
+        s.values_bytes_mut().copy_from_slice(values);
+        s.scales_bytes_mut().copy_from_slice(scales);
+        s
+    };
+    let placed = other
+        .linear_from_converted(stored(&values, &scales), opts.clone())
+        .unwrap();
+    assert_eq!(bits(&placed.forward_vec(&x, 3).unwrap()), bits(&want));
+    let held = std::sync::Arc::new(Held {
+        values: values.clone(),
+        scales: scales.clone(),
+        placed: Default::default(),
+    });
+    let from_bytes = other
+        .linear_from_bytes(n, k, WeightFormat::W4A16, opts.clone(), held)
+        .unwrap();
+    assert_eq!(bits(&from_bytes.forward_vec(&x, 3).unwrap()), bits(&want));
+
+    // Placed with another group (or none): refused, naming the group converted with.
+    for group in [None, NonZeroU16::new(64)] {
+        let other_opts = LinearOptions {
+            int4_group: group,
+            ..LinearOptions::default()
+        };
+        let r = other.linear_from_converted(stored(&values, &scales), other_opts);
+        assert!(
+            matches!(&r, Err(Error::EngineConfig { field: "int4_group", rule, .. }) if rule.contains("(32)")),
+            "{group:?}: {r:?}"
+        );
+    }
+    // Row 1's group 2 given scale 0: its values must be 0.
+    let per = 2 * k_pad / g;
+    let at = (per + 2) * 4;
+    let mut zero = scales.clone();
+    zero[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
+    let r = other.linear_from_converted(stored(&values, &zero), opts.clone());
+    assert!(
+        matches!(&r, Err(Error::OutOfRange { what: "per-group int4 weights", index, range, .. })
+            if (k_pad + 2 * g..k_pad + 3 * g).contains(index) && range.contains("scale 0")),
+        "{r:?}"
+    );
+    let mut negative = scales.clone();
+    negative[at..at + 4].copy_from_slice(&(-0.5f32).to_le_bytes());
+    let r = other.linear_from_converted(stored(&values, &negative), opts);
+    assert!(
+        matches!(&r, Err(Error::OutOfRange { what: "per-group int4 scales", index, .. }) if *index == per + 2),
+        "{r:?}"
+    );
+}
+
+/// The per-group int4 tests' drop-in variants in child processes whose drop-in library plays
+/// an RK3576, once per \[open\] order of per-group parameters (`RKNN_EMU_GROUP_ORDER`, read
+/// by the safe layer, which the engine writes in, and by the library alike): the per-group
+/// quant params reach the library through `rknn_matmul_set_quant_params` as on a board.
+#[test]
+#[cfg_attr(miri, ignore = "child processes")]
+fn per_group_int4_on_the_dropin_as_an_rk3576_under_both_group_orders() {
+    if std::env::var_os(INT4_CHILD).is_some() {
+        return;
+    }
+    if let Some(reason) = common::skip_reason(common::TestBackend::Dropin) {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    for order in ["k-major", "n-major"] {
+        for (test, says) in [
+            (
+                "per_group_w4a16_matches_an_f64_reference_on_rk3576_under_both_group_orders::dropin",
+                "per-group w4a16 checked",
+            ),
+            (
+                "per_group_converted_weights_are_stored_and_placed_again::dropin",
+                "",
+            ),
+        ] {
+            let mut words = runner.split_whitespace();
+            let mut cmd = match words.next() {
+                None => std::process::Command::new(&exe),
+                Some(program) => {
+                    let mut cmd = std::process::Command::new(program);
+                    cmd.args(words).arg(&exe);
+                    cmd
+                }
+            };
+            cmd.args(["--exact", test, "--nocapture"]);
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("RKNN_EMU_") {
+                    cmd.env_remove(k);
+                }
+            }
+            cmd.env("RKNN_EMU_PLATFORM", "rk3576")
+                .env("RKNN_EMU_LOG", "0")
+                .env("RKNN_EMU_GROUP_ORDER", order)
+                .env("RKNN_TEST_BACKEND", "dropin")
+                .env(INT4_CHILD, "1");
+            let Some(out) = common::run_child_test(&mut cmd) else {
+                return;
+            };
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let what = format!("{test} ({order})");
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{what}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ran = format!("{says}: group order {order}");
+            assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
         }
     }
 }

@@ -25,6 +25,7 @@
 //! host threads, the chat template) that every program makes the same way; one place makes
 //! them, checks them and says which backend it chose and why.
 
+use std::num::NonZeroU16;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,6 +180,7 @@ pub struct ModelBuilder {
     seed: u64,
     residual: Option<Residual>,
     experts: ExpertPlacement,
+    int4_group: Option<NonZeroU16>,
     cache_dir: CacheDir,
     cache_cap: u64,
     context: Option<usize>,
@@ -201,6 +203,7 @@ impl std::fmt::Debug for ModelBuilder {
             .field("seed", &self.seed)
             .field("residual", &self.residual)
             .field("experts", &self.experts)
+            .field("int4_group", &self.int4_group)
             .field("cache_dir", &self.cache_dir)
             .field("cache_cap", &self.cache_cap)
             .field("context", &self.context)
@@ -234,6 +237,7 @@ impl ModelBuilder {
             seed: weights.seed,
             residual: None,
             experts: weights.experts,
+            int4_group: weights.int4_group,
             cache_dir: CacheDir::Default,
             cache_cap: WeightCache::DEFAULT_CAP,
             context: None,
@@ -303,6 +307,15 @@ impl ModelBuilder {
     /// chip and the format, before reading a weight.
     pub fn weight_format(mut self, format: WeightFormat) -> Self {
         self.format = format;
+        self
+    }
+
+    /// Per-group int4 weights in groups of `group` input features
+    /// ([`EngineOptions::int4_group`], default none): W4A16 only
+    /// ([`ModelBuilder::weight_format`]; another format is refused by [`ModelBuilder::load`]
+    /// before a weight is read). Those linears run unrotated; the output head stays W8A8.
+    pub fn int4_group(mut self, group: Option<NonZeroU16>) -> Self {
+        self.int4_group = group;
         self
     }
 
@@ -483,6 +496,7 @@ impl ModelBuilder {
                     residual: b.residual.unwrap_or(config.family.w8a8_residual),
                     seed: b.seed,
                     experts: b.experts,
+                    int4_group: b.int4_group,
                 };
                 let (model, outcome) = match b.weight_cache() {
                     Some(cache) => {
@@ -608,6 +622,13 @@ impl ModelBuilder {
             Some(o) => o.clone(),
             None => RuntimeOptions::default(),
         };
+        if let (Some(g), false) = (self.int4_group, self.format == WeightFormat::W4A16) {
+            return Err(LoadError::Setting {
+                setting: "int4_group",
+                value: g.to_string(),
+                rule: "is for the w4a16 weight format only (per-group scales need the NPU's float C)",
+            });
+        }
         let backend = match self.backend {
             Backend::F32 => return Ok(None),
             Backend::Auto => {

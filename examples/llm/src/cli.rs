@@ -2,6 +2,7 @@
 //! ([`LoadArgs`], a clap `Args` group to `#[command(flatten)]` into any program's flags), and
 //! the [`ModelBuilder`] they make. Feature `cli`.
 
+use std::num::NonZeroU16;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
@@ -68,9 +69,10 @@ pub enum WType {
     W8a8,
     /// f16 weights and activations; every chip. Accuracy: top-1 99.8 %, perplexity +0.01 %.
     F16,
-    /// int4 weights (per-channel scales) and f16 activations: half W8A8's weight bytes.
-    /// RK3576 only (f16 × i4); refused on other chips. Accuracy: top-1 55 %, perplexity +76 %
-    /// (one scale per row cannot hold a 4-bit GGUF's groups).
+    /// int4 weights (per-channel scales, or per group with --int4-group) and f16
+    /// activations: half W8A8's weight bytes. RK3576 only (f16 × i4); refused on other chips.
+    /// Accuracy: per channel top-1 55 %, perplexity +76 % (one scale per row cannot hold a
+    /// 4-bit GGUF's groups); --int4-group 32 top-1 98 %, perplexity +0.01 %.
     W4a16,
     /// int4 weights (per-channel scales) and int8 activations (per-row scales, residual rows
     /// as W8A8's): half W8A8's weight bytes, exact integer sums. RK3576 only (i8 × i4);
@@ -87,6 +89,12 @@ pub struct LoadArgs {
     /// Weight type on the NPU (default w8a8).
     #[arg(long, value_enum)]
     pub wtype: Option<WType>,
+    /// W4A16 with per-group int4 weights: a scale and an offset per group of N input features
+    /// of each output channel (min/max, which reproduces a Q4_0/Q4_1 GGUF block exactly at
+    /// 32) instead of one scale per channel. Only with --wtype w4a16 (RK3576); a multiple of
+    /// 32 dividing 4096. Those linears run unrotated; the output head stays W8A8.
+    #[arg(long, value_name = "N")]
+    pub int4_group: Option<NonZeroU16>,
     /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps
     /// W8A8 close to f32; on by default).
     #[arg(long)]
@@ -167,6 +175,7 @@ impl LoadArgs {
                         .and_then(|r| Some(r.to_possible_value()?.get_name().to_string())),
                 ),
                 ("--no-rotation", self.no_rotation.then(String::new)),
+                ("--int4-group", self.int4_group.map(|g| g.to_string())),
                 ("--rotation-seed", self.rotation_seed.map(|n| n.to_string())),
                 (
                     "--npu-experts",
@@ -192,7 +201,15 @@ impl LoadArgs {
                 });
             }
         }
+        if let (Some(g), false) = (self.int4_group, self.wtype == Some(WType::W4a16)) {
+            return Err(LoadError::Setting {
+                setting: "--int4-group",
+                value: g.to_string(),
+                rule: "needs --wtype w4a16 (per-group scales are applied to the NPU's float C)",
+            });
+        }
         let mut b = builder
+            .int4_group(self.int4_group)
             .backend(match self.backend {
                 BackendArg::Auto => Backend::Auto,
                 BackendArg::Npu => Backend::Npu,

@@ -441,6 +441,7 @@ fn npu_and_weight_format_flags_are_refused_on_the_f32_backend() {
         ("--residual", Some("all")),
         ("--no-rotation", None),
         ("--rotation-seed", Some("3")),
+        ("--int4-group", Some("32")),
     ] {
         let mut args = vec!["-m", &model, "-p", "x", "-n", "1", "--backend", "f32", flag];
         args.extend(value);
@@ -462,6 +463,24 @@ fn npu_and_weight_format_flags_are_refused_on_the_f32_backend() {
         "split",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `--int4-group` needs `--wtype w4a16` (per-group scales are applied to the NPU's float C):
+/// with another format, or none, it is refused in one line naming the flag and the rule.
+#[test]
+fn int4_group_is_refused_without_w4a16() {
+    let model = tiny();
+    for wtype in [None, Some("w8a8"), Some("w4a8"), Some("f16")] {
+        let mut args = vec!["-m", &model, "-p", "x", "-n", "1", "--backend", "emulator"];
+        args.extend(["--platform", "rk3576", "--int4-group", "32"]);
+        if let Some(w) = wtype {
+            args.extend(["--wtype", w]);
+        }
+        let o = llm_decode(&args);
+        one_line_error(&o, "--int4-group");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("needs --wtype w4a16"), "{wtype:?}: {err}");
+    }
 }
 
 fn one_line_error(o: &Output, needle: &str) {

@@ -399,9 +399,11 @@ fn accuracy(
     );
     let rel = ppl_q / ppl_ref - 1.0;
     eprintln!(
-        "{} {platform} {}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
+        "{} {platform} {}{}: {scored} positions: top-1 agreement {:.2} %, perplexity {ppl_q:.3} vs f32 {ppl_ref:.3} ({:+.2} %)",
         path.display(),
         opts.format,
+        opts.int4_group
+            .map_or(String::new(), |g| format!(" group {g}")),
         100.0 * top1,
         100.0 * rel
     );
@@ -551,9 +553,10 @@ fn experts_whole_on_one_core_give_the_logits_of_split_experts_with_fewer_context
 /// family's residual rows): the demo model over its first 512 tokens, and seven tiny families
 /// over their first 64. The agreement is printed. The tiny families' bar only catches a broken
 /// path (wrong nibbles or scales give next to no agreement: chance is well under 1 % of a
-/// vocabulary); the demo model's is the scale search's gain (max-abs scales gave about 42 %,
-/// the search about 53 %), short of issue 43's accuracy goal, which per-channel int4 does not
-/// reach on this model (docs/llm.md).
+/// vocabulary); the demo model's per-channel bar is the scale search's gain (max-abs scales
+/// gave about 42 %, the search about 53 %), short of issue 43's accuracy goal. Per-group W4A16
+/// (groups of 32, the head W8A8) is held to that goal: at least 90 % on the demo model's first
+/// 512 tokens.
 #[test]
 fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
     let tiny = [
@@ -575,7 +578,15 @@ fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
     for (path, limit, bar) in models {
         let file = GgufFile::open(&path).unwrap();
         let family = Config::from_gguf(&file).unwrap().family;
-        for format in [WeightFormat::W4A16, WeightFormat::W4A8] {
+        // The demo model per channel in W4A16 only: W4A8 agrees with it within 0.1 point (its
+        // integer arithmetic is checked bit for bit in rknn-matmul's engine tests), and the
+        // pass costs as much as the per-group one below.
+        let formats: &[WeightFormat] = if limit > 64 {
+            &[WeightFormat::W4A16]
+        } else {
+            &[WeightFormat::W4A16, WeightFormat::W4A8]
+        };
+        for &format in formats {
             let opts = EngineOptions {
                 format,
                 ..family.engine_options()
@@ -585,6 +596,20 @@ fn int4_formats_on_rk3576_stay_close_to_the_f32_path() {
             assert!(top1 >= bar, "{what}: top-1 agreement {top1}");
             assert!(rel.is_finite(), "{what}: perplexity {rel:+}");
         }
+    }
+    // Per-group W4A16 in groups of 32 (the demo model's Q4_1 blocks, reproduced exactly; the
+    // head W8A8): issue 43's bar of 90 % top-1 agreement.
+    if let Some(path) = common::demo_model_forward() {
+        let file = GgufFile::open(&path).unwrap();
+        let opts = EngineOptions {
+            format: WeightFormat::W4A16,
+            int4_group: std::num::NonZeroU16::new(32),
+            ..Config::from_gguf(&file).unwrap().family.engine_options()
+        };
+        let (top1, rel) = accuracy(&path, usize::MAX, 512, Platform::Rk3576, opts);
+        let what = format!("{} w4a16 group 32", path.display());
+        assert!(top1 >= 0.90, "{what}: top-1 agreement {top1}");
+        assert!(rel.abs() < 0.05, "{what}: perplexity {rel:+}");
     }
 }
 

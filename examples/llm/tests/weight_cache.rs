@@ -454,3 +454,51 @@ fn int4_formats_are_cached_and_keyed_on_the_format() {
     assert_eq!(files.len(), 3, "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Per-group int4 W4A16 goes through the cache too: its group scales and offsets are written
+/// and read back with the converting load's logits, bit for bit, and the file is keyed on the
+/// group: groups of 32, 64 and per-channel W4A16 of one model are three files.
+#[test]
+fn per_group_int4_is_cached_and_keyed_on_the_group() {
+    use rknn_matmul::engine::WeightFormat;
+    use std::num::NonZeroU16;
+    let rk3576 = || {
+        Engine::new(
+            &Runtime::emulator(Platform::Rk3576).unwrap(),
+            EngineConfig::default(),
+        )
+        .unwrap()
+    };
+    let (dir, gguf) = workdir("int4-group", "tiny-qwen2");
+    let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
+    let file = GgufFile::open(&gguf).unwrap();
+    let mut files = Vec::new();
+    for group in [NonZeroU16::new(32), NonZeroU16::new(64), None] {
+        let opts = EngineOptions {
+            format: WeightFormat::W4A16,
+            int4_group: group,
+            ..EngineOptions::default()
+        };
+        let mut f = EngineFactory::new(rk3576(), opts);
+        let want = logits(&Model::load(&file, &mut f, pool(), &mut |_, _| {}).unwrap());
+        let load = || {
+            Model::load_cached(&gguf, &file, rk3576(), opts, &cache, pool(), &mut |_, _| {})
+                .unwrap()
+        };
+        let (cold, first) = load();
+        assert!(
+            matches!(first, CacheOutcome::Written(_)),
+            "{group:?}: {first:?}"
+        );
+        assert_eq!(logits(&cold), want, "{group:?}: the load that wrote it");
+        drop(cold);
+        let (warm, second) = load();
+        assert_eq!(second, CacheOutcome::Hit(cache_file(&first)), "{group:?}");
+        assert_eq!(logits(&warm), want, "{group:?}: the cached load");
+        files.push(cache_file(&first));
+    }
+    files.sort();
+    files.dedup();
+    assert_eq!(files.len(), 3, "{files:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

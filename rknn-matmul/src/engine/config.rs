@@ -1,6 +1,7 @@
 //! How to run the engine ([`EngineConfig`]) and how a linear treats its input
 //! ([`LinearOptions`]).
 
+use std::num::NonZeroU16;
 use std::time::Duration;
 
 use super::rotation::Rotation;
@@ -135,12 +136,36 @@ pub struct LinearOptions {
     ///
     /// [`Linear::forward_many`]: super::Linear::forward_many
     pub lane: Option<usize>,
+    /// Per-group int4 weights (W4A16 only): instead of one scale per output channel, every
+    /// group of this many consecutive input features of an output channel gets its own
+    /// asymmetric grid, `w ≈ d·q + o` with `q` in -8..=7, `d = (max - min) / 15` and
+    /// `o = min + 8·d` over the group's values. The NPU applies `d` as the per-group scales of its
+    /// per-group symmetric B quantisation (quant type 4, the context's `group_size`), so C =
+    /// Σ_g d·Σ_{k∈g} q·x; the host adds Σ_g o·S_g(x), `S_g` the row's activations summed over
+    /// the group as the NPU sees them (f16). A 4-bit GGUF block (Q4_0, Q4_1, group 32) whose
+    /// codes span 0..=15 converts exactly. Costs two f32 per output channel and group beside
+    /// the int4 values (group 32: 2 bits per weight more).
+    ///
+    /// The group must be a multiple of the chip's int4 K alignment (32) and divide its K
+    /// segment (4096 on RK3576); the linear's K is padded to a multiple of it. W8A8, F16 and
+    /// W4A8 refuse it (W4A8's C is i32: the NPU cannot apply per-group scales to it). Whether
+    /// RK3576's runtime runs per-group quantisation for f16 × i4 is \[open\] (the emulator
+    /// does; conformance: `quant.per_group_order`), and so is the order of the per-group
+    /// parameters, which follows [`Runtime::group_order`](crate::Runtime::group_order). A
+    /// rotation mixes the input features and spreads a group's grid over all of them: with a
+    /// group, leave [`LinearOptions::rotation`] off.
+    pub int4_group: Option<NonZeroU16>,
 }
 
 impl LinearOptions {
     /// Checks that the rotation, if any, is of `k` channels (the linear's input features).
     pub(crate) fn check(&self, k: usize) -> Result<()> {
         check_rotation(self.rotation.as_ref(), k)
+    }
+
+    /// The per-group size as a `usize`.
+    pub(crate) fn group(&self) -> Option<usize> {
+        self.int4_group.map(|g| usize::from(g.get()))
     }
 }
 

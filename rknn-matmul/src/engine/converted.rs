@@ -9,8 +9,10 @@
 //! permutation the lanes do in parallel as they place a linear; keeping it out of the stored
 //! form lets one stored copy serve any number of cores and any context width.
 
+use std::num::NonZeroU16;
+
 use super::format::{
-    EngineKind, INT4_RANGE, Values, WeightFormat, invalid_i4, row_len, with_format,
+    EngineKind, INT4_RANGE, Values, WeightFormat, invalid_i4, params_per_row, row_len, with_format,
 };
 use crate::dtype::{Element, I4x2, as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
@@ -18,7 +20,9 @@ use rknn_chip::plan::LinearPlan;
 
 /// A linear's weights in the engine's format, on the host: `n_pad × k_pad` values (row =
 /// output channel, zero past `n` and `k`; int4 two per byte, the even column in the low
-/// nibble) and, for the quantised formats (W8A8, W4A16, W4A8), one scale per output channel.
+/// nibble) and, for the quantised formats (W8A8, W4A16, W4A8), one scale per output channel;
+/// per-group int4 ([`LinearOptions::int4_group`](super::LinearOptions::int4_group)) has
+/// instead, per output channel, its `k_pad / group` group scales then as many offsets.
 ///
 /// Made by [`Engine::convert_from_rows`](super::Engine::convert_from_rows) (with the rotation
 /// the linear will run with already applied) or, to fill from storage, by
@@ -58,6 +62,8 @@ pub struct ConvertedWeights {
     pub(crate) k_pad: usize,
     pub(crate) values: Values,
     pub(crate) scales: Vec<f32>,
+    /// Per-group int4: the group size.
+    pub(crate) group: Option<NonZeroU16>,
 }
 
 impl std::fmt::Debug for ConvertedWeights {
@@ -68,6 +74,7 @@ impl std::fmt::Debug for ConvertedWeights {
             .field("k", &self.k)
             .field("n_pad", &self.n_pad)
             .field("k_pad", &self.k_pad)
+            .field("int4_group", &self.group)
             .finish_non_exhaustive()
     }
 }
@@ -78,12 +85,14 @@ impl ConvertedWeights {
         format: WeightFormat,
         (n, k): (usize, usize),
         (n_pad, k_pad): (usize, usize),
+        group: Option<NonZeroU16>,
     ) -> Result<ConvertedWeights> {
         let values = with_format!(format, K => {
             let len = n_pad * row_len::<K>(k_pad);
             <K as EngineKind>::wrap_values(try_vec(len, Default::default(), "converted weights")?)
         });
-        let scales = vec![0.0; scales_len(format, n_pad)];
+        let per = params_per_row(format, group.map(|g| usize::from(g.get())), k_pad);
+        let scales = try_vec(n_pad * per, 0.0, "converted weight scales")?;
         Ok(ConvertedWeights {
             format,
             n,
@@ -92,7 +101,18 @@ impl ConvertedWeights {
             k_pad,
             values,
             scales,
+            group,
         })
+    }
+
+    /// f32 parameters per output channel: 0 (F16), 1 (a scale) or per-group int4's two per
+    /// group.
+    fn per_row(&self) -> usize {
+        params_per_row(
+            self.format,
+            self.group.map(|g| usize::from(g.get())),
+            self.k_pad,
+        )
     }
 
     /// The weights `convert` made for `plan` in format `K`.
@@ -100,8 +120,10 @@ impl ConvertedWeights {
         plan: &LinearPlan,
         b: Vec<K::B>,
         mut scales: Vec<f32>,
+        group: Option<NonZeroU16>,
     ) -> ConvertedWeights {
-        scales.truncate(scales_len(K::FORMAT, plan.n_pad));
+        let per = params_per_row(K::FORMAT, group.map(|g| usize::from(g.get())), plan.k_pad);
+        scales.truncate(plan.n_pad * per);
         ConvertedWeights {
             format: K::FORMAT,
             n: plan.n,
@@ -110,7 +132,14 @@ impl ConvertedWeights {
             k_pad: plan.k_pad,
             values: K::wrap_values(b),
             scales,
+            group,
         }
+    }
+
+    /// The per-group int4 size it was converted with
+    /// ([`LinearOptions::int4_group`](super::LinearOptions::int4_group)), if any.
+    pub fn int4_group(&self) -> Option<NonZeroU16> {
+        self.group
     }
 
     /// The format.
@@ -152,7 +181,9 @@ impl ConvertedWeights {
         }
     }
 
-    /// The per-channel scales (`n_pad` for the quantised formats, none for F16).
+    /// The per-channel scales (`n_pad` for the quantised formats, none for F16), or for
+    /// per-group int4 per output channel its group scales then its group offsets (`n_pad ×
+    /// 2 · k_pad / group`).
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
@@ -169,9 +200,11 @@ impl ConvertedWeights {
 
     /// Checks values filled from outside (storage) and zeroes the padding, so that nothing
     /// but the `n × k` weights and their scales reaches the NPU: int8 values in -127..=127
-    /// (the exactness bound of the K sum), finite scales.
+    /// (the exactness bound of the K sum), int4 in -7..=7 unless per-group (whose grid is
+    /// -8..=7), finite scales.
     pub(crate) fn check_and_clear_padding(&mut self) -> Result<()> {
         let (n, k, k_pad) = (self.n, self.k, self.k_pad);
+        let (per, grouped) = (self.per_row(), self.group.is_some());
         fn clear<T: Element>(v: &mut [T], n: usize, k: usize, k_pad: usize) {
             for row in v[..n * k_pad].chunks_exact_mut(k_pad) {
                 row[k..].fill(T::default());
@@ -201,7 +234,7 @@ impl ConvertedWeights {
                     row[k.div_ceil(2)..].fill(I4x2::default());
                 }
                 v[n * per_row..].fill(I4x2::default());
-                if let Some((index, value)) = invalid_i4(v) {
+                if let Some((index, value)) = invalid_i4(v).filter(|_| !grouped) {
                     return Err(Error::OutOfRange {
                         what: "converted weights",
                         index,
@@ -211,7 +244,7 @@ impl ConvertedWeights {
                 }
             }
         }
-        if let Some(pad) = self.scales.get_mut(n..) {
+        if let Some(pad) = self.scales.get_mut(n * per..) {
             pad.fill(0.0);
         }
         if let Some(index) = self.scales.iter().position(|s| !s.is_finite()) {
@@ -227,22 +260,23 @@ impl ConvertedWeights {
 
     /// The values as `K`'s B elements (`None` if the format is not `K`'s).
     pub(crate) fn into_parts<K: EngineKind>(self) -> Option<(Vec<K::B>, Vec<f32>)> {
+        let per = self.per_row().max(1);
         let b = K::unwrap_values(self.values)?;
         let mut scales = self.scales;
-        scales.resize(self.n_pad, 0.0);
+        scales.resize(self.n_pad * per, 0.0);
         Some((b, scales))
     }
 }
 
-/// The scales of `format`'s converted weights of `n` output channels padded to `n_pad`,
-/// from their bytes: checked (their length, finite), padding zeroed, `n_pad` long.
+/// The scales of converted weights of `n` output channels padded to `n_pad`, `per` f32 per
+/// channel ([`params_per_row`]), from their bytes: checked (their length, finite), padding
+/// zeroed, `n_pad × max(per, 1)` long.
 pub(crate) fn scales_from_bytes(
-    format: WeightFormat,
-    n: usize,
-    n_pad: usize,
+    (n, n_pad): (usize, usize),
+    per: usize,
     bytes: &[u8],
 ) -> Result<Vec<f32>> {
-    let want = scales_len(format, n_pad) * 4;
+    let want = n_pad * per * 4;
     if bytes.len() != want {
         return Err(Error::Length {
             what: "converted weight scale bytes",
@@ -254,7 +288,7 @@ pub(crate) fn scales_from_bytes(
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    if let Some(pad) = scales.get_mut(n..) {
+    if let Some(pad) = scales.get_mut(n * per..) {
         pad.fill(0.0);
     }
     if let Some(index) = scales.iter().position(|s| !s.is_finite()) {
@@ -265,14 +299,8 @@ pub(crate) fn scales_from_bytes(
             range: "finite f32",
         });
     }
-    scales.resize(n_pad, 0.0);
+    scales.resize(n_pad * per.max(1), 0.0);
     Ok(scales)
-}
-
-/// Scales stored per format: one per padded output channel for the quantised formats (W8A8,
-/// W4A16, W4A8), none for F16.
-fn scales_len(format: WeightFormat, n_pad: usize) -> usize {
-    if format.has_scales() { n_pad } else { 0 }
 }
 
 /// Converted weights held outside the engine, for instance in a mapped file: the layout of
@@ -285,7 +313,9 @@ pub trait ConvertedBytes: Send + Sync {
     /// 2 bytes, or int4 two per byte), as [`ConvertedWeights::values_bytes`] lays them out.
     fn values(&self) -> &[u8];
 
-    /// The scales: `n_pad` little-endian f32 for the quantised formats, none for F16.
+    /// The scales: `n_pad` little-endian f32 for the quantised formats, none for F16; for
+    /// per-group int4, per output channel its group scales then offsets
+    /// ([`ConvertedWeights::scales`]).
     fn scales(&self) -> &[u8];
 
     /// Output channels `rows` are placed: their values are not read again.

@@ -8,6 +8,7 @@
 //! | W8A8 | i8 × i8 → i32 (every chip) | int8 -127..=127, f32 scale per output channel | int8 per row (+ residual row) | `(acc · row scale) · channel scale` |
 //! | F16 | f16 × f16 → f32 (every chip) | f16 | f16 | none |
 //! | W4A16 | f16 × i4 → f32 (RK3576) | int4 -7..=7, f32 scale per output channel | f16 | `acc · channel scale` |
+//! | W4A16 per group | f16 × i4 → f32, per-group B scales `d` (RK3576, \[open\]) | int4 -8..=7, per (channel, group) f32 `d` and offset `o` | f16 | `acc + Σ_g o · S_g(x)` |
 //! | W4A8 | i8 × i4 → i32 (RK3576) | int4 -7..=7, f32 scale per output channel | int8 per row (+ residual row) | `(acc · row scale) · channel scale` |
 //!
 //! The int4 formats keep two values per byte (two's complement nibbles, the even K index in
@@ -18,6 +19,12 @@
 //! [`int4_converter_input`](crate::Runtime::int4_converter_input) setting.
 //!
 //! [`ConvertedWeights`]: super::converted::ConvertedWeights
+//!
+//! Per-group W4A16 ([`LinearOptions::int4_group`](super::LinearOptions::int4_group)) is W4A16
+//! with other weights, not another matmul type: [`quantize_rows_i4_grouped`] converts, each
+//! context gets its K segment's group scales as per-group B quantisation (in the runtime's
+//! [`group_order`](crate::Runtime::group_order)), and [`finish_grouped`] adds the offsets
+//! times the f16 activations' group sums ([`f16_group_sums`]).
 //!
 //! **Adding a format** is done here and only here: a [`WeightFormat`] variant (with its name and
 //! matmul type), an [`EngineKind`] implementation for the `MatmulKind` it runs on the NPU, and
@@ -128,6 +135,16 @@ impl WeightFormat {
     /// Whether its converted weights carry one scale per output channel.
     pub(crate) fn has_scales(self) -> bool {
         with_format!(self, K => <K as EngineKind>::SCALES)
+    }
+}
+
+/// f32 parameters per output channel of converted weights in `format` of `k_pad` columns: 0
+/// (F16), 1 (a channel scale), or with per-group int4 `group` each group's scale and offset
+/// ([`group_params_per_row`]).
+pub(crate) fn params_per_row(format: WeightFormat, group: Option<usize>, k_pad: usize) -> usize {
+    match group {
+        Some(g) => group_params_per_row(k_pad, g),
+        None => usize::from(format.has_scales()),
     }
 }
 
@@ -312,6 +329,63 @@ pub(crate) trait EngineKind: MatmulKind + Sized {
         acc: &mut [Self::Acc],
         first: bool,
     );
+
+    /// Per-group int4 ([`super::config::LinearOptions::int4_group`], W4A16 only, refused for
+    /// the other formats before anything is converted): converts as
+    /// [`quantize_rows_i4_grouped`] does, `params` [rows, 2 · k_pad / group].
+    fn convert_rows_grouped(
+        w: &[f32],
+        (rows, k, k_pad): (usize, usize, usize),
+        group: usize,
+        b: &mut [Self::B],
+        params: &mut [f32],
+    ) {
+        let _ = (w, rows, k, k_pad, group, b, params);
+        unreachable!("per-group weights are W4A16 only (checked when the linear is planned)")
+    }
+
+    /// Per-group int4: the sums of each of the `m` rows of `x` ([m, ld], `k` values) over
+    /// each group of `group` columns, as the NPU sees them, into `sums` ([m, groups]).
+    fn group_sums(
+        x: &[Self::In],
+        (m, ld, k): (usize, usize, usize),
+        group: usize,
+        groups: usize,
+        sums: &mut Vec<f32>,
+    ) {
+        let _ = (x, m, ld, k, group, groups, sums);
+        unreachable!("per-group weights are W4A16 only (checked when the linear is planned)")
+    }
+
+    /// Per-group int4: checks weights filled from outside (storage) before they reach the
+    /// NPU: `rows` (converted rows, `k` values each padded to `k_pad`) and their `params`
+    /// (per row `2 · k_pad / group`: scales, then offsets), the first of them row `row0` of
+    /// the linear (errors name indices of the whole linear). See [`check_grouped_i4`].
+    fn check_grouped(
+        rows: &[Self::B],
+        (k, k_pad): (usize, usize),
+        group: usize,
+        params: &[f32],
+        row0: usize,
+    ) -> Result<()> {
+        let _ = (rows, k, k_pad, group, params, row0);
+        Ok(())
+    }
+
+    /// Per-group int4: as [`EngineKind::finish`], with the per-group offsets: `out = acc +
+    /// Σ_g o[col, g] · sums[row, g]` (see [`finish_grouped`]).
+    #[allow(clippy::too_many_arguments)] // The operands of the formula.
+    fn finish_grouped(
+        acc: &[Self::Acc],
+        (m, width, valid): (usize, usize, usize),
+        params: &[f32],
+        groups: usize,
+        sums: &[f32],
+        out: &mut OutCols,
+    ) {
+        let _ = (acc, m, width, valid, params, groups, sums, out);
+        unreachable!("per-group weights are W4A16 only (checked when the linear is planned)")
+    }
 
     /// Writes the first `valid` columns of `acc` ([m × per, width]) into `out`'s rows (`m` rows
     /// of `valid` columns): output row `r` combines accumulator rows `r·per .. r·per + per`.
@@ -576,6 +650,47 @@ impl EngineKind for F16xI4ToF32 {
 
     f16_activations!();
 
+    fn convert_rows_grouped(
+        w: &[f32],
+        (rows, k, k_pad): (usize, usize, usize),
+        group: usize,
+        b: &mut [I4x2],
+        params: &mut [f32],
+    ) {
+        quantize_rows_i4_grouped(w, (rows, k, k_pad), group, b, params);
+    }
+
+    fn group_sums(
+        x: &[f32],
+        (m, ld, k): (usize, usize, usize),
+        group: usize,
+        groups: usize,
+        sums: &mut Vec<f32>,
+    ) {
+        f16_group_sums(x, (m, ld, k), group, groups, sums);
+    }
+
+    fn finish_grouped(
+        acc: &[f32],
+        (m, width, valid): (usize, usize, usize),
+        params: &[f32],
+        groups: usize,
+        sums: &[f32],
+        out: &mut OutCols,
+    ) {
+        finish_grouped(acc, (m, width, valid), params, groups, sums, out);
+    }
+
+    fn check_grouped(
+        rows: &[I4x2],
+        (k, k_pad): (usize, usize),
+        group: usize,
+        params: &[f32],
+        row0: usize,
+    ) -> Result<()> {
+        check_grouped_i4(rows, (k, k_pad), group, params, row0)
+    }
+
     /// `out = acc · ch_scale`: the f32 sum of the K segments times the channel's scale, one
     /// f32 multiply.
     fn finish(
@@ -791,6 +906,179 @@ fn search_i4_scale(row: &[f32]) -> f32 {
     amax / 7.0 * best.0
 }
 
+/// Values (f32) per output channel of per-group int4 weights of `k_pad` columns in groups of
+/// `group`: the groups' scales `d`, then their offsets `o`.
+pub(crate) fn group_params_per_row(k_pad: usize, group: usize) -> usize {
+    2 * k_pad.div_ceil(group)
+}
+
+/// Asymmetric per-group int4 quantisation of `w` ([rows, k]) into `b` ([rows, k_pad / 2]
+/// pairs, the even column in the low nibble) and `params` ([rows, 2 · groups], `groups =
+/// k_pad / group`: each row's scales `d`, then its offsets `o`).
+///
+/// For each row and group `g` (columns `g·group .. (g+1)·group`, those below `k`): `min` and
+/// `max` over its non-NaN values, `d = (max - min) / 15`, `o = min + 8·d`, and each value `q =
+/// clamp(round_ties_even((w - min) / d), 0, 15) - 8` in -8..=7, so that `w ≈ d·q + o`. A group
+/// of equal values (`d = 0`) stores q = 0 and `o = min` (exact). Groups wholly past `k` are
+/// zero (d = o = 0), columns past `k` store 0 (their activations are zero). Values `w = d'·c
+/// + m'` with integer codes `c` spanning 0..=15 (a Q4_0 or Q4_1 block) come back as
+/// `min = m'`, `max = m' + 15·d'`, so `q + 8 = c` and `d·q + o = d·c + m'`.
+pub(crate) fn quantize_rows_i4_grouped(
+    w: &[f32],
+    (rows, k, k_pad): (usize, usize, usize),
+    group: usize,
+    b: &mut [I4x2],
+    params: &mut [f32],
+) {
+    let per_row = k_pad / 2;
+    let groups = k_pad.div_ceil(group);
+    let mut q = vec![0i8; k_pad];
+    for ((src, dst), p) in w
+        .chunks_exact(k)
+        .zip(b.chunks_exact_mut(per_row))
+        .zip(params.chunks_exact_mut(2 * groups))
+        .take(rows)
+    {
+        q.fill(0);
+        let (ds, os) = p.split_at_mut(groups);
+        for g in 0..groups {
+            let c0 = g * group;
+            let vals = src.get(c0..(c0 + group).min(k)).unwrap_or(&[]);
+            let (lo, hi) = vals
+                .iter()
+                .filter(|x| !x.is_nan())
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
+            if lo > hi {
+                // No value (past k, or all NaN): zero.
+                ds[g] = 0.0;
+                os[g] = 0.0;
+                continue;
+            }
+            let d = (hi - lo) / 15.0;
+            ds[g] = d;
+            os[g] = lo + 8.0 * d;
+            if d > 0.0 {
+                for (qc, &x) in q[c0..].iter_mut().zip(vals) {
+                    // `as` maps NaN to 0; the clamp keeps rounding at the ends in range.
+                    *qc = ((x - lo) / d).round_ties_even().clamp(0.0, 15.0) as i8 - 8;
+                }
+            } else {
+                // Equal values: q = 0, so that the NPU's scale for this group (which must be
+                // positive, see `segment_group_scales`) multiplies zeros.
+                os[g] = lo;
+            }
+        }
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = I4x2::new(q[2 * i], q[2 * i + 1]);
+        }
+    }
+}
+
+/// Checks per-group int4 weights filled from outside before they reach the NPU: every group
+/// scale finite and not negative, every offset finite, and a group of scale 0 holding zeros
+/// in its columns below `k` (the NPU is given a scale of 1 for it, as it takes positive scales
+/// only: its value is its offset, as [`quantize_rows_i4_grouped`] makes it). `rows` holds
+/// whole rows of `k_pad / 2` pairs, `params` their `2 · k_pad / group` values each; the
+/// first row is row `row0` of the linear, whose indices the errors give.
+pub(crate) fn check_grouped_i4(
+    rows: &[I4x2],
+    (k, k_pad): (usize, usize),
+    group: usize,
+    params: &[f32],
+    row0: usize,
+) -> Result<()> {
+    let groups = k_pad.div_ceil(group);
+    for (j, (row, p)) in rows
+        .chunks_exact(k_pad / 2)
+        .zip(params.chunks_exact(2 * groups))
+        .enumerate()
+    {
+        let j = row0 + j;
+        if let Some(i) = p.iter().position(|v| !v.is_finite()) {
+            return Err(Error::OutOfRange {
+                what: "per-group int4 scales and offsets",
+                index: j * 2 * groups + i,
+                value: 0,
+                range: "finite f32",
+            });
+        }
+        for (g, &d) in p[..groups].iter().enumerate() {
+            if d < 0.0 {
+                return Err(Error::OutOfRange {
+                    what: "per-group int4 scales",
+                    index: j * 2 * groups + g,
+                    value: -1,
+                    range: ">= 0 (max - min over the group, over 15)",
+                });
+            }
+            if d > 0.0 {
+                continue;
+            }
+            for c in g * group..((g + 1) * group).min(k) {
+                let (lo, hi) = row[c / 2].get();
+                let q = if c % 2 == 0 { lo } else { hi };
+                if q != 0 {
+                    return Err(Error::OutOfRange {
+                        what: "per-group int4 weights",
+                        index: j * k_pad + c,
+                        value: q.into(),
+                        range: "0 in a group of scale 0 (its value is its offset)",
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each of the `m` rows of `x` ([m, ld], `k` values per row) summed over each group of `group`
+/// columns after rounding to f16 (what the NPU multiplies), in f32 in column order, into `sums`
+/// ([m, groups]; groups past `k` sum to zero).
+pub(crate) fn f16_group_sums(
+    x: &[f32],
+    (m, ld, k): (usize, usize, usize),
+    group: usize,
+    groups: usize,
+    sums: &mut Vec<f32>,
+) {
+    sums.clear();
+    sums.resize(m * groups, 0.0);
+    for (row, s) in x.chunks(ld).zip(sums.chunks_exact_mut(groups)).take(m) {
+        for (vals, s) in row[..k].chunks(group).zip(s.iter_mut()) {
+            *s = vals.iter().map(|&v| f16::from_f32(v).to_f32()).sum();
+        }
+    }
+}
+
+/// The finish of per-group W4A16: `out[r][j] = acc[r][j] + Σ_g o[j][g] · sums[r][g]` (the sum
+/// over groups in f32, in group order, then added to the NPU's f32 result), `params` the
+/// block's rows of per-group parameters (`2 · groups` each: scales, then offsets).
+pub(crate) fn finish_grouped(
+    acc: &[f32],
+    (m, width, valid): (usize, usize, usize),
+    params: &[f32],
+    groups: usize,
+    sums: &[f32],
+    out: &mut OutCols,
+) {
+    for r in 0..m {
+        let a = &acc[r * width..r * width + valid];
+        let s = &sums[r * groups..(r + 1) * groups];
+        for ((o, &x), p) in out
+            .row(r)
+            .iter_mut()
+            .zip(a)
+            .zip(params.chunks_exact(2 * groups))
+        {
+            let offsets = &p[groups..];
+            let add: f32 = offsets.iter().zip(s).map(|(&o, &s)| o * s).sum();
+            *o = x + add;
+        }
+    }
+}
+
 /// [`EngineKind::write_b`] for int4: the context's columns of `rows` unpacked to one value per
 /// element in the normal [ks, width] layout (zero past `k`), converted to native B by the
 /// runtime's own converter ([`Matmul::b_to_native`], which packs its input as the runtime's
@@ -972,5 +1260,136 @@ mod tests {
         quantize_rows_i4(&[f32::INFINITY, 1.0, -2.0], 1, 3, 4, &mut b, &mut sc);
         assert_eq!((b[0].get(), b[1].get().0), ((0, 0), 0), "{sc:?}");
         assert_eq!(sc[0], f32::INFINITY);
+    }
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::*;
+
+    fn unpack(b: &[I4x2]) -> Vec<i8> {
+        b.iter()
+            .flat_map(|p| {
+                let (lo, hi) = p.get();
+                [lo, hi]
+            })
+            .collect()
+    }
+
+    /// Q4_0 (`w = d'·(c - 8)`) and Q4_1 (`w = d'·c + m'`) blocks of 32 with f16 `d'` and `m'`
+    /// and codes spanning 0..=15 convert to a grid whose dequantisation `d·q + o` is every
+    /// weight exactly, and `q + 8` is the block's code.
+    #[test]
+    fn q4_0_and_q4_1_blocks_convert_exactly() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let (rows, k, k_pad, g) = (5, 96, 128, 32);
+        for q4_1 in [false, true] {
+            let mut w = vec![0f32; rows * k];
+            let mut codes = vec![0i8; rows * k];
+            for block in 0..rows * k / g {
+                let d = f16::from_f32(rng.f32() * 0.1 + 1e-3).to_f32();
+                let m = if q4_1 {
+                    f16::from_f32(-rng.f32() * 0.8).to_f32()
+                } else {
+                    -8.0 * d
+                };
+                for i in 0..g {
+                    // Both ends of the code range in every block, the rest random.
+                    let c = match i {
+                        0 => 0,
+                        1 => 15,
+                        _ => rng.i8(0..16),
+                    };
+                    codes[block * g + i] = c;
+                    w[block * g + i] = d * f32::from(c) + m;
+                }
+            }
+            let mut b = vec![I4x2::default(); rows * k_pad / 2];
+            let groups = k_pad / g;
+            let mut p = vec![0f32; rows * 2 * groups];
+            quantize_rows_i4_grouped(&w, (rows, k, k_pad), g, &mut b, &mut p);
+            let q = unpack(&b);
+            for r in 0..rows {
+                let (ds, os) = p[r * 2 * groups..(r + 1) * 2 * groups].split_at(groups);
+                for c in 0..k {
+                    let (qv, gi) = (q[r * k_pad + c], c / g);
+                    assert_eq!(qv + 8, codes[r * k + c], "q4_1={q4_1} [{r},{c}]");
+                    let back = f64::from(ds[gi]) * f64::from(qv) + f64::from(os[gi]);
+                    assert_eq!(back, f64::from(w[r * k + c]), "q4_1={q4_1} [{r},{c}]");
+                }
+                // The group wholly past K (columns 96..128): zero values and parameters.
+                assert_eq!((ds[3], os[3]), (0.0, 0.0));
+                assert!(q[r * k_pad + k..(r + 1) * k_pad].iter().all(|&v| v == 0));
+            }
+        }
+    }
+
+    /// Random rows against an f64 evaluation of the documented formula: the same codes except
+    /// within a rounding of a tie, scales and offsets within f32 rounding, every dequantised
+    /// weight within half a step; a group of equal values holds q = 0 and its value as offset.
+    #[test]
+    fn random_rows_follow_an_f64_reference_of_the_formula() {
+        let mut rng = fastrand::Rng::with_seed(8);
+        let (rows, k, g) = (7, 200, 64);
+        let k_pad = 256;
+        let groups = k_pad / g;
+        let mut w: Vec<f32> = (0..rows * k).map(|_| (rng.f32() - 0.3) * 3.0).collect();
+        w[..g].fill(0.25); // Row 0, group 0: equal values.
+        let mut b = vec![I4x2::default(); rows * k_pad / 2];
+        let mut p = vec![0f32; rows * 2 * groups];
+        quantize_rows_i4_grouped(&w, (rows, k, k_pad), g, &mut b, &mut p);
+        let q = unpack(&b);
+        assert_eq!((p[0], p[groups]), (0.0, 0.25));
+        assert!(q[..g].iter().all(|&v| v == 0));
+        for r in 0..rows {
+            let row = &w[r * k..(r + 1) * k];
+            for gi in 0..groups {
+                let vals: Vec<f64> = row
+                    .iter()
+                    .skip(gi * g)
+                    .take(g)
+                    .map(|&v| f64::from(v))
+                    .collect();
+                let (d, o) = (p[r * 2 * groups + gi], p[r * 2 * groups + groups + gi]);
+                if vals.is_empty() {
+                    assert_eq!((d, o), (0.0, 0.0));
+                    continue;
+                }
+                let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let d64 = (hi - lo) / 15.0;
+                if d64 == 0.0 {
+                    continue;
+                }
+                let o64 = lo + 8.0 * d64;
+                assert!((f64::from(d) - d64).abs() <= 1e-6 * d64, "[{r},{gi}] d");
+                assert!(
+                    (f64::from(o) - o64).abs() <= 1e-6 * (lo.abs() + hi.abs()),
+                    "[{r},{gi}] o"
+                );
+                for (i, &v) in vals.iter().enumerate() {
+                    let t = (v - lo) / d64;
+                    let want = t.round().clamp(0.0, 15.0) as i8 - 8;
+                    let got = q[r * k_pad + gi * g + i];
+                    let near_tie = (t - t.floor() - 0.5).abs() < 1e-4;
+                    assert!(got == want || near_tie, "[{r},{gi},{i}] {got} vs {want}");
+                    let back = f64::from(d) * f64::from(got) + f64::from(o);
+                    assert!(
+                        (back - v).abs() <= 0.5 * d64 * (1.0 + 1e-5),
+                        "[{r},{gi},{i}]"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The group sums round each activation to f16 first, as the NPU's A holds it.
+    #[test]
+    fn group_sums_are_of_the_f16_activations() {
+        // 1 + 2^-12 rounds to 1 in f16 (an 11-bit significand): sums of 1s, not of 1.0002.
+        let x = [1.0 + 1.0 / 4096.0; 6];
+        let mut sums = Vec::new();
+        f16_group_sums(&x, (2, 3, 3), 2, 2, &mut sums);
+        assert_eq!(sums, [2.0, 1.0, 2.0, 1.0]);
     }
 }

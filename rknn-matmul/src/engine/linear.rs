@@ -14,7 +14,9 @@ use rknn_chip::plan::{LinearPlan, MChunk, m_chunks};
 
 use super::config::{EngineConfig, LinearOptions};
 use super::converted::{WeightRows, try_vec};
-use super::format::{EngineKind, InElem, Prepared, WeightFormat, row_len, with_format};
+use super::format::{
+    EngineKind, InElem, Prepared, WeightFormat, params_per_row, row_len, with_format,
+};
 use super::out_cols::OutCols;
 use super::plan::{DomainPlan, lane_needs};
 use super::probe::Resolved;
@@ -147,31 +149,42 @@ impl Linear {
     ) -> std::result::Result<Linear, E> {
         opts.check(plan.k)?;
         let threads = inner.pool.len();
-        let (b, scales) = Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), threads, rows)?;
+        let (b, scales) =
+            Linear::convert::<K, E>(&plan, opts.rotation.as_ref(), opts.group(), threads, rows)?;
         Ok(Linear::place::<K>(inner, plan, Arc::new(b), scales, opts)?)
     }
 
     /// Converts the weights of the linear `plan` describes into format `K` (`b` [n_pad,
-    /// k_pad], `scales` [n_pad]): the rows come from `rows` ([`ROWS_PER_STEP`] at a time),
-    /// rotated by `rotation`.
+    /// k_pad], `scales` [n_pad × params per row]: one scale per row, or with per-group int4
+    /// `group` each row's group scales and offsets): the rows come from `rows`
+    /// ([`ROWS_PER_STEP`] at a time), rotated by `rotation`.
     pub(crate) fn convert<K: EngineKind, E: From<Error>>(
         plan: &LinearPlan,
         rotation: Option<&Rotation>,
+        group: Option<usize>,
         threads: usize,
         rows: &mut RowSource<'_, E>,
     ) -> std::result::Result<(Vec<K::B>, Vec<f32>), E> {
         let len = row_len::<K>(plan.k_pad);
+        let per = params_per_row(K::FORMAT, group, plan.k_pad).max(1);
         let mut b = try_vec(
             plan.n_pad * len,
             <K as crate::dtype::MatmulKind>::B::default(),
             "converted weights",
         )?;
-        let mut scales = vec![0f32; plan.n_pad];
-        Linear::convert_steps::<K, E>(plan, rotation, threads, rows, &mut |first, values, s| {
-            b[first * len..][..values.len()].copy_from_slice(values);
-            scales[first..][..s.len()].copy_from_slice(s);
-            Ok(())
-        })?;
+        let mut scales = try_vec(plan.n_pad * per, 0f32, "converted weight scales")?;
+        Linear::convert_steps::<K, E>(
+            plan,
+            rotation,
+            group,
+            threads,
+            rows,
+            &mut |first, values, s| {
+                b[first * len..][..values.len()].copy_from_slice(values);
+                scales[first * per..][..s.len()].copy_from_slice(s);
+                Ok(())
+            },
+        )?;
         Ok((b, scales))
     }
 
@@ -185,38 +198,44 @@ impl Linear {
     pub(crate) fn convert_steps<K: EngineKind, E: From<Error>>(
         plan: &LinearPlan,
         rotation: Option<&Rotation>,
+        group: Option<usize>,
         threads: usize,
         rows: &mut RowSource<'_, E>,
         sink: &mut StepSink<'_, K::B, E>,
     ) -> std::result::Result<(), E> {
         let (n, k, k_pad) = (plan.n, plan.k, plan.k_pad);
         let len = row_len::<K>(k_pad);
+        // Scales per row: one (also for F16, whose sink drops them), or a group's two each.
+        let per = params_per_row(K::FORMAT, group, k_pad).max(1);
         let step = ROWS_PER_STEP.min(n);
         let mut b = try_vec(
             step * len,
             <K as crate::dtype::MatmulKind>::B::default(),
             "a step of converted weights",
         )?;
-        let mut scales = vec![0f32; step];
+        let mut scales = try_vec(step * per, 0f32, "a step of converted weight scales")?;
         let mut buf = try_vec(step * k, 0f32, "a step of weight rows")?;
         for first in (0..n).step_by(ROWS_PER_STEP) {
             let count = ROWS_PER_STEP.min(n - first);
             let w = &mut buf[..count * k];
             rows(first, w)?;
-            let (bs, ss) = (&mut b[..count * len], &mut scales[..count]);
+            let (bs, ss) = (&mut b[..count * len], &mut scales[..count * per]);
             // Shares of at least 16 rows: below that a thread costs more than it saves.
             let share = count.div_ceil(threads.clamp(1, count.div_ceil(16)));
             let convert = |w: &mut [f32], bs: &mut [K::B], ss: &mut [f32]| {
                 if let Some(r) = rotation {
                     r.apply_rows(w);
                 }
-                K::convert_rows(w, ss.len(), k, k_pad, bs, ss);
+                match group {
+                    Some(g) => K::convert_rows_grouped(w, (ss.len() / per, k, k_pad), g, bs, ss),
+                    None => K::convert_rows(w, ss.len(), k, k_pad, bs, ss),
+                }
             };
             std::thread::scope(|scope| {
                 let mut parts = w
                     .chunks_mut(share * k)
                     .zip(bs.chunks_mut(share * len))
-                    .zip(ss.chunks_mut(share));
+                    .zip(ss.chunks_mut(share * per));
                 let mine = parts.next();
                 for ((w, bs), ss) in parts {
                     scope.spawn(move || convert(w, bs, ss));
@@ -230,12 +249,14 @@ impl Linear {
         if plan.n_pad > n {
             let pad = plan.n_pad - n;
             let zeros = vec![<K as crate::dtype::MatmulKind>::B::default(); pad * len];
-            sink(n, &zeros, &vec![0.0; pad])?;
+            sink(n, &zeros, &vec![0.0; pad * per])?;
         }
         Ok(())
     }
 
-    /// Places converted weights (`b` [n_pad, k_pad], `scales` [n_pad]) on the lanes.
+    /// Places converted weights (`b` [n_pad, k_pad], `scales` [n_pad × params per row]:
+    /// one per row, or with `opts.int4_group` each row's group scales and offsets) on the
+    /// lanes.
     pub(crate) fn place<K: EngineKind>(
         inner: &Arc<Inner>,
         plan: LinearPlan,
@@ -249,6 +270,7 @@ impl Linear {
             None => plan,
         };
         let share_io = inner.resolved.share_io;
+        let group = opts.group();
         let needs = lane_needs(&plan, &inner.cfg, K::FORMAT, share_io);
         let mut domains = inner
             .domains
@@ -290,6 +312,8 @@ impl Linear {
         };
         let plan = &linear.plan;
         let k_pad = plan.k_pad;
+        let per = params_per_row(K::FORMAT, group, k_pad);
+        let group_order = rt.group_order();
         let buckets: Arc<[usize]> = inner.cfg.buckets().into();
         let segments: Arc<[(usize, usize)]> = plan.segments.as_slice().into();
         let multi = rt.platform().has_core_mask();
@@ -307,7 +331,11 @@ impl Linear {
                         b: b.clone(),
                         row0: p.n0,
                         k: plan.k,
-                        ch_scales: scales[p.n0..p.n0 + p.width].to_vec(),
+                        ch_scales: scales
+                            .get(p.n0 * per..(p.n0 + p.width) * per)
+                            .unwrap_or(&[])
+                            .to_vec(),
+                        group: group.map(|g| (g, group_order)),
                         blocks: plan.blocks(&p),
                         k_pad,
                         segments: segments.clone(),

@@ -52,6 +52,7 @@ mod stats;
 pub mod topology;
 mod worker;
 
+use std::num::NonZeroU16;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -293,17 +294,24 @@ impl Engine {
         }
     }
 
-    /// The plan of W [n, k] in `format` on this engine's lanes and widest context, once the
-    /// chip is known to run `format` ([`Engine::check_format`]).
-    fn plan(&self, n: usize, k: usize, format: WeightFormat) -> Result<LinearPlan> {
+    /// The plan of W [n, k] in `format` (per-group int4 in groups of `group`, if given) on
+    /// this engine's lanes and widest context, once the chip is known to run `format`
+    /// ([`Engine::check_format`]).
+    fn plan(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        group: Option<usize>,
+    ) -> Result<LinearPlan> {
         self.check_format(format)?;
         let inner = &self.inner;
         plan::linear_plan(
             &inner.rt,
             inner.pool.len(),
-            n,
-            k,
+            (n, k),
             format,
+            group,
             inner.resolved.n_limit,
         )
     }
@@ -325,7 +333,7 @@ impl Engine {
         format: WeightFormat,
         opts: LinearOptions,
     ) -> Result<Linear> {
-        let plan = self.plan(n, k, format)?;
+        let plan = self.plan(n, k, format, opts.group())?;
         if w.len() != n * k {
             return Err(Error::Length {
                 what: "weights (n × k)",
@@ -355,7 +363,7 @@ impl Engine {
     where
         E: From<Error>,
     {
-        let plan = self.plan(n, k, format)?;
+        let plan = self.plan(n, k, format, opts.group())?;
         with_format!(format, K => Linear::register::<K, E>(&self.inner, plan, opts, &mut rows))
     }
 
@@ -369,17 +377,40 @@ impl Engine {
         k: usize,
         format: WeightFormat,
         rotation: Option<&Rotation>,
+        rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<ConvertedWeights, E>
+    where
+        E: From<Error>,
+    {
+        let opts = LinearOptions {
+            rotation: rotation.cloned(),
+            ..LinearOptions::default()
+        };
+        self.convert_from_rows_with(n, k, format, &opts, rows)
+    }
+
+    /// As [`Engine::convert_from_rows`], with the conversion [`LinearOptions`] set: the
+    /// rotation, and per-group int4 ([`LinearOptions::int4_group`]); the other options are
+    /// the placement's and ignored here.
+    pub fn convert_from_rows_with<E>(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        opts: &LinearOptions,
         mut rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
     ) -> std::result::Result<ConvertedWeights, E>
     where
         E: From<Error>,
     {
-        let plan = self.plan(n, k, format)?;
+        let group = opts.group();
+        let plan = self.plan(n, k, format, group)?;
+        let rotation = opts.rotation.as_ref();
         config::check_rotation(rotation, k)?;
         with_format!(format, K => {
             let threads = self.inner.pool.len();
-            let (b, scales) = Linear::convert::<K, E>(&plan, rotation, threads, &mut rows)?;
-            Ok(ConvertedWeights::new::<K>(&plan, b, scales))
+            let (b, scales) = Linear::convert::<K, E>(&plan, rotation, group, threads, &mut rows)?;
+            Ok(ConvertedWeights::new::<K>(&plan, b, scales, opts.int4_group))
         })
     }
 
@@ -396,19 +427,44 @@ impl Engine {
         k: usize,
         format: WeightFormat,
         rotation: Option<&Rotation>,
+        rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
+        sink: impl FnMut(usize, &[u8], &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(usize, usize), E>
+    where
+        E: From<Error>,
+    {
+        let opts = LinearOptions {
+            rotation: rotation.cloned(),
+            ..LinearOptions::default()
+        };
+        self.convert_to_with(n, k, format, &opts, rows, sink)
+    }
+
+    /// As [`Engine::convert_to`], with the conversion [`LinearOptions`] set (the rotation and
+    /// [`LinearOptions::int4_group`]); with a group, `scales` holds each row's group scales
+    /// then offsets ([`ConvertedWeights::scales`]).
+    pub fn convert_to_with<E>(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        opts: &LinearOptions,
         mut rows: impl FnMut(usize, &mut [f32]) -> std::result::Result<(), E>,
         mut sink: impl FnMut(usize, &[u8], &[u8]) -> std::result::Result<(), E>,
     ) -> std::result::Result<(usize, usize), E>
     where
         E: From<Error>,
     {
-        let plan = self.plan(n, k, format)?;
+        let group = opts.group();
+        let plan = self.plan(n, k, format, group)?;
+        let rotation = opts.rotation.as_ref();
         config::check_rotation(rotation, k)?;
         let keep_scales = format.has_scales();
         let threads = self.inner.pool.len();
         with_format!(format, K => Linear::convert_steps::<K, E>(
             &plan,
             rotation,
+            group,
             threads,
             &mut rows,
             &mut |first, values, scales| {
@@ -429,8 +485,21 @@ impl Engine {
         k: usize,
         format: WeightFormat,
     ) -> Result<ConvertedWeights> {
-        let plan = self.plan(n, k, format)?;
-        ConvertedWeights::zeroed(format, (n, k), (plan.n_pad, plan.k_pad))
+        self.converted_zeroed_with(n, k, format, None)
+    }
+
+    /// As [`Engine::converted_zeroed`], for per-group int4 weights in groups of `int4_group`
+    /// ([`LinearOptions::int4_group`]; `None`: as [`Engine::converted_zeroed`]).
+    pub fn converted_zeroed_with(
+        &self,
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        int4_group: Option<NonZeroU16>,
+    ) -> Result<ConvertedWeights> {
+        let group = int4_group.map(|g| usize::from(g.get()));
+        let plan = self.plan(n, k, format, group)?;
+        ConvertedWeights::zeroed(format, (n, k), (plan.n_pad, plan.k_pad), int4_group)
     }
 
     /// Makes converted weights resident without converting them, each lane packing its rows
@@ -443,7 +512,17 @@ impl Engine {
         mut w: ConvertedWeights,
         opts: LinearOptions,
     ) -> Result<Linear> {
-        let plan = self.plan(w.n, w.k, w.format)?;
+        if opts.int4_group != w.group {
+            return Err(Error::EngineConfig {
+                field: "int4_group",
+                value: opts.group().unwrap_or(0),
+                rule: format!(
+                    "must be the group the weights were converted with ({})",
+                    w.group.map_or("none".into(), |g| g.to_string())
+                ),
+            });
+        }
+        let plan = self.plan(w.n, w.k, w.format, opts.group())?;
         opts.check(w.k)?;
         if w.padded() != (plan.n_pad, plan.k_pad) {
             return Err(Error::Length {
@@ -478,7 +557,7 @@ impl Engine {
         opts: LinearOptions,
         bytes: Arc<dyn ConvertedBytes>,
     ) -> Result<Linear> {
-        let plan = self.plan(n, k, format)?;
+        let plan = self.plan(n, k, format, opts.group())?;
         opts.check(k)?;
         let values = format.b_bytes((plan.n_pad * plan.k_pad) as u64) as usize;
         if bytes.values().len() != values {
@@ -488,7 +567,8 @@ impl Engine {
                 got: bytes.values().len(),
             });
         }
-        let scales = converted::scales_from_bytes(format, n, plan.n_pad, bytes.scales())?;
+        let per = format::params_per_row(format, opts.group(), plan.k_pad);
+        let scales = converted::scales_from_bytes((n, plan.n_pad), per, bytes.scales())?;
         with_format!(format, K => {
             let rows = converted::External::<<K as dtype::MatmulKind>::B> {
                 bytes,
@@ -525,7 +605,7 @@ impl Engine {
         opts: LinearOptions,
     ) -> Result<Linear> {
         opts.check(k)?;
-        let plan = self.plan(n, k, WeightFormat::W8A8)?;
+        let plan = self.plan(n, k, WeightFormat::W8A8, opts.group())?;
         if q.len() != n * k {
             return Err(Error::Length {
                 what: "quantised weights (n × k)",

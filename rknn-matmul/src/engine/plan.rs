@@ -13,13 +13,16 @@ use crate::error::{Error, Result};
 use crate::safe::runtime::Runtime;
 
 /// The plan of W [n, k] in `format` on `lanes` lanes of `rt`'s chip: the shape checked
-/// against the chip's rules, then split by [`LinearPlan::new`] with [`split_rules`].
+/// against the chip's rules, then split by [`LinearPlan::new`] with [`split_rules`]. With a
+/// per-group int4 size `group` ([`super::config::LinearOptions::int4_group`], checked here
+/// first), K is padded to a multiple of the group, so that every K segment holds whole
+/// groups.
 pub(crate) fn linear_plan(
     rt: &Runtime,
     lanes: usize,
-    n: usize,
-    k: usize,
+    (n, k): (usize, usize),
     format: WeightFormat,
+    group: Option<usize>,
     n_limit: usize,
 ) -> Result<LinearPlan> {
     rknn_chip::check_dims(1, k, n)?;
@@ -27,7 +30,12 @@ pub(crate) fn linear_plan(
     {
         return Err(Error::KTooLargeForExactSum { k, max });
     }
-    let rules = split_rules(rt, format, n_limit)?;
+    let mut rules = split_rules(rt, format, n_limit)?;
+    check_group(group, format, rt.platform(), rules.k_align, rules.k_segment)?;
+    if let Some(g) = group {
+        // A multiple of the K alignment (checked): the group is the coarser alignment.
+        rules.k_align = g;
+    }
     LinearPlan::new(n, k, lanes, &rules).map_err(|e| match e {
         PlanError::ContextNarrowerThanAlignment { n_align, .. } => Error::EngineConfig {
             field: "max_n_per_context",
@@ -45,6 +53,44 @@ pub(crate) fn linear_plan(
         },
         e => Error::Plan(e),
     })
+}
+
+/// Checks a per-group int4 size ([`super::config::LinearOptions::int4_group`]) against the format and the
+/// chip: W4A16 only, a multiple of the int4 K alignment `k_align`, dividing the K segment
+/// `k_segment` (if the chip has one).
+pub(crate) fn check_group(
+    group: Option<usize>,
+    format: WeightFormat,
+    platform: rknn_chip::Platform,
+    k_align: usize,
+    k_segment: Option<usize>,
+) -> Result<()> {
+    let Some(g) = group else {
+        return Ok(());
+    };
+    let bad = |rule: String| {
+        Err(Error::EngineConfig {
+            field: "int4_group",
+            value: g,
+            rule,
+        })
+    };
+    if format != WeightFormat::W4A16 {
+        return bad(format!(
+            "is for w4a16 only, not {format}: the NPU applies per-group scales only to a float C (W4A8's C is i32), and the other formats have no int4 weights"
+        ));
+    }
+    if g % k_align != 0 {
+        return bad(format!(
+            "must be a multiple of {platform}'s int4 K alignment of {k_align} (a group is whole aligned K rows)"
+        ));
+    }
+    if let Some(s) = k_segment.filter(|s| s % g != 0) {
+        return bad(format!(
+            "must divide {platform}'s K segment of {s} (each segment's context holds whole groups)"
+        ));
+    }
+    Ok(())
 }
 
 /// What the split depends on, on `rt`: the chip's alignment for `format` under the runtime's

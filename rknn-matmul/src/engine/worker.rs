@@ -22,7 +22,7 @@ use super::scheduler::Work;
 use super::stats::{Counters, Lap, Phase};
 use crate::dtype::{MatmulKind, as_bytes};
 use crate::error::{Error, Matrix, Result};
-use crate::safe::matmul::{Core, Matmul};
+use crate::safe::matmul::{BQuant, Core, Matmul};
 use crate::safe::mem::TensorMem;
 use crate::safe::runtime::Runtime;
 
@@ -107,6 +107,8 @@ pub(crate) trait LaneShard: Send {
 pub(crate) struct LaneBufs {
     pub(crate) io: LaneIo,
     pub(crate) acc: Accumulators,
+    /// Per-group int4: each input row's sums over the groups ([m, groups]).
+    pub(crate) group_sums: Vec<f32>,
 }
 
 /// A lane's shared A and C memories, per IOMMU domain and weight format: an
@@ -190,8 +192,13 @@ pub(crate) struct Shard<K: MatmulKind> {
     blocks: Vec<Block<K>>,
     /// The IOMMU domain of its memories.
     domain: i32,
-    /// Per-output-channel scales of the shard's columns (quantised formats; empty otherwise).
+    /// Per-output-channel scales of the shard's columns (quantised formats; empty otherwise),
+    /// or with per-group int4 each column's group scales then offsets.
     ch_scales: Vec<f32>,
+    /// Per-group int4: the group size and the groups per column (of `k_pad`).
+    group: Option<(usize, usize)>,
+    /// The linear's input features.
+    k: usize,
     /// Native tile sizes: A's sK and C's sN.
     sk: usize,
     sn: usize,
@@ -207,7 +214,12 @@ pub(crate) struct ShardSpec<K: MatmulKind> {
     /// The linear's input features: columns `k..k_pad` of every row are padding, packed as
     /// zeros whatever `b` holds there.
     pub(crate) k: usize,
+    /// Per output channel of the shard: its scale, or with `group` its groups' scales then
+    /// their offsets.
     pub(crate) ch_scales: Vec<f32>,
+    /// Per-group int4 ([`super::config::LinearOptions::int4_group`]): the group size and the
+    /// order the runtime reads per-group parameters in.
+    pub(crate) group: Option<(usize, rknn_chip::GroupOrder)>,
     /// The shard's blocks, columns relative to the shard
     /// ([`LinearPlan::blocks`](rknn_chip::plan::LinearPlan::blocks)).
     pub(crate) blocks: Vec<Columns>,
@@ -233,14 +245,27 @@ impl<K: EngineKind> ShardSpec<K> {
             let (c0, width) = (block.n0, block.width);
             let mut segments = Vec::with_capacity(self.segments.len());
             for &(k0, ks) in self.segments.iter() {
-                let mm = rt
+                let mut builder = rt
                     .matmul::<K>(self.buckets[0], ks, width)
                     .dynamic_m(&self.buckets)
                     .ac_layout(Layout::Native)
                     .b_layout(Layout::Native)
                     .core(self.core)
-                    .iommu_domain(self.domain)
-                    .build()?;
+                    .iommu_domain(self.domain);
+                if let Some((g, order)) = self.group {
+                    builder = builder.quant_b(BQuant::PerGroup {
+                        group_size: g,
+                        scales: segment_group_scales(
+                            &self.ch_scales,
+                            (c0, width),
+                            (k0, ks, self.k_pad),
+                            g,
+                            order,
+                        ),
+                        zps: Vec::new(),
+                    });
+                }
+                let mm = builder.build()?;
                 let (sk, _) = mm.native_tile(Matrix::A)?;
                 let (sn, _) = mm.native_tile(Matrix::C)?;
                 tiles = Some((sk, sn));
@@ -252,13 +277,24 @@ impl<K: EngineKind> ShardSpec<K> {
                     expected: (r0 + width) * len,
                     got: all.len(),
                 })?;
-                if let Some((at, value)) = K::invalid_value(rows) {
+                // Per-group int4 stores -8..=7 (its grid is asymmetric): every nibble is valid.
+                let check = if self.group.is_none() {
+                    K::invalid_value(rows)
+                } else {
+                    None
+                };
+                if let Some((at, value)) = check {
                     return Err(Error::OutOfRange {
                         what: "converted weights",
                         index: r0 * self.k_pad + at,
                         value,
                         range: K::VALUE_RANGE,
                     });
+                }
+                if let (Some((g, _)), 0) = (self.group, k0) {
+                    let per = 2 * self.k_pad.div_ceil(g);
+                    let params = &self.ch_scales[c0 * per..(c0 + width) * per];
+                    K::check_grouped(rows, (self.k, self.k_pad), g, params, r0)?;
                 }
                 K::write_b(&mm, rows, self.k, k0, ks, width, &mut seg_w, &mut b)?;
                 let own = if self.share_io {
@@ -283,6 +319,8 @@ impl<K: EngineKind> ShardSpec<K> {
             blocks,
             domain: self.domain,
             ch_scales: self.ch_scales,
+            group: self.group.map(|(g, _)| (g, self.k_pad.div_ceil(g))),
+            k: self.k,
             sk,
             sn,
         }))
@@ -302,6 +340,10 @@ impl<K: EngineKind> LaneShard for Shard<K> {
         debug_assert_eq!(out.rows(), f.m, "the lane's view has the chunk's rows");
         // One clock read per phase boundary, one update of this lane's counters per call.
         let mut lap = Lap::start();
+        if let Some((g, groups)) = self.group {
+            K::group_sums(x, (f.m, f.ld, self.k), g, groups, &mut lane.group_sums);
+            lap.mark(Phase::Collect);
+        }
         for block in &mut self.blocks {
             let width = block.width;
             // The first segment sets every accumulator, so the buffer only grows (zeroing it
@@ -335,7 +377,13 @@ impl<K: EngineKind> LaneShard for Shard<K> {
                 K::accumulate(io.c.as_slice(), f.bucket, width, sn, acc, i == 0);
                 lap.mark(Phase::Collect);
             }
-            if block.valid > 0 {
+            if let (true, Some((_, groups))) = (block.valid > 0, self.group) {
+                let params = &self.ch_scales[block.c0 * 2 * groups..];
+                let sums = &lane.group_sums;
+                out.with_columns(block.c0, block.valid, |out| {
+                    K::finish_grouped(acc, (f.m, width, block.valid), params, groups, sums, out)
+                });
+            } else if block.valid > 0 {
                 let scales = &self.ch_scales[block.c0.min(self.ch_scales.len())..];
                 out.with_columns(block.c0, block.valid, |out| {
                     K::finish(
@@ -363,6 +411,33 @@ impl<K: EngineKind> LaneShard for Shard<K> {
             .map(|s| as_bytes(s.b.as_slice()))
             .collect()
     }
+}
+
+/// The per-group scales of one context of per-group int4 weights: columns `c0..c0 + width`
+/// of the shard (`params` holds `2 · k_pad / g` values per column, its group scales first)
+/// and K rows `k0..k0 + ks` (whole groups), laid out in the runtime's `order` for a context
+/// of `width` columns and `ks / g` groups. A scale of 0 (or not positive) is given as 1.0:
+/// such a group holds q = 0 (padding, or a group of equal values, whose value is its offset).
+fn segment_group_scales(
+    params: &[f32],
+    (c0, width): (usize, usize),
+    (k0, ks, k_pad): (usize, usize, usize),
+    g: usize,
+    order: rknn_chip::GroupOrder,
+) -> Vec<f32> {
+    let per = 2 * k_pad.div_ceil(g);
+    let (first, groups) = (k0 / g, ks / g);
+    let mut out = vec![0f32; width * groups];
+    for j in 0..width {
+        let row = params.get((c0 + j) * per..(c0 + j + 1) * per);
+        for gi in 0..groups {
+            // The runtime takes positive scales only; a group of scale 0 (padding, or equal
+            // values) holds q = 0, so any positive scale gives its zero product.
+            let d = row.map_or(0.0, |r| r[first + gi]);
+            out[order.index(gi, j, groups, width)] = if d > 0.0 { d } else { 1.0 };
+        }
+    }
+    out
 }
 
 /// A lane's state: its runtime, shards and scratch.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rknn_chip::{Int4ConverterInput, ModelledTime, Platform, ShapeRules};
+use rknn_chip::{GroupOrder, Int4ConverterInput, ModelledTime, Platform, ShapeRules};
 use rknn_sys::{self as sys, RknnApi};
 
 use super::guard::{self, FdLimit, HandleBudget, NpuLock};
@@ -75,9 +75,16 @@ pub struct RuntimeOptions {
     /// unset; an unknown value is an error). On the emulator this also configures the emulator,
     /// so the two always agree.
     pub int4_converter_input: Option<Int4ConverterInput>,
+    /// The order of per-group quantisation parameters of B (\[open\], see
+    /// [`GroupOrder`]): how a caller of per-group quantisation (the engine's per-group int4
+    /// weights) lays out the scales it sets. `None` (the default) reads
+    /// `$RKNN_EMU_GROUP_ORDER` when the runtime opens (`k-major` when unset; an unknown value
+    /// is an error). On the emulator this also configures the emulator, so the two agree.
+    pub group_order: Option<GroupOrder>,
     /// The in-process emulator's configuration (its `platform` is overridden by
-    /// [`Backend::Emulator`], and its int4 converter input by
-    /// [`RuntimeOptions::int4_converter_input`]). The default is
+    /// [`Backend::Emulator`], its int4 converter input by
+    /// [`RuntimeOptions::int4_converter_input`] and its per-group parameter order by
+    /// [`RuntimeOptions::group_order`]). The default is
     /// [`rknn_emu::EmuConfig::from_env`]: the in-process emulator honours every `RKNN_EMU_*`
     /// variable the drop-in library does (`RKNN_EMU_PLATFORM` only where no chip is named, as
     /// for [`Backend::Auto`]'s fallback), so a setting given to a program applies whichever
@@ -106,6 +113,7 @@ impl Default for RuntimeOptions {
             handle_budget: None,
             strict_shape_rules: false,
             int4_converter_input: None,
+            group_order: None,
             #[cfg(feature = "emulator")]
             emulator: rknn_emu::EmuConfig::from_env(),
             runtime_path: None,
@@ -164,6 +172,7 @@ struct Shared {
     platform: Platform,
     rules: ShapeRules,
     int4_input: Int4ConverterInput,
+    group_order: GroupOrder,
     versions: Option<Versions>,
     reason: String,
     fd_limit: Option<FdLimit>,
@@ -246,6 +255,9 @@ impl Runtime {
         if opts.int4_converter_input.is_none() {
             opts.int4_converter_input = Some(Int4ConverterInput::from_env()?);
         }
+        if opts.group_order.is_none() {
+            opts.group_order = Some(GroupOrder::from_env()?);
+        }
         let opened = match backend {
             Backend::Npu => open_npu(&opts)?,
             Backend::Emulator(p) => {
@@ -302,6 +314,7 @@ impl Runtime {
                 platform: o.platform,
                 rules,
                 int4_input: opts.int4_converter_input.unwrap_or_default(),
+                group_order: opts.group_order.unwrap_or_default(),
                 versions: None,
                 reason: o.reason,
                 fd_limit,
@@ -470,6 +483,12 @@ impl Runtime {
         self.shared.int4_input
     }
 
+    /// The order of per-group quantisation parameters of B (see
+    /// [`RuntimeOptions::group_order`]).
+    pub fn group_order(&self) -> GroupOrder {
+        self.shared.group_order
+    }
+
     /// NPU cores of the chip.
     pub fn npu_cores(&self) -> usize {
         self.shared.platform.npu_cores()
@@ -549,6 +568,7 @@ fn open_emulator(platform: Platform, opts: &RuntimeOptions, reason: String) -> R
     let cfg = rknn_emu::EmuConfig {
         platform,
         int4_converter_input: opts.int4_converter_input.unwrap_or_default(),
+        group_order: opts.group_order.unwrap_or_default(),
         ..opts.emulator.clone()
     };
     let backend_budget = Some(cfg.handle_budget);

@@ -84,6 +84,7 @@ pub fn emulator(platform: Platform, overrides: &[(&str, &str)]) -> rknn_matmul::
     cfg.log_errors = false;
     let opts = RuntimeOptions {
         int4_converter_input: Some(cfg.int4_converter_input),
+        group_order: Some(cfg.group_order),
         raise_fd_limit: GuardPolicy::Never,
         emulator: cfg.clone(),
         ..RuntimeOptions::default()

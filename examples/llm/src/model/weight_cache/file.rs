@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! magic "RKLLMWC\n" | version u32 | key length u32 | key (UTF-8 lines "field=value") | key XXH3 u64
-//! section*          (each linear, at a multiple of 64 bytes: its values, then its scales)
+//! section*          (each linear, at a multiple of 64 bytes: its values, then its scales;
+//!                   per-group int4 W4A16: each channel's group scales, then its offsets)
 //! directory         count u32, then per linear: name length u32, name, format u8,
 //!                   n, k, n_pad, k_pad, offset, values bytes, scales bytes, XXH3 (u64 each)
 //! trailer           directory offset u64 | directory length u64 | directory XXH3 u64 | "RKWCEND\n"
@@ -512,10 +513,19 @@ fn parse_directory(dir: &[u8], start: u64, end: u64) -> Result<Vec<Entry>, Inval
         let want_values = n_pad
             .checked_mul(k_pad)
             .and_then(|e| values_bytes(format, e));
-        let want_scales = match format {
+        let mut want_scales = match format {
             WeightFormat::W8A8 | WeightFormat::W4A16 | WeightFormat::W4A8 => n_pad.checked_mul(4),
             WeightFormat::F16 => Some(0),
         };
+        // Per-group W4A16: per output channel a scale and an offset per group, the groups
+        // dividing k_pad (the group size is the key's; the engine checks the exact length).
+        let per_group = n_pad.checked_mul(8).filter(|&b| b > 0).and_then(|b| {
+            let groups = scales / b;
+            (scales % b == 0 && groups > 0 && k_pad % groups == 0).then_some(scales)
+        });
+        if format == WeightFormat::W4A16 && per_group.is_some() {
+            want_scales = per_group;
+        }
         if n > n_pad || k > k_pad || want_values != Some(values) || want_scales != Some(scales) {
             return Err(bad(format!(
                 "{name}: {values}+{scales} bytes for {n}×{k} padded to {n_pad}×{k_pad}"

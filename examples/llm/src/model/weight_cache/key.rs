@@ -10,7 +10,7 @@ use crate::gguf::GgufFile;
 
 /// The layout of the cache file and of the converted weights in it. Changing either changes
 /// this.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The version of the converting code (the crate's, and its conversion's): a build that
 /// converts differently never reads another's files. (Conversion 2: int4 weights' scales are
@@ -52,6 +52,10 @@ impl Key {
                 ("rotation", opts.rotate.to_string()),
                 ("rotation seed", opts.seed.to_string()),
                 ("residual", format!("{:?}", opts.residual)),
+                (
+                    "int4 group",
+                    opts.int4_group.map_or("none".into(), |g| g.to_string()),
+                ),
             ],
         })
     }

@@ -5,7 +5,8 @@
 //!
 //! A cache file is bound to what made it by its key ([`CONVERTER`], the layout version, the
 //! GGUF's path, size, modification time and a hash of its header and tensor directory, the
-//! chip, the weight format, the rotation and its seed, the residual policy), and carries a
+//! chip, the weight format, the rotation and its seed, the residual policy, the per-group
+//! int4 size), and carries a
 //! checksum of its directory and of every linear's weights. A file that does not match
 //! (stale, truncated, corrupt, another chip or version) is reported in one line
 //! ([`CacheOutcome::Rebuilt`]) and rebuilt, never used: a linear's weights are checked before
@@ -341,11 +342,11 @@ impl WeightStore for WriteStore {
                     io = Some(std::io::Error::new(e.kind(), e.to_string()));
                     Box::new(e) as BackendError
                 })?;
-                let padded = engine.convert_to(
+                let padded = engine.convert_to_with(
                     n,
                     k,
                     format,
-                    opts.rotation.as_ref(),
+                    &opts,
                     &mut *rows,
                     |_, values, scales| {
                         p.rows(w, values, scales).map_err(|e| {
