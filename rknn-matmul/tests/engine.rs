@@ -1712,8 +1712,6 @@ fn int4_formats_on_the_dropin_as_an_rk3576_under_every_int4_setting() {
         eprintln!("skipped: {reason}");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
     for input in ["packed", "one-per-byte"] {
         for nibbles in ["low-first", "high-first"] {
             for (test, says) in [
@@ -1730,42 +1728,59 @@ fn int4_formats_on_the_dropin_as_an_rk3576_under_every_int4_setting() {
                     "",
                 ),
             ] {
-                let mut words = runner.split_whitespace();
-                let mut cmd = match words.next() {
-                    None => std::process::Command::new(&exe),
-                    Some(program) => {
-                        let mut cmd = std::process::Command::new(program);
-                        cmd.args(words).arg(&exe);
-                        cmd
-                    }
-                };
-                cmd.args(["--exact", test, "--nocapture"]);
-                for (k, _) in std::env::vars_os() {
-                    if k.to_string_lossy().starts_with("RKNN_EMU_") {
-                        cmd.env_remove(k);
-                    }
-                }
-                cmd.env("RKNN_EMU_PLATFORM", "rk3576")
-                    .env("RKNN_EMU_LOG", "0")
-                    .env("RKNN_EMU_NATIVE_B_NIBBLES", nibbles)
-                    .env("RKNN_INT4_B_CONVERTER_INPUT", input)
-                    .env("RKNN_TEST_BACKEND", "dropin")
-                    .env(INT4_CHILD, "1");
-                let Some(out) = common::run_child_test(&mut cmd) else {
-                    return;
-                };
-                let stdout = String::from_utf8_lossy(&out.stdout);
+                let env = [
+                    ("RKNN_EMU_NATIVE_B_NIBBLES", nibbles),
+                    ("RKNN_INT4_B_CONVERTER_INPUT", input),
+                ];
                 let what = format!("{test} ({input}, {nibbles})");
-                assert!(
-                    out.status.success() && stdout.contains("1 passed"),
-                    "{what}: {stdout}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
                 let ran = format!("{says}: converter input {input}");
-                assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
+                if !rk3576_child(test, &env, &what, (!says.is_empty()).then_some(&ran)) {
+                    return;
+                }
             }
         }
     }
+}
+
+/// Runs `test` of this file in a child process whose drop-in library plays an RK3576, with
+/// `env` set and every other `RKNN_EMU_*` variable removed, and asserts that it passed and (if
+/// given) printed `ran`. `false`: children cannot run here (the reason printed).
+fn rk3576_child(test: &str, env: &[(&str, &str)], what: &str, ran: Option<&str>) -> bool {
+    let exe = std::env::current_exe().unwrap();
+    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    let mut cmd = match words.next() {
+        None => std::process::Command::new(&exe),
+        Some(program) => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(words).arg(&exe);
+            cmd
+        }
+    };
+    cmd.args(["--exact", test, "--nocapture"]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("RKNN_EMU_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RKNN_EMU_PLATFORM", "rk3576")
+        .env("RKNN_EMU_LOG", "0")
+        .env("RKNN_TEST_BACKEND", "dropin")
+        .env(INT4_CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let Some(out) = common::run_child_test(&mut cmd) else {
+        return false;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{what}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ran.is_none_or(|r| stdout.contains(r)), "{what}: {stdout}");
+    true
 }
 
 /// RK3576 runtimes of `rt`'s backend for per-group int4: on the emulator one per order of
@@ -2079,8 +2094,6 @@ fn per_group_int4_on_the_dropin_as_an_rk3576_under_both_group_orders() {
         eprintln!("skipped: {reason}");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let runner = std::env::var("RKNPU_TEST_RUNNER").unwrap_or_default();
     for order in ["k-major", "n-major"] {
         for (test, says) in [
             (
@@ -2092,38 +2105,12 @@ fn per_group_int4_on_the_dropin_as_an_rk3576_under_both_group_orders() {
                 "",
             ),
         ] {
-            let mut words = runner.split_whitespace();
-            let mut cmd = match words.next() {
-                None => std::process::Command::new(&exe),
-                Some(program) => {
-                    let mut cmd = std::process::Command::new(program);
-                    cmd.args(words).arg(&exe);
-                    cmd
-                }
-            };
-            cmd.args(["--exact", test, "--nocapture"]);
-            for (k, _) in std::env::vars_os() {
-                if k.to_string_lossy().starts_with("RKNN_EMU_") {
-                    cmd.env_remove(k);
-                }
-            }
-            cmd.env("RKNN_EMU_PLATFORM", "rk3576")
-                .env("RKNN_EMU_LOG", "0")
-                .env("RKNN_EMU_GROUP_ORDER", order)
-                .env("RKNN_TEST_BACKEND", "dropin")
-                .env(INT4_CHILD, "1");
-            let Some(out) = common::run_child_test(&mut cmd) else {
-                return;
-            };
-            let stdout = String::from_utf8_lossy(&out.stdout);
             let what = format!("{test} ({order})");
-            assert!(
-                out.status.success() && stdout.contains("1 passed"),
-                "{what}: {stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
             let ran = format!("{says}: group order {order}");
-            assert!(says.is_empty() || stdout.contains(&ran), "{what}: {stdout}");
+            let env = [("RKNN_EMU_GROUP_ORDER", order)];
+            if !rk3576_child(test, &env, &what, (!says.is_empty()).then_some(&ran)) {
+                return;
+            }
         }
     }
 }
