@@ -92,7 +92,8 @@ pub struct LoadArgs {
     /// W4A16 with per-group int4 weights: a scale and an offset per group of N input features
     /// of each output channel (min/max, which reproduces a Q4_0/Q4_1 GGUF block exactly at
     /// 32) instead of one scale per channel. Only with --wtype w4a16 (RK3576); a multiple of
-    /// 32 dividing 4096. Those linears run unrotated; the output head stays W8A8.
+    /// 32 dividing 4096. Those linears run unrotated; the output head, and tensors the GGUF
+    /// stores in more than 5 bits per weight (Q5_0, Q6_K, Q8_0, f16...), stay W8A8.
     #[arg(long, value_name = "N")]
     pub int4_group: Option<NonZeroU16>,
     /// W8A8 without rotating the linears' inputs (a random orthogonal transform that keeps

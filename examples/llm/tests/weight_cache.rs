@@ -259,7 +259,7 @@ fn a_file_made_for_another_chip_version_or_gguf_is_stale() {
     // (field, what it says now, what another build or chip would have written)
     let edits = [
         ("chip", "chip=RK3588", "chip=RK3568"),
-        ("converter", "conversion 2", "conversion 1"),
+        ("converter", "conversion 3", "conversion 2"),
         ("weight format", "format=w8a8", "format=w8a9"),
         (
             "residual",

@@ -167,6 +167,12 @@ impl GgmlType {
         }
     }
 
+    /// Bits per value, the block's scales and minimums included (Q4_0 4.5, Q4_1 5.0, Q4_K 4.5,
+    /// Q5_0 5.5, Q6_K 6.5625, Q8_0 8.5, F16 16).
+    pub fn bits_per_weight(self) -> f64 {
+        (self.type_size() * 8) as f64 / self.block_size() as f64
+    }
+
     /// Bytes per block.
     pub fn type_size(self) -> usize {
         use GgmlType::*;

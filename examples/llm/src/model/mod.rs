@@ -50,7 +50,7 @@ pub use host::{F32Linear, HostF32Factory};
 pub use host_pool::{HostPool, host_pool};
 pub use kv_cache::{CacheType, KvCache, REWIND};
 pub use load::{Footprint, Model, Progress};
-pub use npu::{EngineFactory, EngineOptions, ExpertPlacement};
+pub use npu::{EngineFactory, EngineOptions, ExpertPlacement, INT4_GROUP_MAX_GGUF_BITS};
 /// Which linear of the model a weight is, and which linears quantise their activations twice:
 /// defined with the engine's plan in `rknn-chip`, where the cost model of `rknn-emu` names them
 /// too.

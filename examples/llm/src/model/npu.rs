@@ -60,8 +60,9 @@ pub struct EngineOptions {
     /// one scale per output channel (default: none). A group's min/max grid reproduces a 4-bit
     /// GGUF block (Q4_0, Q4_1: group 32) exactly. Those linears run without a rotation
     /// whatever `rotate` says: a rotation mixes the input features and spreads every group's
-    /// grid over all of them. The output head stays W8A8 (rotated, with the residual policy's
-    /// second row), see [`EngineOptions::linear_settings`]: on the demo model (SmolLM2-135M,
+    /// grid over all of them. Linears the GGUF stores in more than
+    /// [`INT4_GROUP_MAX_GGUF_BITS`] bits per weight, and the output head, stay W8A8 (rotated,
+    /// with the residual policy's second row), see [`EngineOptions::linear_settings`]: on the demo model (SmolLM2-135M,
     /// whose tied head is Q8_0 in the GGUF) the head in per-group int4 too dropped top-1
     /// agreement with the f32 path from 98.10 % to 82.21 % (perplexity +0.01 % to +6.30 %),
     /// and saved 6.9 MiB (its 49152 × 576 head: 27.2 MiB in W8A8, 20.2 MiB in int4 with
@@ -70,13 +71,21 @@ pub struct EngineOptions {
 }
 
 impl EngineOptions {
-    /// The format, per-group int4 size and rotation of the linear of `role` (`k` input
-    /// features, rotation seed `seed`): [`EngineOptions::format`], except that with per-group
-    /// int4 ([`EngineOptions::int4_group`]) the output head runs W8A8 and the int4 linears
-    /// unrotated.
-    pub fn linear_settings(&self, role: LinearRole) -> (WeightFormat, Option<NonZeroU16>, bool) {
+    /// The format, per-group int4 size and rotation of the linear of `role` whose GGUF tensors
+    /// store `gguf_bits` bits per weight (the most of its parts, scales included):
+    /// [`EngineOptions::format`], except that with per-group int4
+    /// ([`EngineOptions::int4_group`]) the output head, and every linear stored in more than
+    /// [`INT4_GROUP_MAX_GGUF_BITS`] bits per weight, run W8A8, and the int4 linears unrotated.
+    pub fn linear_settings(
+        &self,
+        role: LinearRole,
+        gguf_bits: f64,
+    ) -> (WeightFormat, Option<NonZeroU16>, bool) {
         match self.int4_group {
-            Some(_) if self.format == WeightFormat::W4A16 && role == LinearRole::Output => {
+            Some(_)
+                if self.format == WeightFormat::W4A16
+                    && (role == LinearRole::Output || gguf_bits > INT4_GROUP_MAX_GGUF_BITS) =>
+            {
                 (WeightFormat::W8A8, None, self.rotate)
             }
             Some(g) => (self.format, Some(g), false),
@@ -84,6 +93,13 @@ impl EngineOptions {
         }
     }
 }
+
+/// The most bits per weight (scales and minimums included) a GGUF tensor may store for
+/// per-group int4 ([`EngineOptions::int4_group`]) to take it: Q4_1's 5.0, so Q4_0, Q4_1 and
+/// Q4_K (whose blocks a group of 32 holds exactly) and the lower-bit types go to int4, while
+/// Q5_0, Q5_K, Q6_K, Q8_0 and the float types keep W8A8. On Gemma-3-270M, whose "Q4_K_M" file
+/// is mostly 5-, 6- and 8-bit, rounding those to 4 bits too gave 73 % top-1 (docs/llm.md).
+pub const INT4_GROUP_MAX_GGUF_BITS: f64 = 5.0;
 
 /// Where the engine puts a mixture of experts' linears.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -237,7 +253,11 @@ impl EngineFactory {
         let seed = parts
             .first()
             .map_or(o.seed, |t| name_seed(o.seed, t.name()));
-        let (format, int4_group, rotate) = o.linear_settings(role);
+        let bits = parts
+            .iter()
+            .map(|t| t.ty().bits_per_weight())
+            .fold(0.0, f64::max);
+        let (format, int4_group, rotate) = o.linear_settings(role, bits);
         let opts = LinearOptions {
             rotation: rotate.then(|| Rotation::hadamard_mixed(k, seed)),
             residual_activations: o.residual.applies(role),
@@ -306,5 +326,52 @@ impl LinearOp for Linear {
 
     fn engine_linear(&self) -> Option<&Linear> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgmlType;
+
+    /// With per-group int4, a linear takes int4 only where its GGUF tensor holds at most Q4_1's
+    /// 5 bits per weight (the types' sizes from ggml's block layouts), and never the head.
+    #[test]
+    fn per_group_int4_takes_only_the_4_bit_tensors_and_not_the_head() {
+        let opts = EngineOptions {
+            format: WeightFormat::W4A16,
+            int4_group: NonZeroU16::new(32),
+            ..EngineOptions::default()
+        };
+        let g = NonZeroU16::new(32);
+        for (ty, want) in [
+            (GgmlType::Q4_0, (WeightFormat::W4A16, g, false)),
+            (GgmlType::Q4_1, (WeightFormat::W4A16, g, false)),
+            (GgmlType::Q4_K, (WeightFormat::W4A16, g, false)),
+            (GgmlType::Q3_K, (WeightFormat::W4A16, g, false)),
+            (GgmlType::Q5_0, (WeightFormat::W8A8, None, true)),
+            (GgmlType::Q5_K, (WeightFormat::W8A8, None, true)),
+            (GgmlType::Q6_K, (WeightFormat::W8A8, None, true)),
+            (GgmlType::Q8_0, (WeightFormat::W8A8, None, true)),
+            (GgmlType::F16, (WeightFormat::W8A8, None, true)),
+        ] {
+            let bits = ty.bits_per_weight();
+            assert_eq!(opts.linear_settings(LinearRole::Down, bits), want, "{ty:?}");
+        }
+        let q4 = GgmlType::Q4_0.bits_per_weight();
+        assert_eq!(
+            opts.linear_settings(LinearRole::Output, q4),
+            (WeightFormat::W8A8, None, true)
+        );
+        // Without a group, the format is the format, whatever the GGUF holds.
+        let plain = EngineOptions {
+            format: WeightFormat::W4A16,
+            ..EngineOptions::default()
+        };
+        let q8 = GgmlType::Q8_0.bits_per_weight();
+        assert_eq!(
+            plain.linear_settings(LinearRole::Down, q8),
+            (WeightFormat::W4A16, None, true)
+        );
     }
 }

@@ -14,8 +14,8 @@ pub const LAYOUT_VERSION: u32 = 2;
 
 /// The version of the converting code (the crate's, and its conversion's): a build that
 /// converts differently never reads another's files. (Conversion 2: int4 weights' scales are
-/// searched, no longer max-abs.)
-pub const CONVERTER: &str = concat!("rknn-llm ", env!("CARGO_PKG_VERSION"), ", conversion 2");
+/// searched, no longer max-abs; 3: per-group int4 only for the GGUF's 4-bit tensors.)
+pub const CONVERTER: &str = concat!("rknn-llm ", env!("CARGO_PKG_VERSION"), ", conversion 3");
 
 /// The key's fields, in order.
 pub(super) struct Key {
