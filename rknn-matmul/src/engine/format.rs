@@ -1211,7 +1211,13 @@ mod tests {
     fn int4_rounding_is_round_ties_even_of_the_clamped_value() {
         let mut vs: Vec<f32> = (-36..=36).map(|i| i as f32 / 4.0).collect();
         for t in [0.5f32, 1.5, 2.5, 6.5, 7.5] {
-            vs.extend([t.next_down(), t.next_up(), -t.next_down(), -t.next_up()]);
+            // The neighbouring f32s of a positive `t` (`next_down`/`next_up` are newer than
+            // the MSRV).
+            let (below, above) = (
+                f32::from_bits(t.to_bits() - 1),
+                f32::from_bits(t.to_bits() + 1),
+            );
+            vs.extend([below, above, -below, -above]);
         }
         for v in vs {
             let want = v.clamp(-7.0, 7.0).round_ties_even();
