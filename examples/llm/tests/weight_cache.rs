@@ -411,48 +411,12 @@ fn llm_decode_caches_lists_and_clears() {
 #[test]
 fn int4_formats_are_cached_and_keyed_on_the_format() {
     use rknn_matmul::engine::WeightFormat;
-    let rk3576 = || {
-        Engine::new(
-            &Runtime::emulator(Platform::Rk3576).unwrap(),
-            EngineConfig::default(),
-        )
-        .unwrap()
-    };
-    let (dir, gguf) = workdir("int4", "tiny-qwen2");
-    let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
-    let file = GgufFile::open(&gguf).unwrap();
-    let mut files = Vec::new();
-    for format in [WeightFormat::W4A16, WeightFormat::W4A8, WeightFormat::W8A8] {
-        let opts = EngineOptions {
+    let variants =
+        [WeightFormat::W4A16, WeightFormat::W4A8, WeightFormat::W8A8].map(|format| EngineOptions {
             format,
             ..EngineOptions::default()
-        };
-        let mut f = EngineFactory::new(rk3576(), opts);
-        let want = logits(&Model::load(&file, &mut f, pool(), &mut |_, _| {}).unwrap());
-        let load = || {
-            Model::load_cached(&gguf, &file, rk3576(), opts, &cache, pool(), &mut |_, _| {})
-                .unwrap()
-        };
-        let (cold, first) = load();
-        assert!(
-            matches!(first, CacheOutcome::Written(_)),
-            "{format}: {first:?}"
-        );
-        assert_eq!(
-            logits(&cold),
-            want,
-            "{format}: the load that wrote the cache"
-        );
-        drop(cold);
-        let (warm, second) = load();
-        assert_eq!(second, CacheOutcome::Hit(cache_file(&first)), "{format}");
-        assert_eq!(logits(&warm), want, "{format}: the cached load");
-        files.push(cache_file(&first));
-    }
-    files.sort();
-    files.dedup();
-    assert_eq!(files.len(), 3, "{files:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+        });
+    cached_on_rk3576_one_file_each("int4", &variants);
 }
 
 /// Per-group int4 W4A16 goes through the cache too: its group scales and offsets are written
@@ -462,6 +426,18 @@ fn int4_formats_are_cached_and_keyed_on_the_format() {
 fn per_group_int4_is_cached_and_keyed_on_the_group() {
     use rknn_matmul::engine::WeightFormat;
     use std::num::NonZeroU16;
+    let variants = [NonZeroU16::new(32), NonZeroU16::new(64), None].map(|group| EngineOptions {
+        format: WeightFormat::W4A16,
+        int4_group: group,
+        ..EngineOptions::default()
+    });
+    cached_on_rk3576_one_file_each("int4-group", &variants);
+}
+
+/// Loads tiny-qwen2 on an emulated RK3576 with each of `variants` through one cache directory:
+/// the first cached load writes a file and gives the converting load's logits, the second
+/// reads that file and gives them again, and no two variants share a file.
+fn cached_on_rk3576_one_file_each(name: &str, variants: &[EngineOptions]) {
     let rk3576 = || {
         Engine::new(
             &Runtime::emulator(Platform::Rk3576).unwrap(),
@@ -469,16 +445,12 @@ fn per_group_int4_is_cached_and_keyed_on_the_group() {
         )
         .unwrap()
     };
-    let (dir, gguf) = workdir("int4-group", "tiny-qwen2");
+    let (dir, gguf) = workdir(name, "tiny-qwen2");
     let cache = WeightCache::new(dir.join("cache"), WeightCache::DEFAULT_CAP);
     let file = GgufFile::open(&gguf).unwrap();
     let mut files = Vec::new();
-    for group in [NonZeroU16::new(32), NonZeroU16::new(64), None] {
-        let opts = EngineOptions {
-            format: WeightFormat::W4A16,
-            int4_group: group,
-            ..EngineOptions::default()
-        };
+    for &opts in variants {
+        let what = format!("{} group {:?}", opts.format, opts.int4_group);
         let mut f = EngineFactory::new(rk3576(), opts);
         let want = logits(&Model::load(&file, &mut f, pool(), &mut |_, _| {}).unwrap());
         let load = || {
@@ -488,17 +460,17 @@ fn per_group_int4_is_cached_and_keyed_on_the_group() {
         let (cold, first) = load();
         assert!(
             matches!(first, CacheOutcome::Written(_)),
-            "{group:?}: {first:?}"
+            "{what}: {first:?}"
         );
-        assert_eq!(logits(&cold), want, "{group:?}: the load that wrote it");
+        assert_eq!(logits(&cold), want, "{what}: the load that wrote the cache");
         drop(cold);
         let (warm, second) = load();
-        assert_eq!(second, CacheOutcome::Hit(cache_file(&first)), "{group:?}");
-        assert_eq!(logits(&warm), want, "{group:?}: the cached load");
+        assert_eq!(second, CacheOutcome::Hit(cache_file(&first)), "{what}");
+        assert_eq!(logits(&warm), want, "{what}: the cached load");
         files.push(cache_file(&first));
     }
     files.sort();
     files.dedup();
-    assert_eq!(files.len(), 3, "{files:?}");
+    assert_eq!(files.len(), variants.len(), "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

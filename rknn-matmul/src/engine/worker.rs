@@ -14,7 +14,8 @@ use rustc_hash::FxHashMap;
 use super::converted::WeightRows;
 use super::emulator_cache::EmulatorCache;
 use super::format::{
-    AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, row_len, with_format,
+    AccElem, Accumulators, EngineKind, InElem, Prepared, WeightFormat, group_params_per_row,
+    row_len, with_format,
 };
 use super::out_cols::OutCols;
 use super::rotation::Rotation;
@@ -292,7 +293,7 @@ impl<K: EngineKind> ShardSpec<K> {
                     });
                 }
                 if let (Some((g, _)), 0) = (self.group, k0) {
-                    let per = 2 * self.k_pad.div_ceil(g);
+                    let per = group_params_per_row(self.k_pad, g);
                     let params = &self.ch_scales[c0 * per..(c0 + width) * per];
                     K::check_grouped(rows, (self.k, self.k_pad), g, params, r0)?;
                 }
@@ -425,7 +426,7 @@ fn segment_group_scales(
     g: usize,
     order: rknn_chip::GroupOrder,
 ) -> Vec<f32> {
-    let per = 2 * k_pad.div_ceil(g);
+    let per = group_params_per_row(k_pad, g);
     let (first, groups) = (k0 / g, ks / g);
     let mut out = vec![0f32; width * groups];
     for j in 0..width {
