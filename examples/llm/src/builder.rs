@@ -313,7 +313,9 @@ impl ModelBuilder {
     /// Per-group int4 weights in groups of `group` input features
     /// ([`EngineOptions::int4_group`], default none): W4A16 only
     /// ([`ModelBuilder::weight_format`]; another format is refused by [`ModelBuilder::load`]
-    /// before a weight is read). Those linears run unrotated; the output head stays W8A8.
+    /// before a weight is read). Those linears run unrotated; the output head, and tensors the
+    /// GGUF stores in more than [`INT4_GROUP_MAX_GGUF_BITS`](crate::model::INT4_GROUP_MAX_GGUF_BITS)
+    /// bits per weight, stay W8A8.
     pub fn int4_group(mut self, group: Option<NonZeroU16>) -> Self {
         self.int4_group = group;
         self

@@ -246,6 +246,21 @@ fn bad_settings_and_files_are_typed_errors() {
         .load()
         .unwrap_err();
     assert!(e.to_string().contains("max_n_per_context"), "{e}");
+    // Per-group int4 with a format whose C cannot carry group scales.
+    let e = rknn_llm::Model::builder(tiny("tiny-llama"))
+        .backend(Backend::Emulator)
+        .platform(Platform::Rk3576)
+        .no_weight_cache()
+        .int4_group(std::num::NonZeroU16::new(32))
+        .load()
+        .unwrap_err();
+    match &e {
+        LoadError::Setting { setting, rule, .. } => {
+            assert_eq!(*setting, "int4_group");
+            assert!(rule.contains("w4a16"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
